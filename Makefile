@@ -1,0 +1,76 @@
+# ts_microbatch: everything a fresh machine needs goes through these targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+
+MODEL_NAME ?= resnet-18_mb
+MAR := model_store/$(MODEL_NAME).mar
+BUILD := build/$(MODEL_NAME)
+WEIGHTS ?=
+BATCH_SIZE ?= 32
+MAX_BATCH_DELAY ?= 50
+INFERENCE_PORT ?= 8080
+MANAGEMENT_PORT ?= 8081
+METRICS_PORT ?= 8082
+
+.PHONY: help venv test test-unit mar serve stop bench lint clean
+
+help:
+	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
+	@echo "make stop    stop TorchServe"
+	@echo "make test    set up and run every test"
+	@echo "make mar     build $(MAR)"
+	@echo "make bench   run the default benchmark comparison"
+	@echo "make lint    ruff and mypy"
+
+venv: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet $(TORCH_PINS)
+	$(PIP) install --quiet -e '.[test,bench,dev]' $(TORCH_PINS)
+	touch $(STAMP)
+
+test: venv
+	$(VENV)/bin/pytest
+
+test-unit: venv
+	$(VENV)/bin/pytest tests/unit
+
+$(MAR): venv handlers/micro_batching_handler.py configs/micro_batching.json \
+        examples/image_classifier/model.py examples/image_classifier/model-config.yaml
+	$(PY) examples/image_classifier/prepare.py --out $(BUILD) $(if $(WEIGHTS),--weights $(WEIGHTS))
+	mkdir -p model_store
+	$(VENV)/bin/torch-model-archiver --force --model-name $(MODEL_NAME) --version 1.0 \
+	  --model-file examples/image_classifier/model.py \
+	  --serialized-file $(BUILD)/resnet18.pth \
+	  --handler handlers/micro_batching_handler.py \
+	  --config-file examples/image_classifier/model-config.yaml \
+	  --extra-files $(BUILD)/index_to_name.json,configs/micro_batching.json \
+	  --export-path model_store
+	@echo "Built $(MAR)"
+
+mar: $(MAR)
+
+serve: $(MAR)
+	$(PY) -m ts_microbatch.serve start --model-store model_store --mar $(MODEL_NAME).mar \
+	  --config configs/config.properties --batch-size $(BATCH_SIZE) \
+	  --max-batch-delay $(MAX_BATCH_DELAY) --image $(BUILD)/kitten.jpg
+
+stop:
+	$(PY) -m ts_microbatch.serve stop
+
+bench: venv $(MAR)
+	$(PY) benchmarks/benchmark-ab.py --config benchmarks/config.json
+
+lint: venv
+	$(VENV)/bin/ruff check ts_microbatch handlers tests benchmarks examples
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf build model_store/*.mar logs

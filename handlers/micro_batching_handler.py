@@ -1,0 +1,97 @@
+"""MicroBatchingHandler: TorchServe's ImageClassifier with micro-batching and per-request errors.
+
+Settings, all optional, in the ``handler:`` section of model-config.yaml::
+
+    handler:
+      max_image_pixels: 89478485   # width*height above this is answered with 413
+      decoder: pil                 # pil: the ImageClassifier's own path
+
+The micro-batching settings come from micro_batching.json and the ``micro_batching:``
+section (see ts_microbatch.config). A request whose body is empty, is not an image or is
+over the pixel limit gets its own 400 or 413; the rest of its batch is answered normally.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import logging
+from typing import Any
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from ts.torch_handler.image_classifier import ImageClassifier
+
+from ts_microbatch import ConfigError, InvalidInputError, MicroBatchingMixin, PayloadTooLargeError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485  # PIL's own default limit
+HANDLER_KEYS = ("max_image_pixels", "decoder")
+
+
+def _request_body(row: Any) -> Any:
+    body = row.get("data") or row.get("body") if isinstance(row, dict) else row
+    if isinstance(body, str):
+        try:
+            body = base64.b64decode(body, validate=True)
+        except binascii.Error as exc:
+            raise InvalidInputError("the request body is text but not base64 image data") from exc
+    if body is None or (isinstance(body, (bytes, bytearray)) and len(body) == 0):
+        raise InvalidInputError("the request body is empty; send an image")
+    return body
+
+
+class MicroBatchingHandler(MicroBatchingMixin, ImageClassifier):  # type: ignore[misc]
+    """ImageClassifier whose batches run as a pipeline of micro-batches."""
+
+    max_image_pixels = DEFAULT_MAX_IMAGE_PIXELS
+
+    def initialize(self, context: Any) -> None:
+        settings = (getattr(context, "model_yaml_config", None) or {}).get("handler") or {}
+        self.max_image_pixels = self._read_max_pixels(settings)
+        decoder = settings.get("decoder", "pil")
+        if decoder != "pil":
+            raise ConfigError(f"handler.decoder: got {decoder!r}, expected 'pil'")
+        super().initialize(context)
+
+    @staticmethod
+    def _read_max_pixels(settings: dict[str, Any]) -> int:
+        value = settings.get("max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"handler.max_image_pixels: got {value!r}, expected an integer >= 1")
+        return value
+
+    def decode_image(self, body: bytes | bytearray) -> Image.Image:
+        """Opens an image, checking its size from the header before decoding any pixels."""
+        try:
+            image = Image.open(io.BytesIO(body))
+        except Image.DecompressionBombError as exc:  # over twice PIL's own global limit
+            raise PayloadTooLargeError(f"image rejected as a decompression bomb ({exc})") from exc
+        except UnidentifiedImageError as exc:
+            raise InvalidInputError(f"the request body is not a readable image ({exc})") from exc
+        width, height = image.size
+        if width * height > self.max_image_pixels:
+            raise PayloadTooLargeError(
+                f"image of {width}x{height} = {width * height} pixels is over the limit of "
+                f"{self.max_image_pixels} pixels (handler.max_image_pixels)"
+            )
+        try:
+            image.load()
+        except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt pixel data
+            raise InvalidInputError(f"the image data is corrupt ({exc})") from exc
+        return image.convert("RGB") if image.mode != "RGB" else image
+
+    def preprocess(self, data: list[Any]) -> torch.Tensor:
+        images = []
+        for row in data:
+            body = _request_body(row)
+            if isinstance(body, (bytes, bytearray)):
+                images.append(self.image_processing(self.decode_image(body)))
+            else:  # a JSON list of pixel values, as ImageClassifier accepts
+                try:
+                    images.append(torch.FloatTensor(body))
+                except (TypeError, ValueError) as exc:
+                    raise InvalidInputError(f"the request body is not an image tensor ({exc})") from exc
+        return torch.stack(images).to(self.device)

@@ -1,0 +1,30 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="ts_microbatch",
+    version="0.1.0",
+    description="Micro-batching for TorchServe handlers: pipelined stages, per-request errors, metrics",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["ts_microbatch", "ts_microbatch.*"]),
+    package_data={"ts_microbatch": ["py.typed"]},
+    python_requires=">=3.9",
+    install_requires=[
+        "torch>=2.1",
+        "torchvision>=0.16",
+        "torchserve==0.12.0",
+        "torch-model-archiver==0.12.0",
+        # torchserve 0.12.0 imports these without declaring them
+        "pyyaml>=6",
+        "captum>=0.7",
+        "pillow>=10",
+        "numpy>=1.24",
+        # the ts backend imports psutil in its metrics collector
+        "psutil>=5.9",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "requests>=2.31", "matplotlib>=3.7"],
+        "bench": ["matplotlib>=3.7", "requests>=2.31"],
+        "dev": ["ruff>=0.6", "mypy>=1.10"],
+    },
+)

@@ -1,0 +1,99 @@
+"""Config validation: every bad value is refused with a message naming the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ts_microbatch import ConfigError, MicroBatchingConfig, Parallelism, load_config
+
+
+def test_defaults_work() -> None:
+    config = MicroBatchingConfig()
+    assert config.micro_batch_size == 1
+    assert config.parallelism == Parallelism(1, 1, 1)
+    assert config.isolate_failures is True and config.timeout_s is None
+
+
+def test_reference_format_is_read() -> None:
+    config = MicroBatchingConfig.from_mapping(
+        {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2}}
+    )
+    assert config.micro_batch_size == 4
+    assert config.parallelism.as_dict() == {"preprocess": 2, "inference": 1, "postprocess": 2}
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ({"micro_batch_size": 0}, "micro_batching.micro_batch_size: got 0, expected an integer >= 1"),
+        ({"micro_batch_size": -3}, "micro_batching.micro_batch_size: got -3"),
+        ({"micro_batch_size": "4"}, "micro_batching.micro_batch_size: got '4'"),
+        ({"micro_batch_size": True}, "micro_batching.micro_batch_size: got True"),
+        ({"micro_batch_size": 2.0}, "micro_batching.micro_batch_size: got 2.0"),
+        ({"parallelism": {"inference": 0}}, "micro_batching.parallelism.inference: got 0, expected an integer >= 1"),
+        ({"parallelism": {"decode": 2}}, "micro_batching.parallelism.decode: unknown key"),
+        ({"parallelism": [1, 2, 3]}, "micro_batching.parallelism: got [1, 2, 3], expected a mapping"),
+        ({"micro_batch_sise": 4}, "micro_batching.micro_batch_sise: unknown key; allowed keys are micro_batch_size"),
+        ({"max_queued_micro_batches": 0}, "micro_batching.max_queued_micro_batches: got 0"),
+        ({"isolate_failures": "yes"}, "micro_batching.isolate_failures: got 'yes', expected true or false"),
+        ({"timeout_s": 0}, "micro_batching.timeout_s: got 0, expected a number > 0 or null"),
+        ({"timeout_s": float("nan")}, "micro_batching.timeout_s: got nan"),
+        ({"join_timeout_s": None}, "micro_batching.join_timeout_s: got None, expected a number > 0"),
+    ],
+)
+def test_bad_values_name_the_key(mapping: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        MicroBatchingConfig.from_mapping(mapping)
+    assert message in str(info.value)
+
+
+def test_direct_construction_is_validated_too() -> None:
+    with pytest.raises(ConfigError, match="micro_batching.micro_batch_size: got 0"):
+        MicroBatchingConfig(micro_batch_size=0)
+    with pytest.raises(ConfigError, match="micro_batching.parallelism.postprocess: got -1"):
+        Parallelism(postprocess=-1)
+
+
+def test_yaml_wins_over_json_key_by_key(tmp_path: Path) -> None:
+    (tmp_path / "micro_batching.json").write_text(json.dumps(
+        {"micro_batch_size": 8, "parallelism": {"preprocess": 3, "inference": 2}}
+    ))
+    yaml_config = {"micro_batching": {"micro_batch_size": 2, "parallelism": {"inference": 1}}}
+    config = load_config(tmp_path, yaml_config)
+    assert config.micro_batch_size == 2
+    assert config.parallelism.as_dict() == {"preprocess": 3, "inference": 1, "postprocess": 1}
+
+
+def test_no_files_gives_defaults(tmp_path: Path) -> None:
+    assert load_config(tmp_path, {"minWorkers": 1}) == MicroBatchingConfig()
+    assert load_config(None, None) == MicroBatchingConfig()
+
+
+def test_json_errors_name_the_file_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "micro_batching.json"
+    path.write_text('{"micro_batch_size": 4, "parallelism": {"inference": 1,},}')
+    with pytest.raises(ConfigError, match=r"micro_batching.json: invalid JSON at line 1 column"):
+        load_config(tmp_path)
+    path.write_text('{"parallelism": {"preprocess": 0}}')
+    with pytest.raises(ConfigError, match=r"micro_batching.json: micro_batching.parallelism.preprocess: got 0"):
+        load_config(tmp_path)
+    path.write_text("[4]")
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        load_config(tmp_path)
+
+
+def test_yaml_errors_name_the_section() -> None:
+    with pytest.raises(ConfigError, match=r"model-config.yaml: micro_batching.micro_batch_size: got 'big'"):
+        load_config(None, {"micro_batching": {"micro_batch_size": "big"}})
+    with pytest.raises(ConfigError, match=r"model-config.yaml: micro_batching: got 4, expected a mapping"):
+        load_config(None, {"micro_batching": 4})
+
+
+def test_shipped_config_is_valid() -> None:
+    root = Path(__file__).resolve().parents[2]
+    config = load_config(root / "configs")
+    assert config.micro_batch_size >= 1

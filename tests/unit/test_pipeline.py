@@ -1,0 +1,304 @@
+"""The pipeline with fake stages: ordering, isolation, failure paths, shutdown, reconfiguration."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import wait
+from typing import Any
+
+import pytest
+
+from tests.unit.fakes import Bad, FakeHandler, expected
+from ts_microbatch import ConfigError, Pipeline, PipelineClosedError, StageOutputError
+from ts_microbatch.metrics import PipelineObserver
+
+WAIT_S = 10.0  # bound on any wait; a correct pipeline answers in milliseconds
+
+
+def make_pipeline(handler: FakeHandler, **kwargs: Any) -> Pipeline:
+    # Stages look the method up on each call, so a test can swap one mid-run.
+    stages = {
+        name: (lambda batch, name=name: getattr(handler, name)(batch))
+        for name in ("preprocess", "inference", "postprocess")
+    }
+    return Pipeline(stages, **kwargs)
+
+
+def outcomes(futures: list[Any]) -> list[Any]:
+    done, not_done = wait(futures, timeout=WAIT_S)
+    assert not not_done, f"{len(not_done)} requests never answered"
+    return [f.exception() or f.result() for f in futures]
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 2, 3, 7, 32, 100])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_results_in_request_order_under_random_delays(micro_batch_size: int, threads: int) -> None:
+    handler = FakeHandler(jitter_s=0.003, seed=micro_batch_size)
+    items = list(range(64))
+    with make_pipeline(
+        handler,
+        micro_batch_size=micro_batch_size,
+        parallelism={"preprocess": threads, "inference": threads, "postprocess": threads},
+    ) as pipeline:
+        assert outcomes(pipeline.submit(items)) == expected(items)
+
+
+@pytest.mark.parametrize("stage", ["preprocess", "inference", "postprocess"])
+@pytest.mark.parametrize("micro_batch_size", [1, 4, 32])
+def test_only_the_bad_requests_fail(stage: str, micro_batch_size: int) -> None:
+    handler = FakeHandler()
+    handler.fail_on[stage] = {5, 17, 18}
+    items = list(range(32))
+    with make_pipeline(handler, micro_batch_size=micro_batch_size, parallelism={"preprocess": 2}) as p:
+        results = outcomes(p.submit(items))
+    for item, result in zip(items, results):
+        if item in {5, 17, 18}:
+            assert isinstance(result, Bad), (item, result)
+        else:
+            assert result == {"item": item, "value": item * 10 + 1}
+
+
+def test_isolation_reruns_halves_not_every_request() -> None:
+    handler = FakeHandler()
+    handler.fail_on["preprocess"] = {13}
+    with make_pipeline(handler, micro_batch_size=16) as p:
+        outcomes(p.submit(list(range(32))))
+    # 2 micro-batches, then halves 8+8, 4+4, 2+2, 1+1 of the failing one: 2 + 2*4 calls.
+    assert len(handler.calls["preprocess"]) == 10
+    assert [13] in handler.calls["preprocess"]
+
+
+def test_isolation_off_fails_the_whole_micro_batch() -> None:
+    handler = FakeHandler()
+    handler.fail_on["inference"] = {2}
+    with make_pipeline(handler, micro_batch_size=4, isolate_failures=False) as p:
+        results = outcomes(p.submit(list(range(8))))
+    assert all(isinstance(r, Bad) for r in results[:4])
+    assert results[4:] == expected([4, 5, 6, 7])
+
+
+def test_hang_when_a_stage_raises_on_every_call_then_next_batch_is_served() -> None:
+    handler = FakeHandler()
+    handler.always_fail = {"inference"}
+    with make_pipeline(handler, micro_batch_size=4, parallelism={"preprocess": 2}) as p:
+        results = outcomes(p.submit(list(range(32))))
+        assert all(isinstance(r, RuntimeError) and "inference is broken" in str(r) for r in results)
+        handler.always_fail = set()
+        assert outcomes(p.submit(list(range(32)))) == expected(list(range(32)))
+
+
+@pytest.mark.parametrize("bad_output", [None, [1, 2, 3], "text", [{"a": 1}] * 5])
+def test_wrong_number_of_outputs_is_an_error_giving_both_counts(bad_output: Any) -> None:
+    handler = FakeHandler()
+    handler.postprocess = lambda batch: bad_output  # type: ignore[method-assign,assignment]
+    with make_pipeline(handler, micro_batch_size=4, isolate_failures=False) as p:
+        results = outcomes(p.submit(list(range(4))))
+    assert all(isinstance(r, StageOutputError) for r in results)
+    assert "postprocess" in str(results[0]) and "4" in str(results[0])
+
+
+def test_base_exception_in_a_stage_resolves_requests_and_thread_keeps_serving() -> None:
+    handler = FakeHandler()
+
+    class Fatal(BaseException):
+        pass
+
+    def explode(batch: list[int]) -> list[int]:
+        raise Fatal("not an Exception")
+
+    original = handler.inference
+    handler.inference = explode  # type: ignore[method-assign]
+    with make_pipeline(handler, micro_batch_size=2) as p:
+        results = outcomes(p.submit([1, 2, 3]))
+        assert all(isinstance(r, Fatal) for r in results)
+        handler.inference = original  # type: ignore[method-assign]
+        assert outcomes(p.submit([1, 2, 3])) == expected([1, 2, 3])
+        assert p.stats().threads_alive == {"preprocess": 1, "inference": 1, "postprocess": 1}
+
+
+def test_internal_error_outside_a_stage_fails_the_micro_batch_not_the_thread() -> None:
+    class BrokenObserver(PipelineObserver):
+        broken = True
+
+        def on_stage(self, *args: Any, **kwargs: Any) -> None:
+            if self.broken:
+                raise ValueError("observer bug")
+
+    observer = BrokenObserver()
+    handler = FakeHandler()
+    with make_pipeline(handler, micro_batch_size=2, observer=observer) as p:
+        results = outcomes(p.submit([1, 2, 3, 4]))
+        assert all(isinstance(r, ValueError) for r in results)
+        observer.broken = False
+        assert outcomes(p.submit([1, 2])) == expected([1, 2])
+
+
+def test_threads_are_named_by_stage() -> None:
+    handler = FakeHandler()
+    with make_pipeline(handler, parallelism={"preprocess": 2, "inference": 1, "postprocess": 3}):
+        names = {t.name for t in threading.enumerate() if t.name.startswith("ts-microbatch-")}
+    assert {"ts-microbatch-preprocess-0", "ts-microbatch-preprocess-1",
+            "ts-microbatch-inference-0", "ts-microbatch-postprocess-2"} <= names
+
+
+def test_current_micro_batch_gives_offsets_in_the_full_batch() -> None:
+    seen: list[tuple[int, int, int, list[int]]] = []
+    lock = threading.Lock()
+    pipeline: Pipeline
+
+    def record(batch: list[int]) -> list[int]:
+        info = pipeline.current_micro_batch()
+        assert info is not None
+        with lock:
+            seen.append((info.index, info.offset, info.size, list(batch)))
+        return batch
+
+    pipeline = Pipeline({"only": record}, micro_batch_size=3, parallelism={"only": 2})
+    with pipeline:
+        assert outcomes(pipeline.submit(list(range(100, 110)))) == list(range(100, 110))
+        assert pipeline.current_micro_batch() is None
+    for index, offset, size, batch in seen:
+        assert offset == index * 3
+        assert batch == list(range(100 + offset, 100 + offset + size))
+    assert sorted(s[0] for s in seen) == [0, 1, 2, 3]
+
+
+def test_queues_between_stages_are_bounded() -> None:
+    release = threading.Event()
+    lock = threading.Lock()
+    produced = consumed = high_water = 0
+
+    def pre(batch: list[int]) -> list[int]:
+        nonlocal produced, high_water
+        with lock:
+            produced += 1
+            high_water = max(high_water, produced - consumed)
+        return batch
+
+    def infer(batch: list[int]) -> list[int]:
+        nonlocal consumed
+        release.wait(WAIT_S)
+        with lock:
+            consumed += 1
+        return batch
+
+    with Pipeline({"pre": pre, "infer": infer}, micro_batch_size=1,
+                  parallelism={"pre": 4}, max_queued_micro_batches=2) as p:
+        futures = p.submit(list(range(64)))
+        # Wait until the preprocess threads are all blocked on the full queue.
+        for _ in range(1000):
+            stats = p.stats()
+            if stats.queued["pre"] <= 64 - 7:
+                break
+            threading.Event().wait(0.005)
+        release.set()
+        assert outcomes(futures) == list(range(64))
+    # Outputs of preprocess not yet taken by inference: 2 queued + 1 being inferred +
+    # 4 held by preprocess threads blocked on put.
+    assert high_water <= 2 + 1 + 4
+
+
+def test_parallelism_changes_while_batches_run() -> None:
+    handler = FakeHandler(jitter_s=0.001)
+    items = list(range(40))
+    with make_pipeline(handler, micro_batch_size=2) as p:
+        futures = p.submit(items)
+        p.set_parallelism({"preprocess": 4, "inference": 2})
+        p.set_parallelism({"preprocess": 1})
+        p.micro_batch_size = 5
+        futures += p.submit(items)
+        assert outcomes(futures) == expected(items) * 2
+        assert p.parallelism == {"preprocess": 1, "inference": 2, "postprocess": 1}
+        stats = p.stats()
+        assert stats.micro_batch_size == 5
+    assert p.stats().threads_alive == {"preprocess": 0, "inference": 0, "postprocess": 0}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"preprocess": 0}, "micro_batching.parallelism.preprocess: got 0, expected an integer >= 1"),
+        ({"inference": 1.5}, "micro_batching.parallelism.inference: got 1.5"),
+        ({"decode": 2}, "micro_batching.parallelism.decode: unknown stage"),
+    ],
+)
+def test_bad_parallelism_is_refused_with_the_key(change: dict[str, Any], message: str) -> None:
+    with make_pipeline(FakeHandler()) as p, pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        p.set_parallelism(change)
+
+
+def test_shutdown_finishes_queued_work_and_is_idempotent() -> None:
+    handler = FakeHandler(jitter_s=0.002)
+    p = make_pipeline(handler, micro_batch_size=1)
+    futures = p.submit(list(range(20)))
+    p.shutdown(wait=True)
+    p.shutdown(wait=True)
+    p.shutdown(wait=False)
+    assert outcomes(futures) == expected(list(range(20)))
+    with pytest.raises(PipelineClosedError, match="shut down"):
+        p.submit([1])
+    with pytest.raises(PipelineClosedError):
+        p.set_parallelism({"inference": 2})
+
+
+def test_shutdown_cancel_pending_fails_queued_requests_clearly() -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    def slow(batch: list[int]) -> list[int]:
+        started.set()
+        release.wait(WAIT_S)
+        return batch
+
+    p = Pipeline({"slow": slow}, micro_batch_size=1)
+    futures = p.submit([1, 2, 3])
+    assert started.wait(WAIT_S)
+    stopper = threading.Thread(target=p.shutdown, kwargs={"cancel_pending": True})
+    stopper.start()
+    release.set()
+    stopper.join(WAIT_S)
+    results = outcomes(futures)
+    assert results[0] == 1  # the one already running finishes
+    assert all(isinstance(r, PipelineClosedError) and "before this request" in str(r) for r in results[1:])
+
+
+def test_hang_when_a_stage_is_stuck_at_shutdown_requests_still_get_an_error() -> None:
+    release = threading.Event()
+    p = Pipeline({"stuck": lambda batch: release.wait(WAIT_S) and batch}, join_timeout_s=0.05)
+    futures = p.submit([1, 2])
+    p.shutdown(wait=True)
+    results = outcomes(futures)
+    release.set()
+    assert all(isinstance(r, PipelineClosedError) for r in results)
+
+
+def test_shutdown_without_wait_returns_and_stops_threads() -> None:
+    p = make_pipeline(FakeHandler())
+    futures = p.submit([1, 2, 3])
+    p.shutdown(wait=False)
+    assert outcomes(futures) == expected([1, 2, 3])
+    p.shutdown(wait=True)  # waits for the background stop
+    assert sum(p.stats().threads_alive.values()) == 0
+
+
+def test_concurrent_submitters_each_get_their_own_answers() -> None:
+    handler = FakeHandler(jitter_s=0.001)
+    results: dict[int, list[Any]] = {}
+
+    def client(n: int) -> None:
+        items = list(range(n * 100, n * 100 + 17))
+        results[n] = outcomes(p.submit(items))
+
+    with make_pipeline(handler, micro_batch_size=4, parallelism={"preprocess": 2, "postprocess": 2}) as p:
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+    for n in range(8):
+        assert results[n] == expected(list(range(n * 100, n * 100 + 17)))
+
+
+def test_empty_batch_returns_no_futures() -> None:
+    with make_pipeline(FakeHandler()) as p:
+        assert p.submit([]) == []

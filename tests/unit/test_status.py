@@ -1,0 +1,60 @@
+"""Exceptions map to the status code of the one request they failed."""
+
+from __future__ import annotations
+
+import binascii
+import io
+
+import pytest
+import torch
+from PIL import Image, UnidentifiedImageError
+from ts.utils.util import PredictionException
+
+from ts_microbatch import (
+    InvalidInputError,
+    PayloadTooLargeError,
+    PipelineClosedError,
+    RequestTimeoutError,
+    error_status,
+    status_code_for,
+)
+
+
+def unidentified_image_error() -> Exception:
+    try:
+        Image.open(io.BytesIO(b"not an image"))
+    except UnidentifiedImageError as exc:
+        return exc
+    raise AssertionError("PIL opened garbage")
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (InvalidInputError("bad"), 400),
+        (PayloadTooLargeError("big"), 413),
+        (PredictionException("teapot", 418), 418),
+        (RequestTimeoutError("slow"), 504),
+        (PipelineClosedError("closed"), 503),
+        (MemoryError(), 507),
+        (torch.OutOfMemoryError("CUDA out of memory"), 507),
+        (RuntimeError("CUDA out of memory. Tried to allocate"), 507),
+        (unidentified_image_error(), 400),
+        (Image.DecompressionBombError("too many pixels"), 413),
+        (binascii.Error("bad padding"), 400),
+        (ValueError("model bug"), 500),
+        (KeyError("x"), 500),
+    ],
+)
+def test_status_codes(exc: BaseException, code: int) -> None:
+    assert status_code_for(exc) == code
+
+
+def test_error_body_names_the_cause() -> None:
+    status = error_status(InvalidInputError("the request body is empty"), request_id="abc")
+    assert status.code == 400 and status.phrase == "Bad Request"
+    assert status.body == {
+        "code": 400, "type": "InvalidInputError", "message": "the request body is empty", "request_id": "abc"
+    }
+    assert error_status(PredictionException("no way", 422)).body["message"] == "no way"
+    assert error_status(ValueError()).body["message"] == "ValueError"

@@ -1,0 +1,44 @@
+"""Micro-batching for TorchServe handlers: a pipeline that never hangs and isolates bad requests."""
+
+from __future__ import annotations
+
+from .config import MicroBatchingConfig, Parallelism, load_config
+from .errors import (
+    ConfigError,
+    InvalidInputError,
+    MicroBatchingError,
+    PayloadTooLargeError,
+    PipelineClosedError,
+    RequestError,
+    RequestTimeoutError,
+    StageOutputError,
+)
+from .metrics import PipelineObserver
+from .micro_batching import MicroBatching
+from .mixin import MicroBatchingMixin
+from .pipeline import MicroBatchInfo, Pipeline, PipelineStats
+from .status import error_status, status_code_for
+
+__all__ = [
+    "ConfigError",
+    "InvalidInputError",
+    "MicroBatchInfo",
+    "MicroBatching",
+    "MicroBatchingConfig",
+    "MicroBatchingError",
+    "MicroBatchingMixin",
+    "Parallelism",
+    "PayloadTooLargeError",
+    "Pipeline",
+    "PipelineClosedError",
+    "PipelineObserver",
+    "PipelineStats",
+    "RequestError",
+    "RequestTimeoutError",
+    "StageOutputError",
+    "error_status",
+    "load_config",
+    "status_code_for",
+]
+
+__version__ = "0.1.0"

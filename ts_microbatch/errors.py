@@ -1,0 +1,61 @@
+"""Exceptions raised by ts_microbatch.
+
+The tree::
+
+    MicroBatchingError                      base of everything raised here
+    ├── ConfigError (ValueError)            bad micro_batching config; names the key
+    ├── PipelineClosedError (RuntimeError)  work submitted to, or stranded by, a shut-down pipeline
+    ├── StageOutputError                    a stage returned the wrong number of outputs
+    ├── RequestTimeoutError (TimeoutError)  a request was not answered within ``timeout_s``
+    └── RequestError                        one request is bad on its own; carries an HTTP status
+        ├── InvalidInputError               400: the input cannot be decoded
+        └── PayloadTooLargeError            413: the input is over a configured size limit
+
+HTTP status codes are attached to exceptions only as data; they are turned into
+responses at the handler boundary (``ts_microbatch.status``).
+"""
+
+from __future__ import annotations
+
+
+class MicroBatchingError(Exception):
+    """Base class of the errors raised by ts_microbatch."""
+
+
+class ConfigError(MicroBatchingError, ValueError):
+    """A micro-batching setting is missing, unknown, of the wrong type or out of range."""
+
+
+class PipelineClosedError(MicroBatchingError, RuntimeError):
+    """The pipeline was shut down before the work could be done."""
+
+
+class StageOutputError(MicroBatchingError):
+    """A stage returned a number of outputs different from its number of inputs."""
+
+
+class RequestTimeoutError(MicroBatchingError, TimeoutError):
+    """A request was not answered within the configured timeout."""
+
+
+class RequestError(MicroBatchingError):
+    """A single request is invalid; only that request fails."""
+
+    status_code: int = 400
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        if status_code is not None:
+            self.status_code = status_code
+
+
+class InvalidInputError(RequestError):
+    """The request body cannot be decoded (HTTP 400)."""
+
+    status_code = 400
+
+
+class PayloadTooLargeError(RequestError):
+    """The request body is over a configured limit, such as an image's pixel count (HTTP 413)."""
+
+    status_code = 413

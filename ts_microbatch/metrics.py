@@ -1,0 +1,23 @@
+"""Observation hooks of the pipeline.
+
+``PipelineObserver`` is the interface the pipeline reports to; it does nothing by itself.
+Observers run on the pipeline's threads, inside the hot path: they must be quick and must
+not raise (an exception from an observer fails the micro-batch it was reporting on).
+"""
+
+from __future__ import annotations
+
+
+class PipelineObserver:
+    """Receives what the pipeline does; every method is a no-op here."""
+
+    def on_batch(self, batch_size: int, micro_batches: int) -> None:
+        """A batch of ``batch_size`` requests was split into ``micro_batches`` micro-batches."""
+
+    def on_stage(
+        self, stage: str, size: int, queue_wait_s: float, run_s: float, *, failed: bool
+    ) -> None:
+        """A stage ran on a micro-batch of ``size`` requests after waiting ``queue_wait_s``."""
+
+    def on_request_error(self, status_code: int) -> None:
+        """A request was answered with an error status."""

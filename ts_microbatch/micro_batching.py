@@ -1,0 +1,210 @@
+"""``MicroBatching``: the drop-in replacement for ``ts.handler_utils.micro_batching.MicroBatching``.
+
+It replaces a handler's ``handle``: TorchServe calls it with a batch and a context, it runs
+the handler's preprocess, inference and postprocess as a pipeline of micro-batches, and it
+answers every request: with its output, or with its own error status and a JSON body.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, wait
+from dataclasses import replace
+from typing import Any
+
+from .config import STAGES, MicroBatchingConfig, Parallelism
+from .errors import RequestTimeoutError
+from .metrics import PipelineObserver
+from .pipeline import MicroBatchInfo, Pipeline, PipelineStats, _set_future
+from .status import error_status
+
+logger = logging.getLogger(__name__)
+
+HANDLER_METHODS = STAGES
+
+
+class MicroBatching:
+    """Runs a handler's three stages as a pipeline of micro-batches.
+
+    Use it as upstream's: ``self.handle = MicroBatching(self)`` in the handler's
+    ``__init__``, then set ``micro_batch_size`` and ``parallelism``, or call
+    :meth:`configure` with a :class:`MicroBatchingConfig` in ``initialize``.
+
+    Args:
+        parent_handler: an object with ``preprocess``, ``inference`` and ``postprocess``
+            (and, for ``__call__``, the ``BaseHandler`` describe/explain helpers).
+        micro_batch_size: requests per micro-batch; overrides ``config``.
+        parallelism: threads per stage; overrides ``config`` stage by stage.
+        config: every other setting; the defaults when None.
+        observer: receives timings and errors, for metrics.
+    """
+
+    def __init__(
+        self,
+        parent_handler: Any,
+        micro_batch_size: int | None = None,
+        parallelism: Mapping[str, int] | None = None,
+        *,
+        config: MicroBatchingConfig | None = None,
+        observer: PipelineObserver | None = None,
+    ) -> None:
+        self.handler = parent_handler
+        config = config or MicroBatchingConfig()
+        if micro_batch_size is not None:
+            config = MicroBatchingConfig.from_mapping({"micro_batch_size": micro_batch_size}, config)
+        if parallelism is not None:
+            config = replace(config, parallelism=Parallelism.from_mapping(parallelism, base=config.parallelism))
+        self._config = config
+        self._observer = observer or PipelineObserver()
+        self._pipeline = self._new_pipeline(config)
+
+    def _new_pipeline(self, config: MicroBatchingConfig) -> Pipeline:
+        handler = self.handler
+
+        def stage(name: str) -> Any:
+            # Looked up on each call, so a handler may swap a stage method at run time.
+            return lambda data: getattr(handler, name)(data)
+
+        return Pipeline(
+            {name: stage(name) for name in STAGES},
+            parallelism=config.parallelism.as_dict(),
+            micro_batch_size=config.micro_batch_size,
+            max_queued_micro_batches=config.max_queued_micro_batches,
+            isolate_failures=config.isolate_failures,
+            join_timeout_s=config.join_timeout_s,
+            observer=self._observer,
+        )
+
+    # -- configuration ---------------------------------------------------------------
+
+    @property
+    def config(self) -> MicroBatchingConfig:
+        """The settings in force."""
+        return replace(
+            self._config,
+            micro_batch_size=self._pipeline.micro_batch_size,
+            parallelism=Parallelism(**self._pipeline.parallelism),
+        )
+
+    def configure(self, config: MicroBatchingConfig) -> None:
+        """Applies ``config``; sizes and thread counts change in place, other settings
+        replace the pipeline once the work already queued is done."""
+        current = self.config
+        if replace(config, micro_batch_size=1, parallelism=Parallelism()) == replace(
+            current, micro_batch_size=1, parallelism=Parallelism()
+        ):
+            self.micro_batch_size = config.micro_batch_size
+            self.parallelism = config.parallelism.as_dict()
+        else:
+            old, self._pipeline = self._pipeline, self._new_pipeline(config)
+            old.shutdown(wait=True)
+        self._config = config
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self._pipeline.micro_batch_size
+
+    @micro_batch_size.setter
+    def micro_batch_size(self, size: int) -> None:
+        self._pipeline.micro_batch_size = size
+
+    @property
+    def parallelism(self) -> dict[str, int]:
+        """Threads per stage; assign a mapping of some or all stages to change them."""
+        return self._pipeline.parallelism
+
+    @parallelism.setter
+    def parallelism(self, parallelism: Mapping[str, int]) -> None:
+        self._pipeline.set_parallelism(parallelism)
+
+    # -- running ---------------------------------------------------------------------
+
+    def submit(self, data: Sequence[Any]) -> list[Future[Any]]:
+        """Queues a batch; returns one future per request, resolved with its output or error."""
+        return self._pipeline.submit(data)
+
+    def handle(self, data: Sequence[Any]) -> list[Any]:
+        """Runs a batch through the pipeline; returns one output per request, in order.
+
+        A request that failed gets a JSON error body instead of its output, and its status
+        is set on the handler's context (``context.set_response_status(code, phrase, idx)``).
+        """
+        if len(data) == 0:
+            return []
+        futures = self.submit(data)
+        timeout_s = self._config.timeout_s
+        _, late = wait(futures, timeout=timeout_s)
+        for future in late:
+            _set_future(future, error=RequestTimeoutError(f"no answer within timeout_s={timeout_s}"))
+        context = getattr(self.handler, "context", None)
+        outputs: list[Any] = []
+        for idx, future in enumerate(futures):
+            try:
+                outputs.append(future.result())
+            except BaseException as exc:  # a request's own failure, to be answered
+                outputs.append(self._error_response(context, idx, exc))
+        return outputs
+
+    def _error_response(self, context: Any, idx: int, exc: BaseException) -> dict[str, Any]:
+        request_id = context.get_request_id(idx) if context is not None and hasattr(context, "get_request_id") else None
+        status = error_status(exc, request_id)
+        if context is not None:
+            context.set_response_status(status.code, status.phrase, idx)
+        self._observer.on_request_error(status.code)
+        return status.body
+
+    def __call__(self, data: Sequence[Any], context: Any) -> list[Any]:
+        """Replaces ``BaseHandler.handle``: describe, explain and profiler paths as upstream,
+        micro-batched inference otherwise, and the ``HandlerTime`` metric."""
+        start = time.time()
+        handler = self.handler
+        handler.context = context
+        if os.environ.get("ENABLE_TORCH_PROFILER"):
+            output, _ = handler._infer_with_profiler(data=data)
+        elif handler._is_describe():
+            output = [handler.describe_handle()]
+        elif handler._is_explain():
+            output = handler.explain_handle(handler.preprocess(data), data)
+        else:
+            output = self.handle(data)
+        metrics = getattr(context, "metrics", None)
+        if metrics is not None:
+            metrics.add_time("HandlerTime", round((time.time() - start) * 1000, 2), None, "ms")
+        return output  # type: ignore[no-any-return]
+
+    # -- helpers for stages ----------------------------------------------------------
+
+    def current_micro_batch(self) -> MicroBatchInfo | None:
+        """Where the micro-batch this stage thread works on sits in the batch; None outside a stage."""
+        return self._pipeline.current_micro_batch()
+
+    def get_micro_batch_idx(self) -> int | None:
+        """The index of the current micro-batch in its batch (upstream's API)."""
+        info = self.current_micro_batch()
+        return None if info is None else info.index
+
+    def current_request_ids(self) -> list[str | None]:
+        """The TorchServe request ids of the current micro-batch's requests, in order."""
+        info = self.current_micro_batch()
+        context = getattr(self.handler, "context", None)
+        if info is None or context is None:
+            return []
+        return [context.get_request_id(i) for i in info.request_indices]
+
+    def stats(self) -> PipelineStats:
+        return self._pipeline.stats()
+
+    # -- shutting down ---------------------------------------------------------------
+
+    def shutdown(self, wait: bool = True, *, cancel_pending: bool = False) -> None:
+        """Stops the stage threads; idempotent. See :meth:`Pipeline.shutdown`."""
+        self._pipeline.shutdown(wait, cancel_pending=cancel_pending)
+
+    def __enter__(self) -> MicroBatching:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown(wait=True)

@@ -1,0 +1,48 @@
+"""``MicroBatchingMixin``: micro-batching for any ``BaseHandler`` subclass in one line.
+
+    class MyHandler(MicroBatchingMixin, ImageClassifier):
+        pass
+
+``initialize`` validates the model's micro-batching config first (so a bad config fails
+registration before the weights are loaded), then initializes the handler, then starts the
+pipeline; ``handle`` runs batches through it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import MicroBatchingConfig, load_config
+from .micro_batching import MicroBatching
+from .metrics import PipelineObserver
+
+
+class MicroBatchingMixin:
+    """Put it first among the bases of a ``BaseHandler`` subclass."""
+
+    micro_batching: MicroBatching | None = None
+
+    def micro_batching_config(self, context: Any) -> MicroBatchingConfig:
+        """The config to use; by default the model's micro_batching.json and model-config.yaml."""
+        return load_config(
+            context.system_properties.get("model_dir"),
+            getattr(context, "model_yaml_config", None),
+        )
+
+    def micro_batching_observer(self, context: Any) -> PipelineObserver | None:
+        """The observer the pipeline reports to; None for none."""
+        return None
+
+    def initialize(self, context: Any) -> None:
+        config = self.micro_batching_config(context)
+        super().initialize(context)  # type: ignore[misc]
+        if self.micro_batching is not None:
+            self.micro_batching.shutdown()
+        self.micro_batching = MicroBatching(
+            self, config=config, observer=self.micro_batching_observer(context)
+        )
+
+    def handle(self, data: list[Any], context: Any) -> list[Any]:
+        if self.micro_batching is None:
+            raise RuntimeError("handle() called before initialize(): the pipeline is not started")
+        return self.micro_batching(data, context)

@@ -1,0 +1,80 @@
+"""Maps an exception to the HTTP status of the one request it failed.
+
+This is the handler boundary: the pipeline deals in exceptions, TorchServe in status codes.
+"""
+
+from __future__ import annotations
+
+import binascii
+import http
+import json
+from typing import Any, NamedTuple
+
+from .errors import PipelineClosedError, RequestError, RequestTimeoutError
+
+# Errors raised by common decoders that mean "this input is bad", named by qualified class
+# name so that the core needs neither PIL nor torch to recognise them.
+_INPUT_ERRORS_BY_NAME = {
+    "PIL.UnidentifiedImageError": 400,
+    "PIL.Image.DecompressionBombError": 413,
+}
+_INPUT_ERROR_TYPES: tuple[type[BaseException], ...] = (
+    binascii.Error,  # bad base64
+    UnicodeDecodeError,
+    json.JSONDecodeError,
+)
+_OOM_NAMES = {"torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError"}
+
+
+class ErrorStatus(NamedTuple):
+    """The status and JSON body of a failed request."""
+
+    code: int
+    phrase: str
+    body: dict[str, Any]
+
+
+def _qualified_names(exc: BaseException) -> set[str]:
+    return {f"{cls.__module__}.{cls.__qualname__}" for cls in type(exc).__mro__}
+
+
+def status_code_for(exc: BaseException) -> int:
+    """The HTTP status code for a request that failed with ``exc``."""
+    if isinstance(exc, RequestError):
+        return exc.status_code
+    error_code = getattr(exc, "error_code", None)  # ts.utils.util.PredictionException
+    if type(exc).__name__ == "PredictionException" and isinstance(error_code, int):
+        return error_code
+    if isinstance(exc, RequestTimeoutError):
+        return 504
+    if isinstance(exc, PipelineClosedError):
+        return 503
+    if isinstance(exc, MemoryError):
+        return 507
+    names = _qualified_names(exc)
+    if names & _OOM_NAMES or (isinstance(exc, RuntimeError) and "out of memory" in str(exc)):
+        return 507
+    for name in names:
+        if name in _INPUT_ERRORS_BY_NAME:
+            return _INPUT_ERRORS_BY_NAME[name]
+    if isinstance(exc, _INPUT_ERROR_TYPES):
+        return 400
+    return 500
+
+
+def error_status(exc: BaseException, request_id: str | None = None) -> ErrorStatus:
+    """The status, reason phrase and JSON body for a request that failed with ``exc``."""
+    code = status_code_for(exc)
+    try:
+        phrase = http.HTTPStatus(code).phrase
+    except ValueError:
+        phrase = "Error"
+    message = getattr(exc, "message", None) if type(exc).__name__ == "PredictionException" else None
+    body: dict[str, Any] = {
+        "code": code,
+        "type": type(exc).__name__,
+        "message": str(message if message is not None else exc) or type(exc).__name__,
+    }
+    if request_id is not None:
+        body["request_id"] = request_id
+    return ErrorStatus(code, phrase, body)
