@@ -17,10 +17,11 @@ import base64
 import binascii
 import io
 import logging
+import struct
 from typing import Any
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from ts.torch_handler.image_classifier import ImageClassifier
 
 from ts_microbatch import ConfigError, InvalidInputError, MicroBatchingMixin, PayloadTooLargeError
@@ -28,7 +29,9 @@ from ts_microbatch import ConfigError, InvalidInputError, MicroBatchingMixin, Pa
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485  # PIL's own default limit
-HANDLER_KEYS = ("max_image_pixels", "decoder")
+# What PIL raises for bytes that are not a decodable image (UnidentifiedImageError is an
+# OSError; some plugins raise SyntaxError or struct.error on malformed headers).
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, struct.error)
 
 
 def _request_body(row: Any) -> Any:
@@ -69,7 +72,7 @@ class MicroBatchingHandler(MicroBatchingMixin, ImageClassifier):  # type: ignore
             image = Image.open(io.BytesIO(body))
         except Image.DecompressionBombError as exc:  # over twice PIL's own global limit
             raise PayloadTooLargeError(f"image rejected as a decompression bomb ({exc})") from exc
-        except UnidentifiedImageError as exc:
+        except _DECODE_ERRORS as exc:  # not an image, or a header PIL cannot parse
             raise InvalidInputError(f"the request body is not a readable image ({exc})") from exc
         width, height = image.size
         if width * height > self.max_image_pixels:
@@ -79,7 +82,7 @@ class MicroBatchingHandler(MicroBatchingMixin, ImageClassifier):  # type: ignore
             )
         try:
             image.load()
-        except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt pixel data
+        except _DECODE_ERRORS as exc:  # truncated or corrupt pixel data
             raise InvalidInputError(f"the image data is corrupt ({exc})") from exc
         return image.convert("RGB") if image.mode != "RGB" else image
 

@@ -1,0 +1,85 @@
+"""Real handlers on a real (untrained) ResNet-18, with a TorchServe Context built by hand."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from PIL import Image
+import ts
+from ts.context import Context, RequestProcessor
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+from tests.conftest import ROOT, load_module
+
+prepare = load_module("examples/image_classifier/prepare.py", "ts_microbatch_example_prepare")
+make_jpeg = prepare.make_jpeg
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A model directory laid out as TorchServe extracts a .mar."""
+    directory = tmp_path_factory.mktemp("resnet18")
+    shutil.copy(os.path.join(ROOT, "examples/image_classifier/model.py"), directory / "model.py")
+    torch.manual_seed(0)
+    from torchvision.models import resnet18
+
+    torch.save(resnet18(weights=None).state_dict(), directory / "resnet18.pth")
+    prepare.write_labels(str(directory))
+    shutil.copy(os.path.join(ROOT, "configs/micro_batching.json"), directory / "micro_batching.json")
+    sys.path.insert(0, str(directory))  # TorchServe puts the model dir on sys.path
+    yield directory
+    sys.path.remove(str(directory))
+
+
+def make_context(model_dir: Path, batch: int, yaml_config: dict[str, Any] | None = None) -> Context:
+    manifest = {"model": {"modelName": "resnet18", "serializedFile": "resnet18.pth", "modelFile": "model.py"}}
+    metrics = MetricsCacheYamlImpl(os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml"))
+    metrics.initialize_cache()
+    metrics.model_name = "resnet18"
+    context = Context("resnet18", str(model_dir), manifest, batch, None, "0.12.0",
+                      metrics=metrics, model_yaml_config=yaml_config or {})
+    new_batch(context, batch)
+    return context
+
+
+def new_batch(context: Context, batch: int) -> None:
+    """What Service.predict does before each batch: fresh request ids and per-request state."""
+    context.request_ids = {i: f"req-{i}" for i in range(batch)}
+    context.metrics.request_ids = context.request_ids
+    context.request_processor = [RequestProcessor({}) for _ in range(batch)]
+
+
+def statuses(context: Context, batch: int) -> list[int]:
+    return [context.get_response_status(i)[0] for i in range(batch)]
+
+
+def jpeg_rows(n: int, size: tuple[int, int] = (320, 240), first_seed: int = 0) -> list[dict[str, bytes]]:
+    return [{"body": make_jpeg(first_seed + i, size=size)} for i in range(n)]
+
+
+def bomb_png(width: int = 12_000, height: int = 12_000) -> bytes:
+    """A small file that decodes to width*height pixels."""
+    buf = io.BytesIO()
+    Image.new("1", (width, height)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def load_handler_module() -> Any:
+    return load_module("handlers/micro_batching_handler.py", "micro_batching_handler")
+
+
+def top5(result: dict[str, float]) -> list[tuple[str, float]]:
+    return sorted(result.items(), key=lambda kv: -kv[1])
+
+
+__all__ = ["bomb_png", "jpeg_rows", "json", "load_handler_module", "make_context", "make_jpeg",
+           "new_batch", "statuses", "top5"]

@@ -1,0 +1,188 @@
+"""MicroBatchingHandler against TorchServe's plain ImageClassifier on the same model and batch."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ts.torch_handler.image_classifier import ImageClassifier
+
+from tests.handlers.conftest import (
+    bomb_png,
+    jpeg_rows,
+    load_handler_module,
+    make_context,
+    new_batch,
+    statuses,
+)
+from ts_microbatch import ConfigError, MicroBatchingConfig
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def plain_results(model_dir: Path) -> list[dict[str, float]]:
+    handler = ImageClassifier()
+    context = make_context(model_dir, BATCH)
+    handler.initialize(context)
+    results: list[dict[str, float]] = handler.handle(jpeg_rows(BATCH), context)
+    return results
+
+
+@pytest.fixture(scope="module")
+def handler(model_dir: Path) -> Any:
+    module = load_handler_module()
+    h = module.MicroBatchingHandler()
+    h.initialize(make_context(model_dir, 32))
+    yield h
+    h.micro_batching.shutdown()
+
+
+def assert_same_predictions(got: list[dict[str, float]], want: list[dict[str, float]]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert list(g) == list(w), "top-5 classes differ"
+        assert list(g.values()) == pytest.approx(list(w.values()), abs=1e-4)
+
+
+def test_initialize_reads_the_shipped_config(handler: Any) -> None:
+    config = handler.micro_batching.config
+    assert config.micro_batch_size == 4
+    assert config.parallelism.as_dict() == {"preprocess": 2, "inference": 1, "postprocess": 2}
+
+
+@pytest.mark.parametrize(
+    ("micro_batch_size", "threads"),
+    [(size, threads) for size in range(1, BATCH + 1) for threads in [(1, 1, 1)]]
+    + list(itertools.product([3], [(2, 1, 2), (3, 2, 1)])),
+)
+def test_matches_plain_image_classifier(
+    handler: Any, model_dir: Path, plain_results: list[dict[str, float]],
+    micro_batch_size: int, threads: tuple[int, int, int],
+) -> None:
+    handler.micro_batching.micro_batch_size = micro_batch_size
+    handler.micro_batching.parallelism = dict(zip(("preprocess", "inference", "postprocess"), threads))
+    context = make_context(model_dir, BATCH)
+    got = handler.handle(jpeg_rows(BATCH), context)
+    assert statuses(context, BATCH) == [200] * BATCH
+    assert_same_predictions(got, plain_results)
+
+
+def test_one_corrupt_image_in_32_gets_400_and_31_normal_predictions(handler: Any, model_dir: Path) -> None:
+    handler.micro_batching.configure(MicroBatchingConfig.from_mapping(
+        {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2}}))
+    rows = jpeg_rows(32)
+    clean = handler.handle(rows, make_context(model_dir, 32))
+    rows[13] = {"body": rows[13]["body"][: len(rows[13]["body"]) // 3]}  # truncated JPEG
+    context = make_context(model_dir, 32)
+    got = handler.handle(rows, context)
+    codes = statuses(context, 32)
+    assert codes[13] == 400 and codes.count(200) == 31
+    assert got[13]["type"] == "InvalidInputError" and got[13]["request_id"] == "req-13"
+    assert_same_predictions([g for i, g in enumerate(got) if i != 13], [c for i, c in enumerate(clean) if i != 13])
+
+
+def test_each_kind_of_bad_input_gets_its_own_status(handler: Any, model_dir: Path) -> None:
+    rows: list[dict[str, Any]] = jpeg_rows(6)
+    rows[1] = {"body": b"\xff\xd8\xff\xe0 this is not really a JPEG"}
+    rows[2] = {"body": b""}
+    rows[3] = {"body": "plain text, not base64!"}
+    rows[4] = {"body": bomb_png()}
+    context = make_context(model_dir, 6)
+    got = handler.handle(rows, context)
+    assert statuses(context, 6) == [200, 400, 400, 400, 413, 200]
+    assert "empty" in got[2]["message"]
+    assert "12000x12000" in got[4]["message"] and "max_image_pixels" in got[4]["message"]
+    assert len(got[0]) == 5 and len(got[5]) == 5
+
+
+def test_pixel_limit_is_configurable(model_dir: Path) -> None:
+    module = load_handler_module()
+    h = module.MicroBatchingHandler()
+    h.initialize(make_context(model_dir, 2, {"handler": {"max_image_pixels": 300 * 200}}))
+    try:
+        context = make_context(model_dir, 2)
+        h.handle(jpeg_rows(1, size=(300, 200)) + jpeg_rows(1, size=(301, 200)), context)
+        assert statuses(context, 2) == [200, 413]
+    finally:
+        h.micro_batching.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("yaml_config", "message"),
+    [
+        ({"micro_batching": {"micro_batch_size": 0}}, "model-config.yaml: micro_batching.micro_batch_size: got 0"),
+        ({"micro_batching": {"parallelism": {"inference": -1}}}, "micro_batching.parallelism.inference: got -1"),
+        ({"handler": {"max_image_pixels": "lots"}}, "handler.max_image_pixels: got 'lots'"),
+        ({"handler": {"decoder": "magic"}}, "handler.decoder: got 'magic'"),
+    ],
+)
+def test_bad_config_fails_initialize_naming_the_key(model_dir: Path, yaml_config: dict[str, Any], message: str) -> None:
+    module = load_handler_module()
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        module.MicroBatchingHandler().initialize(make_context(model_dir, 1, yaml_config))
+
+
+def test_batches_from_parallel_callers_each_get_their_own_predictions(handler: Any, model_dir: Path) -> None:
+    """Two batches at once (as with two TorchServe workers sharing nothing but the handler)."""
+    rows = jpeg_rows(4, first_seed=100)
+    reference = handler.handle(rows, make_context(model_dir, 4))
+    results: list[Any] = [None, None]
+
+    def call(i: int) -> None:
+        # handle() sets handler.context; the shared pipeline must not mix up the rows.
+        results[i] = handler.micro_batching.handle(rows)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for r in results:
+        assert_same_predictions(r, reference)
+
+
+def test_context_is_fresh_per_batch(handler: Any, model_dir: Path) -> None:
+    context = make_context(model_dir, 2)
+    handler.handle([{"body": b""}, jpeg_rows(1)[0]], context)
+    assert statuses(context, 2) == [400, 200]
+    new_batch(context, 2)
+    handler.handle(jpeg_rows(2), context)
+    assert statuses(context, 2) == [200, 200]
+
+
+def test_upstream_style_handler_works_with_only_the_import_swapped(
+    model_dir: Path, plain_results: list[dict[str, float]]
+) -> None:
+    """The upstream example's handler body, verbatim but for `from ts_microbatch import ...`."""
+    from ts_microbatch import MicroBatching
+
+    class UpstreamStyleHandler(ImageClassifier):
+        def __init__(self) -> None:
+            mb_handle = MicroBatching(self)
+            self.handle = mb_handle  # type: ignore[method-assign]
+
+        def initialize(self, ctx: Any) -> None:
+            super().initialize(ctx)
+            parallelism = ctx.model_yaml_config.get("micro_batching", {}).get("parallelism", None)
+            if parallelism:
+                self.handle.parallelism = parallelism
+            self.handle.micro_batch_size = ctx.model_yaml_config.get("micro_batching", {}).get(
+                "micro_batch_size", 1)
+
+    h = UpstreamStyleHandler()
+    yaml_config = {"micro_batching": {"micro_batch_size": 3, "parallelism": {"preprocess": 2}}}
+    h.initialize(make_context(model_dir, BATCH, yaml_config))
+    try:
+        context = make_context(model_dir, BATCH)
+        rows = jpeg_rows(BATCH)
+        rows[5] = {"body": b"garbage"}
+        got = h.handle(rows, context)
+        assert statuses(context, BATCH) == [200] * 5 + [400] + [200] * 2
+        assert_same_predictions(got[:5] + got[6:], plain_results[:5] + plain_results[6:])
+        assert h.handle.parallelism["preprocess"] == 2
+    finally:
+        h.handle.shutdown()
