@@ -42,7 +42,7 @@ test: venv
 test-unit: venv
 	$(VENV)/bin/pytest tests/unit
 
-$(MAR): venv handlers/micro_batching_handler.py configs/micro_batching.json \
+$(MAR): $(STAMP) handlers/micro_batching_handler.py configs/micro_batching.json \
         examples/image_classifier/model.py examples/image_classifier/model-config.yaml
 	$(PY) examples/image_classifier/prepare.py --out $(BUILD) $(if $(WEIGHTS),--weights $(WEIGHTS))
 	mkdir -p model_store

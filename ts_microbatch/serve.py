@@ -1,0 +1,100 @@
+"""`make serve` / `make stop`: a local TorchServe with one model, answering one request.
+
+    python -m ts_microbatch.serve start --mar resnet-18_mb.mar --image kitten.jpg
+    python -m ts_microbatch.serve stop
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.parse
+from pathlib import Path
+
+from .server import TorchServe, TorchServeError, read_properties
+
+WORKDIR = Path("logs/torchserve")
+
+
+def _port(url: str) -> int:
+    port = urllib.parse.urlparse(url).port
+    if port is None:
+        raise TorchServeError(f"no port in address {url!r}")
+    return port
+
+
+def server_from_config(config: Path, model_store: Path, token_auth: bool) -> TorchServe:
+    props = read_properties(config)
+    ports = tuple(_port(props[k]) for k in ("inference_address", "management_address", "metrics_address"))
+    return TorchServe(model_store=model_store, workdir=WORKDIR, base_config=config,
+                      ports=ports, token_auth=token_auth)  # type: ignore[arg-type]
+
+
+def start(args: argparse.Namespace) -> int:
+    token_auth = args.token_auth.lower() not in ("off", "false", "0", "no")
+    server = server_from_config(Path(args.config), Path(args.model_store), token_auth)
+    server.stop()  # a server left by an earlier `make serve`
+    print(f"Starting TorchServe (logs in {server.log_dir}) ...", flush=True)
+    server.start()
+    model_name = Path(args.mar).stem
+    print(f"Registering {args.mar}: batch_size={args.batch_size} "
+          f"max_batch_delay={args.max_batch_delay} ms ...", flush=True)
+    resp = server.register(args.mar, batch_size=args.batch_size,
+                           max_batch_delay_ms=args.max_batch_delay, initial_workers=args.workers)
+    if resp.status != 200:
+        print(f"Registration failed: {resp.status} {resp.body.decode(errors='replace')}", file=sys.stderr)
+        print("Last lines of the model log:\n" + "\n".join(server.log().splitlines()[-25:]), file=sys.stderr)
+        server.stop()
+        return 1
+    image = Path(args.image).read_bytes()
+    answer = server.predict(model_name, image)
+    print(f"\nPOST {server.inference_url}/predictions/{model_name} ({args.image}) -> {answer.status}")
+    print(json.dumps(answer.json(), indent=2))
+    auth = ""
+    if token_auth:
+        auth = (" -H \"Authorization: Bearer $(python3 -c 'import json;print(json.load(open("
+                f"\"{server.workdir / 'key_file.json'}\"))[\"inference\"][\"key\"])')\"")
+    print(f"\nTorchServe is running: inference {server.inference_url}, management "
+          f"{server.management_url}, metrics {server.metrics_url}")
+    print(f"Try: curl{auth} -T {args.image} {server.inference_url}/predictions/{model_name}")
+    print("Stop it with: make stop")
+    return 0 if answer.status == 200 else 1
+
+
+def stop(_: argparse.Namespace) -> int:
+    server = TorchServe(model_store=Path("."), workdir=WORKDIR, ports=(0, 0, 0))
+    if not (WORKDIR / "torchserve.pid").exists():
+        print("No TorchServe started by `make serve` is running.")
+        return 0
+    server.stop()
+    print("TorchServe stopped.")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ts_microbatch.serve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("start", help="start TorchServe, register a model, send one request")
+    p.add_argument("--mar", required=True, help="file name of the .mar in the model store")
+    p.add_argument("--image", required=True, help="file to send as the sample request")
+    p.add_argument("--model-store", default="model_store")
+    p.add_argument("--config", default="configs/config.properties")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-batch-delay", type=int, default=50, help="milliseconds")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--token-auth", default=os.environ.get("TOKEN_AUTH", "on"),
+                   help="on (default) or off; off only for a server on 127.0.0.1")
+    p.set_defaults(func=start)
+    sub.add_parser("stop", help="stop the TorchServe started by start").set_defaults(func=stop)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except TorchServeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""Start, drive and stop a TorchServe on loopback: for `make serve`, tests and benchmarks.
+
+Nothing here knows about a particular model. The server runs in its own process group
+(frontend and backend workers), so that stopping it leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def read_properties(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Reads a Java .properties file as TorchServe does (key=value, # comments)."""
+    props: dict[str, str] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            props[key.strip()] = value.strip()
+    return props
+
+
+def java_problem() -> str | None:
+    """Why TorchServe's Java frontend cannot start here, or None when it can."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        return ("java not found: TorchServe's frontend needs Java 17 "
+                "(Debian/Ubuntu: apt-get install openjdk-17-jre-headless)")
+    return None
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class TorchServeError(RuntimeError):
+    """TorchServe did not start, or answered the management API with an error."""
+
+
+@dataclass
+class TorchServe:
+    """A TorchServe process on loopback ports, configured from a base config.properties.
+
+    Args:
+        model_store: directory of .mar files.
+        workdir: where the generated config, logs and key file go.
+        base_config: a config.properties to start from; addresses and model store are set here.
+        ports: (inference, management, metrics); free ports when None.
+        token_auth: keep TorchServe's token authorization on (its default).
+        properties: extra config.properties entries, applied last.
+    """
+
+    model_store: Path
+    workdir: Path
+    base_config: Path | None = None
+    ports: tuple[int, int, int] | None = None
+    token_auth: bool = True
+    properties: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        self.model_store = Path(self.model_store).resolve()
+        self.workdir = Path(self.workdir).resolve()
+        if self.ports is None:
+            self.ports = (free_port(), free_port(), free_port())
+
+    # -- addresses and files -----------------------------------------------------------
+
+    @property
+    def inference_url(self) -> str:
+        assert self.ports is not None
+        return f"http://{LOOPBACK}:{self.ports[0]}"
+
+    @property
+    def management_url(self) -> str:
+        assert self.ports is not None
+        return f"http://{LOOPBACK}:{self.ports[1]}"
+
+    @property
+    def metrics_url(self) -> str:
+        assert self.ports is not None
+        return f"http://{LOOPBACK}:{self.ports[2]}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "config.properties"
+
+    def write_config(self) -> Path:
+        props = read_properties(self.base_config) if self.base_config else {}
+        props.update({
+            "inference_address": self.inference_url,
+            "management_address": self.management_url,
+            "metrics_address": self.metrics_url,
+            "model_store": str(self.model_store),
+            "enable_model_api": "true",
+            "disable_token_authorization": "false" if self.token_auth else "true",
+        })
+        props.update(self.properties)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()), encoding="utf-8")
+        return self.config_path
+
+    def log(self, name: str = "model_log.log") -> str:
+        path = self.log_dir / name
+        return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+    # -- process -------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 180.0) -> TorchServe:
+        """Starts TorchServe and waits until /ping answers.
+
+        Raises:
+            TorchServeError: Java is missing, the process exited, or /ping never answered.
+        """
+        problem = java_problem()
+        if problem:
+            raise TorchServeError(problem)
+        self.write_config()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, LOG_LOCATION=str(self.log_dir), METRICS_LOCATION=str(self.log_dir),
+                   TMPDIR=str(self.workdir))  # TorchServe keeps its pid file in the temp dir
+        torchserve = str(Path(sys.executable).with_name("torchserve"))
+        cmd = [torchserve, "--start", "--foreground", "--ncs", "--ts-config", str(self.config_path),
+               "--model-store", str(self.model_store)]
+        out = open(self.log_dir / "torchserve.out", "ab")  # noqa: SIM115 - owned by the child
+        self.process = subprocess.Popen(cmd, cwd=self.workdir, env=env, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        (self.workdir / "torchserve.pid").write_text(str(self.process.pid))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise TorchServeError(f"TorchServe exited with {self.process.returncode}; see "
+                                      f"{self.log_dir / 'torchserve.out'}")
+            try:
+                if self.request("GET", f"{self.inference_url}/ping", timeout_s=2).status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise TorchServeError(f"TorchServe did not answer /ping within {timeout_s:.0f} s")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stops the whole process group: frontend and backend workers. Idempotent."""
+        pid_file = self.workdir / "torchserve.pid"
+        pid = self.process.pid if self.process else (
+            int(pid_file.read_text()) if pid_file.exists() else None)
+        if pid is None:
+            return
+        stop_process_group(pid, timeout_s, self.process)
+        if self.process is not None:
+            self.process.wait(timeout=timeout_s)
+        pid_file.unlink(missing_ok=True)
+        self.process = None
+
+    def __enter__(self) -> TorchServe:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- HTTP ----------------------------------------------------------------------------
+
+    def _token(self, kind: str) -> str | None:
+        if not self.token_auth:
+            return None
+        key_file = self.workdir / "key_file.json"
+        if not key_file.exists():
+            return None
+        try:
+            keys = json.loads(key_file.read_text())
+        except json.JSONDecodeError:  # still being written by the frontend
+            return None
+        token: str | None = keys.get(kind, {}).get("key")
+        return token
+
+    def request(self, method: str, url: str, body: bytes | None = None,
+                headers: dict[str, str] | None = None, timeout_s: float = 120.0) -> Response:
+        """One HTTP request; any status comes back as a Response, network errors raise OSError."""
+        headers = dict(headers or {})
+        kind = "management" if url.startswith(self.management_url) else "inference"
+        token = self._token(kind)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(url, data=body, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                return Response(resp.status, resp.read(), dict(resp.headers))
+        except urllib.error.HTTPError as err:
+            return Response(err.code, err.read(), dict(err.headers or {}))
+
+    def register(self, mar: str, *, batch_size: int = 1, max_batch_delay_ms: int = 100,
+                 initial_workers: int = 1, response_timeout_s: int | None = None,
+                 model_name: str | None = None, timeout_s: float = 300.0) -> Response:
+        """POST /models synchronously; the response says whether the workers started."""
+        params = {"url": mar, "batch_size": batch_size, "max_batch_delay": max_batch_delay_ms,
+                  "initial_workers": initial_workers, "synchronous": "true"}
+        if response_timeout_s is not None:
+            params["response_timeout"] = response_timeout_s
+        if model_name:
+            params["model_name"] = model_name
+        query = urllib.parse.urlencode(params)
+        return self.request("POST", f"{self.management_url}/models?{query}", timeout_s=timeout_s)
+
+    def unregister(self, model_name: str, timeout_s: float = 120.0) -> Response:
+        return self.request("DELETE", f"{self.management_url}/models/{model_name}", timeout_s=timeout_s)
+
+    def describe(self, model_name: str) -> dict[str, Any]:
+        resp = self.request("GET", f"{self.management_url}/models/{model_name}")
+        if resp.status != 200:
+            raise TorchServeError(f"GET /models/{model_name}: {resp.status} {resp.body!r}")
+        described: list[dict[str, Any]] = resp.json()
+        return described[0]
+
+    def predict(self, model_name: str, body: bytes, timeout_s: float = 120.0,
+                content_type: str = "application/octet-stream") -> Response:
+        # Without a content type urllib sends a form encoding, which TorchServe would parse.
+        return self.request("POST", f"{self.inference_url}/predictions/{model_name}", body=body,
+                            headers={"Content-Type": content_type}, timeout_s=timeout_s)
+
+    def scrape_metrics(self) -> str:
+        return self.request("GET", f"{self.metrics_url}/metrics").body.decode()
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs (zombies, which no one may reap in a
+    container without an init, do not count)."""
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def stop_process_group(pid: int, timeout_s: float = 30.0,
+                       leader: subprocess.Popen[bytes] | None = None) -> None:
+    """SIGTERM the process group led by ``pid``, then SIGKILL what is left after ``timeout_s``."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if leader is not None:
+            leader.poll()  # reap our own child so that it does not linger as a zombie
+        if not _group_alive(pid):
+            return
+        time.sleep(0.1)
+    logger.warning("TorchServe process group %d ignored SIGTERM for %.0f s; killing it", pid, timeout_s)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
