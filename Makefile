@@ -43,17 +43,9 @@ test-unit: venv
 	$(VENV)/bin/pytest tests/unit
 
 $(MAR): $(STAMP) handlers/micro_batching_handler.py configs/micro_batching.json \
-        examples/image_classifier/model.py examples/image_classifier/model-config.yaml
-	$(PY) examples/image_classifier/prepare.py --out $(BUILD) $(if $(WEIGHTS),--weights $(WEIGHTS))
-	mkdir -p model_store
-	$(VENV)/bin/torch-model-archiver --force --model-name $(MODEL_NAME) --version 1.0 \
-	  --model-file examples/image_classifier/model.py \
-	  --serialized-file $(BUILD)/resnet18.pth \
-	  --handler handlers/micro_batching_handler.py \
-	  --config-file examples/image_classifier/model-config.yaml \
-	  --extra-files $(BUILD)/index_to_name.json,configs/micro_batching.json \
-	  --export-path model_store
-	@echo "Built $(MAR)"
+        examples/image_classifier/*.py examples/image_classifier/model-config.yaml
+	$(PY) examples/image_classifier/build_mar.py --export-path model_store \
+	  --model-name $(MODEL_NAME) $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 mar: $(MAR)
 

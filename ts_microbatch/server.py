@@ -241,8 +241,22 @@ class TorchServe:
         query = urllib.parse.urlencode(params)
         return self.request("POST", f"{self.management_url}/models?{query}", timeout_s=timeout_s)
 
-    def unregister(self, model_name: str, timeout_s: float = 120.0) -> Response:
-        return self.request("DELETE", f"{self.management_url}/models/{model_name}", timeout_s=timeout_s)
+    def unregister(self, model_name: str, *, drain: bool = True, timeout_s: float = 120.0) -> Response:
+        """DELETE /models/<name>, by default once the requests queued for it are answered.
+
+        TorchServe 0.12 drops the requests still queued for a model it unregisters: their
+        clients wait until they time out (pytorch/serve#1101). Draining first, by watching
+        ``jobQueueStatus.pendingRequests``, is the way around it; requests sent after the
+        DELETE get 404.
+        """
+        deadline = time.monotonic() + timeout_s
+        while drain and time.monotonic() < deadline:
+            resp = self.request("GET", f"{self.management_url}/models/{model_name}")
+            if resp.status != 200 or resp.json()[0]["jobQueueStatus"]["pendingRequests"] == 0:
+                break
+            time.sleep(0.05)  # TorchServe has no drain event to wait on
+        return self.request("DELETE", f"{self.management_url}/models/{model_name}",
+                            timeout_s=max(1.0, deadline - time.monotonic()))
 
     def describe(self, model_name: str) -> dict[str, Any]:
         resp = self.request("GET", f"{self.management_url}/models/{model_name}")

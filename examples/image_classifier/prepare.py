@@ -1,15 +1,12 @@
-"""Prepares the ResNet-18 example's artifacts without downloading anything.
+"""The ResNet-18 example's artifacts, made without downloading anything.
 
-    python examples/image_classifier/prepare.py --out build/resnet18 [--weights resnet18-f37072fd.pth]
-
-Writes ``resnet18.pth`` (the given torchvision weights, or untrained ones made here),
-``index_to_name.json`` (ImageNet class names shipped inside torchvision) and ``kitten.jpg``,
-a generated sample image. Also importable: ``make_jpeg`` makes test images.
+``write_weights`` copies the given torchvision weights or makes untrained ones, and says so
+loudly; ``write_labels`` writes the ImageNet class names that torchvision ships;
+``make_jpeg`` makes photo-like sample and test images.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -63,21 +60,3 @@ def write_labels(out_dir: str) -> str:
     with open(path, "w", encoding="utf-8") as f:
         json.dump({str(i): name for i, name in enumerate(categories)}, f, indent=0)
     return path
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="directory to write into")
-    parser.add_argument("--weights", default=os.environ.get("WEIGHTS") or None,
-                        help=f"torchvision {STANDARD_WEIGHTS}; untrained weights if omitted")
-    args = parser.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    write_weights(args.out, args.weights)
-    write_labels(args.out)
-    with open(os.path.join(args.out, "kitten.jpg"), "wb") as f:
-        f.write(make_jpeg(seed=0))
-    print(f"Wrote resnet18.pth, index_to_name.json and kitten.jpg to {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,75 @@
+"""Builds the ResNet-18 micro-batching .mar with torch-model-archiver.
+
+    python examples/image_classifier/build_mar.py --export-path model_store [--weights resnet18-f37072fd.pth]
+
+The handler comes from handlers/, the micro-batching config from configs/; both can be
+replaced (tests build a .mar with a broken config this way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+import prepare  # noqa: E402
+
+
+def build_mar(
+    export_path: str | os.PathLike[str],
+    *,
+    model_name: str = "resnet-18_mb",
+    weights: str | None = None,
+    work_dir: str | os.PathLike[str] | None = None,
+    handler: str | os.PathLike[str] = ROOT / "handlers/micro_batching_handler.py",
+    micro_batching_json: str | os.PathLike[str] = ROOT / "configs/micro_batching.json",
+    model_config: str | os.PathLike[str] = HERE / "model-config.yaml",
+    archive_format: str = "default",
+) -> Path:
+    """Writes ``<export_path>/<model_name>.mar`` and returns its path."""
+    work = Path(work_dir or ROOT / "build" / model_name)
+    work.mkdir(parents=True, exist_ok=True)
+    weights_path = prepare.write_weights(str(work), weights)
+    labels = prepare.write_labels(str(work))
+    # torch-model-archiver names extra files by their base name; the handler looks for this one.
+    config_copy = work / "micro_batching.json"
+    config_copy.write_bytes(Path(micro_batching_json).read_bytes())
+    Path(export_path).mkdir(parents=True, exist_ok=True)
+    archiver = Path(sys.executable).with_name("torch-model-archiver")
+    subprocess.run(
+        [str(archiver), "--force", "--model-name", model_name, "--version", "1.0",
+         "--model-file", str(HERE / "model.py"), "--serialized-file", weights_path,
+         "--handler", str(handler), "--config-file", str(model_config),
+         "--extra-files", f"{labels},{config_copy}", "--export-path", str(export_path),
+         "--archive-format", archive_format],
+        check=True,
+    )
+    mar = Path(export_path) / f"{model_name}.mar"
+    print(f"Built {mar}")
+    return mar
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--export-path", default=str(ROOT / "model_store"))
+    parser.add_argument("--model-name", default="resnet-18_mb")
+    parser.add_argument("--weights", default=os.environ.get("WEIGHTS") or None,
+                        help=f"torchvision {prepare.STANDARD_WEIGHTS}; untrained weights if omitted")
+    parser.add_argument("--micro-batching-json", default=str(ROOT / "configs/micro_batching.json"))
+    parser.add_argument("--model-config", default=str(HERE / "model-config.yaml"))
+    args = parser.parse_args()
+    work = ROOT / "build" / args.model_name
+    build_mar(args.export_path, model_name=args.model_name, weights=args.weights, work_dir=work,
+              micro_batching_json=args.micro_batching_json, model_config=args.model_config)
+    with open(work / "kitten.jpg", "wb") as f:
+        f.write(prepare.make_jpeg(seed=0))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""A real TorchServe on free loopback ports, in a temp directory, always stopped."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, load_module
+from ts_microbatch.server import TorchServe, java_problem
+
+build = load_module("examples/image_classifier/build_mar.py", "ts_microbatch_example_build_mar")
+MODEL = "resnet-18_mb"
+BAD_MODEL = "resnet-18_badcfg"
+BAD_CONFIG = {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 0}}
+
+
+@pytest.fixture(scope="session")
+def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if java_problem():
+        pytest.fail(java_problem() or "")
+    store = tmp_path_factory.mktemp("model_store")
+    work = tmp_path_factory.mktemp("build")
+    build.build_mar(store, model_name=MODEL, work_dir=work / "good", archive_format="zip-store")
+    bad_json = work / "bad.json"
+    bad_json.write_text(json.dumps(BAD_CONFIG))
+    no_mb_yaml = work / "model-config.yaml"
+    # Only the JSON is bad; the YAML section would otherwise override the bad key.
+    no_mb_yaml.write_text("minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 50\n")
+    build.build_mar(store, model_name=BAD_MODEL, work_dir=work / "bad", archive_format="zip-store",
+                    micro_batching_json=bad_json, model_config=no_mb_yaml)
+    return store
+
+
+@pytest.fixture(scope="module")
+def server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
+    ts = TorchServe(model_store=model_store, workdir=tmp_path_factory.mktemp("torchserve"),
+                    base_config=Path(ROOT) / "configs/config.properties")
+    ts.start()
+    try:
+        yield ts
+    finally:
+        ts.stop()
