@@ -52,7 +52,7 @@ mar: $(MAR)
 serve: $(MAR)
 	$(PY) -m ts_microbatch.serve start --model-store model_store --mar $(MODEL_NAME).mar \
 	  --config configs/config.properties --batch-size $(BATCH_SIZE) \
-	  --max-batch-delay $(MAX_BATCH_DELAY) --image $(BUILD)/kitten.jpg
+	  --max-batch-delay $(MAX_BATCH_DELAY) --input $(BUILD)/kitten.jpg
 
 stop:
 	$(PY) -m ts_microbatch.serve stop

@@ -1,6 +1,6 @@
 """`make serve` / `make stop`: a local TorchServe with one model, answering one request.
 
-    python -m ts_microbatch.serve start --mar resnet-18_mb.mar --image kitten.jpg
+    python -m ts_microbatch.serve start --mar resnet-18_mb.mar --input kitten.jpg
     python -m ts_microbatch.serve stop
 """
 
@@ -15,7 +15,9 @@ from pathlib import Path
 
 from .server import TorchServe, TorchServeError, read_properties
 
-WORKDIR = Path("logs/torchserve")
+# Overridable so that tests can run the README commands verbatim on free ports.
+WORKDIR = Path(os.environ.get("TS_MICROBATCH_WORKDIR", "logs/torchserve"))
+PORTS_ENV = "TS_MICROBATCH_PORTS"  # "inference,management,metrics"
 
 
 def _port(url: str) -> int:
@@ -27,7 +29,11 @@ def _port(url: str) -> int:
 
 def server_from_config(config: Path, model_store: Path, token_auth: bool) -> TorchServe:
     props = read_properties(config)
-    ports = tuple(_port(props[k]) for k in ("inference_address", "management_address", "metrics_address"))
+    if os.environ.get(PORTS_ENV):
+        ports = tuple(int(p) for p in os.environ[PORTS_ENV].split(","))
+    else:
+        keys = ("inference_address", "management_address", "metrics_address")
+        ports = tuple(_port(props[k]) for k in keys)
     return TorchServe(model_store=model_store, workdir=WORKDIR, base_config=config,
                       ports=ports, token_auth=token_auth)  # type: ignore[arg-type]
 
@@ -48,9 +54,8 @@ def start(args: argparse.Namespace) -> int:
         print("Last lines of the model log:\n" + "\n".join(server.log().splitlines()[-25:]), file=sys.stderr)
         server.stop()
         return 1
-    image = Path(args.image).read_bytes()
-    answer = server.predict(model_name, image)
-    print(f"\nPOST {server.inference_url}/predictions/{model_name} ({args.image}) -> {answer.status}")
+    answer = server.predict(model_name, Path(args.input).read_bytes())
+    print(f"\nPOST {server.inference_url}/predictions/{model_name} ({args.input}) -> {answer.status}")
     print(json.dumps(answer.json(), indent=2))
     auth = ""
     if token_auth:
@@ -58,7 +63,7 @@ def start(args: argparse.Namespace) -> int:
                 f"\"{server.workdir / 'key_file.json'}\"))[\"inference\"][\"key\"])')\"")
     print(f"\nTorchServe is running: inference {server.inference_url}, management "
           f"{server.management_url}, metrics {server.metrics_url}")
-    print(f"Try: curl{auth} -T {args.image} {server.inference_url}/predictions/{model_name}")
+    print(f"Try: curl{auth} -T {args.input} {server.inference_url}/predictions/{model_name}")
     print("Stop it with: make stop")
     return 0 if answer.status == 200 else 1
 
@@ -78,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("start", help="start TorchServe, register a model, send one request")
     p.add_argument("--mar", required=True, help="file name of the .mar in the model store")
-    p.add_argument("--image", required=True, help="file to send as the sample request")
+    p.add_argument("--input", "--image", required=True, help="file to send as the sample request")
     p.add_argument("--model-store", default="model_store")
     p.add_argument("--config", default="configs/config.properties")
     p.add_argument("--batch-size", type=int, default=32)
