@@ -117,7 +117,7 @@ def test_pixel_limit_is_configurable(model_dir: Path) -> None:
         ({"micro_batching": {"micro_batch_size": 0}}, "model-config.yaml: micro_batching.micro_batch_size: got 0"),
         ({"micro_batching": {"parallelism": {"inference": -1}}}, "micro_batching.parallelism.inference: got -1"),
         ({"handler": {"max_image_pixels": "lots"}}, "handler.max_image_pixels: got 'lots'"),
-        ({"handler": {"decoder": "magic"}}, "handler.decoder: got 'magic'"),
+        ({"handler": {"decoder": "magic"}}, "handler.decoder: got 'magic', expected one of pil, torchvision"),
     ],
 )
 def test_bad_config_fails_initialize_naming_the_key(model_dir: Path, yaml_config: dict[str, Any], message: str) -> None:
@@ -186,3 +186,27 @@ def test_upstream_style_handler_works_with_only_the_import_swapped(
         assert h.handle.parallelism["preprocess"] == 2
     finally:
         h.handle.shutdown()
+
+
+def test_torchvision_decoder_stays_within_one_level_of_pil(model_dir: Path) -> None:
+    module = load_handler_module()
+    pil = module.MicroBatchingHandler()
+    fast = module.MicroBatchingHandler()
+    pil.initialize(make_context(model_dir, 8, {"handler": {"decoder": "pil"}}))
+    fast.initialize(make_context(model_dir, 8, {"handler": {"decoder": "torchvision"}}))
+    try:
+        rows = jpeg_rows(8, size=(720, 720))
+        a, b = pil.preprocess(rows), fast.preprocess(rows)
+        # Documented tolerance: one uint8 level before normalization, i.e. 1/255/std.
+        assert (a - b).abs().max().item() <= 1 / 255 / 0.224 + 1e-6
+        rows[3] = {"body": rows[3]["body"][:5000]}
+        context = make_context(model_dir, 8)
+        got = fast.handle(rows, context)
+        assert statuses(context, 8) == [200, 200, 200, 400, 200, 200, 200, 200]
+        want = pil.handle(rows, make_context(model_dir, 8))
+        for i in (0, 7):
+            assert list(got[i]) == list(want[i])
+            assert list(got[i].values()) == pytest.approx(list(want[i].values()), abs=1e-3)
+    finally:
+        pil.micro_batching.shutdown()
+        fast.micro_batching.shutdown()
