@@ -17,7 +17,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv test test-unit mar serve stop bench lint clean
+.PHONY: help venv test test-unit mar serve stop ab bench lint clean
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -57,8 +57,12 @@ serve: $(MAR)
 stop:
 	$(PY) -m ts_microbatch.serve stop
 
-bench: venv $(MAR)
-	$(PY) benchmarks/benchmark-ab.py --config benchmarks/config.json
+ab:
+	@command -v ab >/dev/null || { apt-get update -qq && apt-get install -y -qq apache2-utils; }
+
+# The default comparison (results in benchmarks/runs/<time>/); under 10 minutes here.
+bench: $(STAMP) ab
+	$(PY) benchmarks/benchmark-ab.py --config benchmarks/config.json $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 lint: venv
 	$(VENV)/bin/ruff check ts_microbatch handlers tests benchmarks examples

@@ -1,0 +1,200 @@
+"""Parsing, statistics and plotting for benchmark-ab.py; importable so tests can check them."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import platform
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+CONFIG_KEYS = {
+    "url", "requests", "concurrency", "input", "workers", "batch_size", "max_batch_delay",
+    "micro_batch_size", "parallelism", "handlers", "scenarios", "accelerator", "warmup_requests",
+    "decoder", "response_timeout",
+}
+SWEEP_KEYS = ("batch_size", "micro_batch_size", "max_batch_delay", "concurrency")
+DEFAULTS: dict[str, Any] = {
+    "requests": 1000, "concurrency": 64, "workers": 1, "batch_size": 32, "max_batch_delay": 50,
+    "micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2},
+    "handlers": ["plain", "upstream", "ours"], "scenarios": ["accelerator"],
+    "accelerator": {"fixed_ms": 2.0, "per_item_ms": 0.5}, "warmup_requests": 200,
+    "decoder": "torchvision", "response_timeout": 120,
+}
+HANDLERS = ("plain", "upstream", "ours")
+SCENARIOS = ("real", "accelerator")
+
+
+class BenchConfigError(ValueError):
+    """The benchmark config has an unknown key or a bad value."""
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Reads config.json: TorchServe benchmark keys plus ours; a list value is a sweep."""
+    raw = json.loads(Path(path).read_text())
+    unknown = sorted(set(raw) - CONFIG_KEYS)
+    if unknown:
+        raise BenchConfigError(f"{path}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(CONFIG_KEYS))}")
+    config = {**DEFAULTS, **raw}
+    config["workers"] = int(config["workers"])  # the reference writes "workers": "1"
+    for key in SWEEP_KEYS + ("requests", "workers", "warmup_requests"):
+        for value in as_list(config[key]):
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key in ("max_batch_delay", "warmup_requests") else 1):
+                raise BenchConfigError(f"{path}: {key}: got {value!r}, expected a positive integer")
+    for name, allowed in (("handlers", HANDLERS), ("scenarios", SCENARIOS)):
+        bad = [h for h in config[name] if h not in allowed]
+        if bad:
+            raise BenchConfigError(f"{path}: {name}: got {bad[0]!r}, expected some of {', '.join(allowed)}")
+    return config
+
+
+def as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def sweep_points(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every combination of the swept keys, in config order."""
+    values = [as_list(config[k]) for k in SWEEP_KEYS]
+    return [dict(zip(SWEEP_KEYS, combo)) for combo in itertools.product(*values)]
+
+
+# -- apache bench output -------------------------------------------------------------------
+
+def parse_ab(stdout: str) -> dict[str, float]:
+    """The summary numbers of `ab` output."""
+    def number(label: str, default: float | None = None) -> float:
+        m = re.search(rf"^{re.escape(label)}:\s+([\d.]+)", stdout, flags=re.M)
+        if m is None:
+            if default is None:
+                raise ValueError(f"ab output has no {label!r} line")
+            return default
+        return float(m.group(1))
+
+    return {
+        "complete_requests": number("Complete requests"),
+        "failed_requests": number("Failed requests"),
+        "non_2xx_responses": number("Non-2xx responses", 0.0),
+        "requests_per_s": number("Requests per second"),
+        "time_taken_s": number("Time taken for tests"),
+    }
+
+
+def parse_percentiles(csv_text: str) -> dict[str, float]:
+    """p50/p90/p99/max latency in ms from `ab -e` CSV (percentage served, time in ms)."""
+    rows = list(csv.reader(csv_text.strip().splitlines()))[1:]
+    table = {int(float(pct)): float(ms) for pct, ms in rows}
+    return {"p50_ms": table[50], "p90_ms": table[90], "p99_ms": table[99], "max_ms": table[100]}
+
+
+# -- TorchServe metric logs ----------------------------------------------------------------
+
+_HANDLER_TIME = re.compile(r"HandlerTime\.ms:([\d.]+)\|#ModelName:[^|]*\|#[^,]*,requestID:([^|]*?),timestamp")
+_QUEUE_TIME = re.compile(r"QueueTime\.Milliseconds:([\d.]+)\|")
+
+
+def parse_handler_times(model_metrics_log: str) -> list[tuple[float, int]]:
+    """(HandlerTime ms, requests in the batch) for each batch a worker handled."""
+    return [(float(ms), len(ids.split(","))) for ms, ids in _HANDLER_TIME.findall(model_metrics_log)]
+
+
+def parse_queue_times(ts_metrics_log: str) -> list[float]:
+    return [float(ms) for ms in _QUEUE_TIME.findall(ts_metrics_log)]
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    mean = sum(values) / len(values) if values else math.nan
+    return {"mean": mean, "p50": percentile(values, 50), "p99": percentile(values, 99)}
+
+
+# -- the limit ---------------------------------------------------------------------------
+
+def ideal_throughput(stage_rates: dict[str, float], *, shared_cpu: Iterable[str] = ()) -> float:
+    """Requests/s a perfect pipeline reaches: its slowest stage. Stages named in
+    ``shared_cpu`` run on the same cores and each was measured with all of them, so
+    together they count as one stage whose time is the sum of theirs."""
+    shared = [s for s in shared_cpu if s in stage_rates]
+    rates = [r for s, r in stage_rates.items() if s not in shared]
+    if shared:
+        rates.append(1.0 / sum(1.0 / stage_rates[s] for s in shared))
+    return min(rates)
+
+
+def machine_info() -> dict[str, Any]:
+    import os
+
+    import torch
+    import ts
+
+    try:
+        mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        mem_gib = math.nan
+    return {"cores": os.cpu_count(), "memory_gib": mem_gib, "python": platform.python_version(),
+            "torch": torch.__version__, "torchserve": ts.__version__,
+            "torch_threads": torch.get_num_threads(), "platform": platform.platform()}
+
+
+# -- output ------------------------------------------------------------------------------
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    keys = sorted({k for row in rows for k in row if not isinstance(row[k], (dict, list))})
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    cols = ["scenario", "handler", "batch_size", "micro_batch_size", "max_batch_delay", "concurrency",
+            "requests_per_s", "p50_ms", "p99_ms", "errors", "ideal_requests_per_s", "efficiency"]
+    lines = [" | ".join(cols), " | ".join("---" for _ in cols)]
+    for row in rows:
+        cells = []
+        for c in cols:
+            v = row.get(c, "")
+            cells.append(f"{v:.3f}" if c == "efficiency" and isinstance(v, float)
+                         else f"{v:.1f}" if isinstance(v, float) else str(v))
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def plot_batch_sweep(rows: list[dict[str, Any]], path: Path, title: str) -> bool:
+    """Throughput and P99 over batch size, one curve per handler and micro-batch size.
+    Returns False (and writes nothing) when fewer than two batch sizes were measured."""
+    if len({r["batch_size"] for r in rows}) < 2:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        label = "NO MB (plain)" if r["handler"] == "plain" else f"{r['handler']} MBS={r['micro_batch_size']}"
+        curves.setdefault(label, []).append(r)
+    for label, points in sorted(curves.items()):
+        points.sort(key=lambda r: r["batch_size"])
+        xs = [p["batch_size"] for p in points]
+        ax1.plot(xs, [p["requests_per_s"] for p in points], marker="o", label=label)
+        ax2.plot(xs, [p["p99_ms"] for p in points], marker="o", label=label)
+    ax1.set(xlabel="batch size", ylabel="throughput (requests/s)", xscale="log", title=title)
+    ax2.set(xlabel="batch size", ylabel="P99 latency (ms)", xscale="log", title=title)
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
