@@ -74,9 +74,15 @@ def parse_ab(stdout: str) -> dict[str, float]:
             return default
         return float(m.group(1))
 
+    # ab counts a response whose length differs from the first one's as "failed"; JSON
+    # predictions vary in length, so those are kept apart from real failures.
+    m = re.search(r"\(Connect: (\d+), Receive: (\d+), Length: (\d+), Exceptions: (\d+)\)", stdout)
+    connect, receive, length, exceptions = (float(g) for g in m.groups()) if m else (0.0,) * 4
+    failed = number("Failed requests")
     return {
         "complete_requests": number("Complete requests"),
-        "failed_requests": number("Failed requests"),
+        "failed_requests": failed - length,
+        "length_mismatches": length,
         "non_2xx_responses": number("Non-2xx responses", 0.0),
         "requests_per_s": number("Requests per second"),
         "time_taken_s": number("Time taken for tests"),
@@ -159,7 +165,7 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     cols = ["scenario", "handler", "batch_size", "micro_batch_size", "max_batch_delay", "concurrency",
-            "requests_per_s", "p50_ms", "p99_ms", "errors", "ideal_requests_per_s", "efficiency"]
+            "requests_per_s", "p50_ms", "p90_ms", "p99_ms", "errors", "ideal_requests_per_s", "efficiency"]
     lines = [" | ".join(cols), " | ".join("---" for _ in cols)]
     for row in rows:
         cells = []
@@ -171,10 +177,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot_batch_sweep(rows: list[dict[str, Any]], path: Path, title: str) -> bool:
-    """Throughput and P99 over batch size, one curve per handler and micro-batch size.
-    Returns False (and writes nothing) when fewer than two batch sizes were measured."""
-    if len({r["batch_size"] for r in rows}) < 2:
+def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, x_key: str = "batch_size") -> bool:
+    """Throughput and P99 over ``x_key``, one curve per handler and micro-batch size (the
+    plain handler is the "NO MB" baseline). Returns False, writing nothing, when fewer than
+    two values of ``x_key`` were measured."""
+    if len({r[x_key] for r in rows}) < 2:
         return False
     import matplotlib
 
@@ -187,12 +194,14 @@ def plot_batch_sweep(rows: list[dict[str, Any]], path: Path, title: str) -> bool
         label = "NO MB (plain)" if r["handler"] == "plain" else f"{r['handler']} MBS={r['micro_batch_size']}"
         curves.setdefault(label, []).append(r)
     for label, points in sorted(curves.items()):
-        points.sort(key=lambda r: r["batch_size"])
-        xs = [p["batch_size"] for p in points]
+        points.sort(key=lambda r: r[x_key])
+        xs = [p[x_key] for p in points]
         ax1.plot(xs, [p["requests_per_s"] for p in points], marker="o", label=label)
         ax2.plot(xs, [p["p99_ms"] for p in points], marker="o", label=label)
-    ax1.set(xlabel="batch size", ylabel="throughput (requests/s)", xscale="log", title=title)
-    ax2.set(xlabel="batch size", ylabel="P99 latency (ms)", xscale="log", title=title)
+    label = x_key.replace("_", " ")
+    scale = "log" if x_key in ("batch_size", "concurrency") else "linear"
+    ax1.set(xlabel=label, ylabel="throughput (requests/s)", xscale=scale, title=title)
+    ax2.set(xlabel=label, ylabel="P99 latency (ms)", xscale=scale, title=title)
     ax1.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -269,9 +269,10 @@ def main() -> int:
     bench_lib.write_csv(rows, out / "results.csv")
     for scenario in config["scenarios"]:
         scenario_rows = [r for r in rows if r["scenario"] == scenario]
-        if bench_lib.plot_batch_sweep(scenario_rows, out / f"throughput_latency_{scenario}.png",
-                                      f"{scenario} (concurrency {scenario_rows[0]['concurrency']})"):
-            log(f"wrote {out / f'throughput_latency_{scenario}.png'}")
+        for x_key in bench_lib.SWEEP_KEYS:
+            png = out / f"{x_key}_{scenario}.png"
+            if bench_lib.plot_sweep(scenario_rows, png, f"{scenario} scenario", x_key):
+                log(f"wrote {png}")
     print("\n" + bench_lib.format_table(rows))
     shutil.rmtree(out / "store", ignore_errors=True)
     shutil.rmtree(out / "work", ignore_errors=True)

@@ -1,0 +1,120 @@
+"""The benchmark's parsing, statistics and plotting (never its speed)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import load_module
+
+bench = load_module("benchmarks/bench_lib.py", "bench_lib")
+
+AB_OUTPUT = """This is ApacheBench, Version 2.3 <$Revision: 1903618 $>
+Benchmarking 127.0.0.1 (be patient)
+
+Server Software:
+Document Length:        2 bytes
+
+Concurrency Level:      64
+Time taken for tests:   5.614 seconds
+Complete requests:      1500
+Failed requests:        3
+   (Connect: 0, Receive: 0, Length: 3, Exceptions: 0)
+Non-2xx responses:      2
+Keep-Alive requests:    1500
+Requests per second:    267.19 [#/sec] (mean)
+Time per request:       239.531 [ms] (mean)
+"""
+
+PERCENTILES = "Percentage served,Time in ms\n" + "\n".join(f"{p},{p * 2.5}" for p in range(101))
+
+MODEL_METRICS = (
+    "2026-11-22T07:35:15,063 - HandlerTime.ms:265.81|#ModelName:m,Level:Model|#hostname:vm,"
+    "requestID:a,b,c,timestamp:1795332915\n"
+    "2026-11-22T07:35:15,415 - HandlerTime.ms:100.5|#ModelName:m,Level:Model|#hostname:vm,"
+    "requestID:d,timestamp:1795332915\n"
+)
+TS_METRICS = (
+    "2026-11-22T07:20:02,420 - QueueTime.Milliseconds:51.0|#Level:Host|#hostname:vm,timestamp:1\n"
+    "2026-11-22T07:20:02,421 - WorkerThreadTime.Milliseconds:5.0|#Level:Host|#hostname:vm,timestamp:1\n"
+    "2026-11-22T07:20:05,265 - QueueTime.Milliseconds:49.0|#Level:Host|#hostname:vm,timestamp:1\n"
+)
+
+
+def test_parse_ab_summary() -> None:
+    assert bench.parse_ab(AB_OUTPUT) == {
+        "complete_requests": 1500.0, "failed_requests": 0.0, "length_mismatches": 3.0, "non_2xx_responses": 2.0,
+        "requests_per_s": 267.19, "time_taken_s": 5.614,
+    }
+    clean = AB_OUTPUT.replace("Non-2xx responses:      2\n", "")
+    assert bench.parse_ab(clean)["non_2xx_responses"] == 0.0
+    with pytest.raises(ValueError, match="ab output has no"):
+        bench.parse_ab("ab died")
+
+
+def test_parse_percentiles() -> None:
+    assert bench.parse_percentiles(PERCENTILES) == {"p50_ms": 125.0, "p90_ms": 225.0, "p99_ms": 247.5, "max_ms": 250.0}
+
+
+def test_parse_server_metrics() -> None:
+    assert bench.parse_handler_times(MODEL_METRICS) == [(265.81, 3), (100.5, 1)]
+    assert bench.parse_queue_times(TS_METRICS) == [51.0, 49.0]
+
+
+def test_statistics() -> None:
+    assert bench.percentile([5, 1, 4, 2, 3], 50) == 3
+    assert bench.percentile(list(range(1, 101)), 99) == 99
+    assert math.isnan(bench.percentile([], 50))
+    assert bench.summarize([1.0, 2.0, 3.0]) == {"mean": 2.0, "p50": 2.0, "p99": 3.0}
+
+
+def test_ideal_throughput_adds_up_stages_that_share_the_cpu() -> None:
+    rates = {"server": 500.0, "preprocess": 500.0, "inference": 1000.0}
+    assert bench.ideal_throughput(rates) == 500.0
+    assert bench.ideal_throughput(rates, shared_cpu=("server", "preprocess")) == pytest.approx(250.0)
+    assert bench.ideal_throughput(rates, shared_cpu=("server", "preprocess", "inference")) == pytest.approx(200.0)
+
+
+def test_config_defaults_sweeps_and_errors(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"url": "m.mar", "requests": 100, "workers": "1", "batch_size": [8, 32],
+                                "micro_batch_size": [2, 4]}))
+    config = bench.load_config(path)
+    assert config["workers"] == 1 and config["concurrency"] == 64
+    points = bench.sweep_points(config)
+    assert len(points) == 4 and points[0] == {"batch_size": 8, "micro_batch_size": 2, "max_batch_delay": 50, "concurrency": 64}
+    path.write_text(json.dumps({"requets": 10}))
+    with pytest.raises(bench.BenchConfigError, match="unknown key 'requets'"):
+        bench.load_config(path)
+    path.write_text(json.dumps({"batch_size": [8, 0]}))
+    with pytest.raises(bench.BenchConfigError, match="batch_size: got 0"):
+        bench.load_config(path)
+    path.write_text(json.dumps({"handlers": ["mine"]}))
+    with pytest.raises(bench.BenchConfigError, match="handlers: got 'mine'"):
+        bench.load_config(path)
+
+
+def test_shipped_config_is_valid() -> None:
+    config = bench.load_config(Path(__file__).resolve().parents[2] / "benchmarks/config.json")
+    assert set(config["handlers"]) == {"plain", "upstream", "ours"}
+
+
+def test_outputs(tmp_path: Path) -> None:
+    rows = [
+        {"scenario": "accelerator", "handler": h, "batch_size": b, "micro_batch_size": 4, "max_batch_delay": 50,
+         "concurrency": 64, "requests_per_s": float(b * k), "p50_ms": 10.0, "p99_ms": 20.0 * k, "errors": 0,
+         "ideal_requests_per_s": 300.0, "efficiency": b * k / 300.0, "stage_rates": {"server": 1.0}}
+        for k, h in enumerate(["plain", "upstream", "ours"], start=1) for b in (8, 32)
+    ]
+    png = tmp_path / "plot.png"
+    assert bench.plot_sweep(rows, png, "test")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not bench.plot_sweep(rows[:1], tmp_path / "none.png", "one point")
+    bench.write_csv(rows, tmp_path / "r.csv")
+    header = (tmp_path / "r.csv").read_text().splitlines()[0]
+    assert "requests_per_s" in header and "stage_rates" not in header
+    table = bench.format_table(rows)
+    assert "NO MB" not in table and table.count("\n") == len(rows) + 1
