@@ -125,7 +125,9 @@ def run_ab(url: str, body: Path, requests: int, concurrency: int, token: str | N
 
 def measure(server_dir: Path, store: Path, model: str, body: Path, config: dict[str, Any],
             point: dict[str, Any], label: str) -> dict[str, Any]:
-    with TorchServe(model_store=store, workdir=server_dir,
+    # Log mode: the per-batch HandlerTime and per-request QueueTime lines are read back
+    # from the metric logs (Prometheus would only give aggregates).
+    with TorchServe(model_store=store, workdir=server_dir, properties={"metrics_mode": "log"},
                     base_config=ROOT / "configs/config.properties") as server:
         resp = server.register(model, batch_size=point["batch_size"],
                                max_batch_delay_ms=point["max_batch_delay"],

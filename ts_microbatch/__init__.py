@@ -18,6 +18,7 @@ from .micro_batching import MicroBatching
 from .mixin import MicroBatchingMixin
 from .pipeline import MicroBatchInfo, Pipeline, PipelineStats
 from .status import error_status, status_code_for
+from .torchserve_metrics import TorchServeMetricsObserver
 
 __all__ = [
     "ConfigError",
@@ -36,6 +37,7 @@ __all__ = [
     "RequestError",
     "RequestTimeoutError",
     "StageOutputError",
+    "TorchServeMetricsObserver",
     "error_status",
     "load_config",
     "status_code_for",

@@ -15,6 +15,7 @@ from typing import Any
 from .config import MicroBatchingConfig, load_config
 from .micro_batching import MicroBatching
 from .metrics import PipelineObserver
+from .torchserve_metrics import TorchServeMetricsObserver
 
 
 class MicroBatchingMixin:
@@ -30,8 +31,10 @@ class MicroBatchingMixin:
         )
 
     def micro_batching_observer(self, context: Any) -> PipelineObserver | None:
-        """The observer the pipeline reports to; None for none."""
-        return None
+        """The observer the pipeline reports to: TorchServe's metrics when the context has them."""
+        if getattr(context, "metrics", None) is None:
+            return None
+        return TorchServeMetricsObserver(context.metrics)
 
     def initialize(self, context: Any) -> None:
         config = self.micro_batching_config(context)

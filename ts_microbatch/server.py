@@ -125,6 +125,10 @@ class TorchServe:
 
     def write_config(self) -> Path:
         props = read_properties(self.base_config) if self.base_config else {}
+        metrics_config = props.get("metrics_config")
+        if self.base_config and metrics_config and not os.path.isabs(metrics_config):
+            # TorchServe would resolve it against its working directory, which is ours.
+            props["metrics_config"] = str(Path(self.base_config).resolve().parent / metrics_config)
         props.update({
             "inference_address": self.inference_url,
             "management_address": self.management_url,

@@ -163,3 +163,18 @@ def test_unregister_under_load_loses_at_most_the_running_batch(server: TorchServ
     statuses = [r.status for r in results[0]]
     assert statuses.count(200) >= len(images) - BATCH_SIZE, statuses
     assert server.request("GET", f"{server.management_url}/models/{name}").status == 404
+
+
+def test_prometheus_endpoint_shows_pipeline_metrics_after_traffic(server: TorchServe, model: str) -> None:
+    images = [make_jpeg(400 + i, size=(320, 240)) for i in range(16)] + [b"not an image"]
+    assert sorted(r.status for r in parallel(server, images)) == [200] * 16 + [400]
+    text = server.scrape_metrics()
+    for stage in ("preprocess", "inference", "postprocess"):
+        line = next(x for x in text.splitlines()
+                    if x.startswith("MicroBatchStageSeconds_count") and f'Stage="{stage}"' in x)
+        assert float(line.rsplit(" ", 1)[1]) >= 1, line
+    sums = {x.split("{")[0]: float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+            if x.startswith(("MicroBatchSize_sum", "MicroBatchSize_count"))}
+    assert 1 <= sums["MicroBatchSize_sum"] / sums["MicroBatchSize_count"] <= 4  # micro_batch_size is 4
+    assert any(x.startswith("MicroBatchRequestErrors") and 'StatusCode="400"' in x for x in text.splitlines())
+    assert "MicroBatchQueueSeconds_bucket" in text and "MicroBatchesPerBatch_count" in text
