@@ -13,17 +13,37 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_KEYS = {
-    "url", "requests", "concurrency", "input", "workers", "batch_size", "max_batch_delay",
-    "micro_batch_size", "parallelism", "handlers", "scenarios", "accelerator", "warmup_requests",
-    "decoder", "response_timeout",
+    "url",
+    "requests",
+    "concurrency",
+    "input",
+    "workers",
+    "batch_size",
+    "max_batch_delay",
+    "micro_batch_size",
+    "parallelism",
+    "handlers",
+    "scenarios",
+    "accelerator",
+    "warmup_requests",
+    "decoder",
+    "response_timeout",
 }
 SWEEP_KEYS = ("batch_size", "micro_batch_size", "max_batch_delay", "concurrency")
 DEFAULTS: dict[str, Any] = {
-    "requests": 1000, "concurrency": 64, "workers": 1, "batch_size": 32, "max_batch_delay": 50,
-    "micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2},
-    "handlers": ["plain", "upstream", "ours"], "scenarios": ["accelerator"],
-    "accelerator": {"fixed_ms": 2.0, "per_item_ms": 0.5}, "warmup_requests": 200,
-    "decoder": "torchvision", "response_timeout": 120,
+    "requests": 1000,
+    "concurrency": 64,
+    "workers": 1,
+    "batch_size": 32,
+    "max_batch_delay": 50,
+    "micro_batch_size": 4,
+    "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2},
+    "handlers": ["plain", "upstream", "ours"],
+    "scenarios": ["accelerator"],
+    "accelerator": {"fixed_ms": 2.0, "per_item_ms": 0.5},
+    "warmup_requests": 200,
+    "decoder": "torchvision",
+    "response_timeout": 120,
 }
 HANDLERS = ("plain", "upstream", "ours")
 SCENARIOS = ("real", "accelerator")
@@ -38,17 +58,25 @@ def load_config(path: str | Path) -> dict[str, Any]:
     raw = json.loads(Path(path).read_text())
     unknown = sorted(set(raw) - CONFIG_KEYS)
     if unknown:
-        raise BenchConfigError(f"{path}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(CONFIG_KEYS))}")
+        raise BenchConfigError(
+            f"{path}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(CONFIG_KEYS))}"
+        )
     config = {**DEFAULTS, **raw}
     config["workers"] = int(config["workers"])  # the reference writes "workers": "1"
     for key in SWEEP_KEYS + ("requests", "workers", "warmup_requests"):
         for value in as_list(config[key]):
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key in ("max_batch_delay", "warmup_requests") else 1):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value < (0 if key in ("max_batch_delay", "warmup_requests") else 1)
+            ):
                 raise BenchConfigError(f"{path}: {key}: got {value!r}, expected a positive integer")
     for name, allowed in (("handlers", HANDLERS), ("scenarios", SCENARIOS)):
         bad = [h for h in config[name] if h not in allowed]
         if bad:
-            raise BenchConfigError(f"{path}: {name}: got {bad[0]!r}, expected some of {', '.join(allowed)}")
+            raise BenchConfigError(
+                f"{path}: {name}: got {bad[0]!r}, expected some of {', '.join(allowed)}"
+            )
     return config
 
 
@@ -64,8 +92,10 @@ def sweep_points(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 # -- apache bench output -------------------------------------------------------------------
 
+
 def parse_ab(stdout: str) -> dict[str, float]:
     """The summary numbers of `ab` output."""
+
     def number(label: str, default: float | None = None) -> float:
         m = re.search(rf"^{re.escape(label)}:\s+([\d.]+)", stdout, flags=re.M)
         if m is None:
@@ -98,13 +128,17 @@ def parse_percentiles(csv_text: str) -> dict[str, float]:
 
 # -- TorchServe metric logs ----------------------------------------------------------------
 
-_HANDLER_TIME = re.compile(r"HandlerTime\.ms:([\d.]+)\|#ModelName:[^|]*\|#[^,]*,requestID:([^|]*?),timestamp")
+_HANDLER_TIME = re.compile(
+    r"HandlerTime\.ms:([\d.]+)\|#ModelName:[^|]*\|#[^,]*,requestID:([^|]*?),timestamp"
+)
 _QUEUE_TIME = re.compile(r"QueueTime\.Milliseconds:([\d.]+)\|")
 
 
 def parse_handler_times(model_metrics_log: str) -> list[tuple[float, int]]:
     """(HandlerTime ms, requests in the batch) for each batch a worker handled."""
-    return [(float(ms), len(ids.split(","))) for ms, ids in _HANDLER_TIME.findall(model_metrics_log)]
+    return [
+        (float(ms), len(ids.split(","))) for ms, ids in _HANDLER_TIME.findall(model_metrics_log)
+    ]
 
 
 def parse_queue_times(ts_metrics_log: str) -> list[float]:
@@ -127,6 +161,7 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 
 # -- the limit ---------------------------------------------------------------------------
 
+
 def ideal_throughput(stage_rates: dict[str, float], *, shared_cpu: Iterable[str] = ()) -> float:
     """Requests/s a perfect pipeline reaches: its slowest stage. Stages named in
     ``shared_cpu`` run on the same cores and each was measured with all of them, so
@@ -148,12 +183,19 @@ def machine_info() -> dict[str, Any]:
         mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError):
         mem_gib = math.nan
-    return {"cores": os.cpu_count(), "memory_gib": mem_gib, "python": platform.python_version(),
-            "torch": torch.__version__, "torchserve": ts.__version__,
-            "torch_threads": torch.get_num_threads(), "platform": platform.platform()}
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": mem_gib,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchserve": ts.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+    }
 
 
 # -- output ------------------------------------------------------------------------------
+
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     keys = sorted({k for row in rows for k in row if not isinstance(row[k], (dict, list))})
@@ -164,20 +206,40 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    cols = ["scenario", "handler", "batch_size", "micro_batch_size", "max_batch_delay", "concurrency",
-            "requests_per_s", "p50_ms", "p90_ms", "p99_ms", "errors", "ideal_requests_per_s", "efficiency"]
+    cols = [
+        "scenario",
+        "handler",
+        "batch_size",
+        "micro_batch_size",
+        "max_batch_delay",
+        "concurrency",
+        "requests_per_s",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "errors",
+        "ideal_requests_per_s",
+        "efficiency",
+    ]
     lines = [" | ".join(cols), " | ".join("---" for _ in cols)]
     for row in rows:
         cells = []
         for c in cols:
             v = row.get(c, "")
-            cells.append(f"{v:.3f}" if c == "efficiency" and isinstance(v, float)
-                         else f"{v:.1f}" if isinstance(v, float) else str(v))
+            cells.append(
+                f"{v:.3f}"
+                if c == "efficiency" and isinstance(v, float)
+                else f"{v:.1f}"
+                if isinstance(v, float)
+                else str(v)
+            )
         lines.append(" | ".join(cells))
     return "\n".join(lines)
 
 
-def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, x_key: str = "batch_size") -> bool:
+def plot_sweep(
+    rows: list[dict[str, Any]], path: Path, title: str, x_key: str = "batch_size"
+) -> bool:
     """Throughput and P99 over ``x_key``, one curve per handler and micro-batch size (the
     plain handler is the "NO MB" baseline). Returns False, writing nothing, when fewer than
     two values of ``x_key`` were measured."""
@@ -191,7 +253,11 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, x_key: str = 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     curves: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        label = "NO MB (plain)" if r["handler"] == "plain" else f"{r['handler']} MBS={r['micro_batch_size']}"
+        label = (
+            "NO MB (plain)"
+            if r["handler"] == "plain"
+            else f"{r['handler']} MBS={r['micro_batch_size']}"
+        )
         curves.setdefault(label, []).append(r)
     for label, points in sorted(curves.items()):
         points.sort(key=lambda r: r[x_key])

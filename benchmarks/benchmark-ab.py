@@ -47,20 +47,38 @@ def log(message: str) -> None:
 
 # -- packaging ---------------------------------------------------------------------------
 
+
 def model_config_yaml(config: dict[str, Any], point: dict[str, Any], handler: str) -> str:
     parallelism = config["parallelism"]
-    lines = [f"minWorkers: {config['workers']}", f"maxWorkers: {config['workers']}",
-             f"batchSize: {point['batch_size']}", f"maxBatchDelay: {point['max_batch_delay']}",
-             f"responseTimeout: {config['response_timeout']}", "micro_batching:",
-             f"  micro_batch_size: {point['micro_batch_size']}", "  parallelism:"]
-    lines += [f"    {stage}: {parallelism.get(stage, 1)}" for stage in ("preprocess", "inference", "postprocess")]
+    lines = [
+        f"minWorkers: {config['workers']}",
+        f"maxWorkers: {config['workers']}",
+        f"batchSize: {point['batch_size']}",
+        f"maxBatchDelay: {point['max_batch_delay']}",
+        f"responseTimeout: {config['response_timeout']}",
+        "micro_batching:",
+        f"  micro_batch_size: {point['micro_batch_size']}",
+        "  parallelism:",
+    ]
+    lines += [
+        f"    {stage}: {parallelism.get(stage, 1)}"
+        for stage in ("preprocess", "inference", "postprocess")
+    ]
     if handler == "ours":
         lines += ["handler:", f"  decoder: {config['decoder']}"]
     return "\n".join(lines) + "\n"
 
 
-def package(store: Path, work: Path, name: str, scenario: str, handler: str,
-            config: dict[str, Any], point: dict[str, Any], weights: str | None) -> str:
+def package(
+    store: Path,
+    work: Path,
+    name: str,
+    scenario: str,
+    handler: str,
+    config: dict[str, Any],
+    point: dict[str, Any],
+    weights: str | None,
+) -> str:
     """An unarchived model directory in the store (no zip: large weights pack slowly)."""
     import torch
 
@@ -81,12 +99,31 @@ def package(store: Path, work: Path, name: str, scenario: str, handler: str,
         extra.append(str(cost))
     yaml = work / f"{name}.yaml"
     yaml.write_text(model_config_yaml(config, point, handler))
-    cmd = [str(Path(sys.executable).with_name("torch-model-archiver")), "--force", "--model-name", name,
-           "--version", "1.0", "--handler", HANDLER_FILES[handler], "--config-file", str(yaml),
-           "--export-path", str(store), "--archive-format", "no-archive"]
+    cmd = [
+        str(Path(sys.executable).with_name("torch-model-archiver")),
+        "--force",
+        "--model-name",
+        name,
+        "--version",
+        "1.0",
+        "--handler",
+        HANDLER_FILES[handler],
+        "--config-file",
+        str(yaml),
+        "--export-path",
+        str(store),
+        "--archive-format",
+        "no-archive",
+    ]
     if handler != "noop":
-        cmd += ["--model-file", str(model_file), "--serialized-file", str(serialized),
-                "--extra-files", ",".join(extra)]
+        cmd += [
+            "--model-file",
+            str(model_file),
+            "--serialized-file",
+            str(serialized),
+            "--extra-files",
+            ",".join(extra),
+        ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"torch-model-archiver failed for {name}:\n{proc.stdout}{proc.stderr}")
@@ -95,12 +132,34 @@ def package(store: Path, work: Path, name: str, scenario: str, handler: str,
 
 # -- one measurement -----------------------------------------------------------------------
 
-def run_ab(url: str, body: Path, requests: int, concurrency: int, token: str | None,
-           csv_path: Path, label: str) -> tuple[dict[str, float], dict[str, float]]:
+
+def run_ab(
+    url: str,
+    body: Path,
+    requests: int,
+    concurrency: int,
+    token: str | None,
+    csv_path: Path,
+    label: str,
+) -> tuple[dict[str, float], dict[str, float]]:
     # -k: TorchServe answers ab's HTTP/1.0 requests with "connection: keep-alive" and keeps
     # the socket open, so without keep-alive ab waits on every response until its timeout.
-    cmd = ["ab", "-k", "-n", str(requests), "-c", str(concurrency), "-p", str(body), "-T", "image/jpeg",
-           "-s", "180", "-e", str(csv_path)]
+    cmd = [
+        "ab",
+        "-k",
+        "-n",
+        str(requests),
+        "-c",
+        str(concurrency),
+        "-p",
+        str(body),
+        "-T",
+        "image/jpeg",
+        "-s",
+        "180",
+        "-e",
+        str(csv_path),
+    ]
     if token:
         cmd += ["-H", f"Authorization: Bearer {token}"]
     proc = subprocess.Popen(cmd + [url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -123,31 +182,66 @@ def run_ab(url: str, body: Path, requests: int, concurrency: int, token: str | N
     return bench_lib.parse_ab(stdout), bench_lib.parse_percentiles(csv_path.read_text())
 
 
-def measure(server_dir: Path, store: Path, model: str, body: Path, config: dict[str, Any],
-            point: dict[str, Any], label: str) -> dict[str, Any]:
+def measure(
+    server_dir: Path,
+    store: Path,
+    model: str,
+    body: Path,
+    config: dict[str, Any],
+    point: dict[str, Any],
+    label: str,
+) -> dict[str, Any]:
     # Log mode: the per-batch HandlerTime and per-request QueueTime lines are read back
     # from the metric logs (Prometheus would only give aggregates).
-    with TorchServe(model_store=store, workdir=server_dir, properties={"metrics_mode": "log"},
-                    base_config=ROOT / "configs/config.properties") as server:
-        resp = server.register(model, batch_size=point["batch_size"],
-                               max_batch_delay_ms=point["max_batch_delay"],
-                               initial_workers=config["workers"],
-                               response_timeout_s=config["response_timeout"])
+    with TorchServe(
+        model_store=store,
+        workdir=server_dir,
+        properties={"metrics_mode": "log"},
+        base_config=ROOT / "configs/config.properties",
+    ) as server:
+        resp = server.register(
+            model,
+            batch_size=point["batch_size"],
+            max_batch_delay_ms=point["max_batch_delay"],
+            initial_workers=config["workers"],
+            response_timeout_s=config["response_timeout"],
+        )
         if resp.status != 200:
-            raise RuntimeError(f"registering {model} failed: {resp.status} {resp.body!r}\n{server.log()[-3000:]}")
+            raise RuntimeError(
+                f"registering {model} failed: {resp.status} {resp.body!r}\n{server.log()[-3000:]}"
+            )
         url = f"{server.inference_url}/predictions/{model}"
         token = server._token("inference")
         if config["warmup_requests"]:
-            run_ab(url, body, config["warmup_requests"], point["concurrency"], token,
-                   server_dir / "warmup.csv", f"{label} warm-up")
+            run_ab(
+                url,
+                body,
+                config["warmup_requests"],
+                point["concurrency"],
+                token,
+                server_dir / "warmup.csv",
+                f"{label} warm-up",
+            )
         logs = {name: len(server.log(name)) for name in ("model_metrics.log", "ts_metrics.log")}
-        summary, latency = run_ab(url, body, config["requests"], point["concurrency"], token,
-                                  server_dir / "percentiles.csv", label)
-        handler_times = bench_lib.parse_handler_times(server.log("model_metrics.log")[logs["model_metrics.log"]:])
-        queue_times = bench_lib.parse_queue_times(server.log("ts_metrics.log")[logs["ts_metrics.log"]:])
+        summary, latency = run_ab(
+            url,
+            body,
+            config["requests"],
+            point["concurrency"],
+            token,
+            server_dir / "percentiles.csv",
+            label,
+        )
+        handler_times = bench_lib.parse_handler_times(
+            server.log("model_metrics.log")[logs["model_metrics.log"] :]
+        )
+        queue_times = bench_lib.parse_queue_times(
+            server.log("ts_metrics.log")[logs["ts_metrics.log"] :]
+        )
     batch_sizes = [n for _, n in handler_times]
     return {
-        **summary, **latency,
+        **summary,
+        **latency,
         "errors": int(summary["failed_requests"] + summary["non_2xx_responses"]),
         "server_handler_ms": bench_lib.summarize([ms for ms, _ in handler_times]),
         "server_queue_ms": bench_lib.summarize(queue_times),
@@ -157,7 +251,10 @@ def measure(server_dir: Path, store: Path, model: str, body: Path, config: dict[
 
 # -- stage limits, measured in-process -----------------------------------------------------
 
-def preprocess_rate(decoder: str, threads: int, micro_batch_size: int, body: bytes, seconds: float = 3.0) -> float:
+
+def preprocess_rate(
+    decoder: str, threads: int, micro_batch_size: int, body: bytes, seconds: float = 3.0
+) -> float:
     """Images/s the handler's preprocess reaches on this machine with `threads` threads."""
     import torch
 
@@ -183,12 +280,19 @@ def preprocess_rate(decoder: str, threads: int, micro_batch_size: int, body: byt
     return sum(done) / (time.perf_counter() - start)
 
 
-def inference_rate(scenario: str, config: dict[str, Any], micro_batch_size: int, seconds: float = 3.0) -> float:
+def inference_rate(
+    scenario: str, config: dict[str, Any], micro_batch_size: int, seconds: float = 3.0
+) -> float:
     threads = config["parallelism"].get("inference", 1)
     if scenario == "accelerator":
         cost = config["accelerator"]
         # Sleeps overlap across threads: a device with `threads` streams, by construction.
-        return threads * micro_batch_size * 1000.0 / (cost["fixed_ms"] + cost["per_item_ms"] * micro_batch_size)
+        return (
+            threads
+            * micro_batch_size
+            * 1000.0
+            / (cost["fixed_ms"] + cost["per_item_ms"] * micro_batch_size)
+        )
     import torch
     from torchvision.models import resnet18
 
@@ -205,14 +309,22 @@ def inference_rate(scenario: str, config: dict[str, Any], micro_batch_size: int,
 
 # -- main ----------------------------------------------------------------------------------
 
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(HERE / "config.json"))
-    parser.add_argument("--out", default=None, help="result directory (default benchmarks/runs/<time>)")
-    parser.add_argument("--weights", default=None, help="torchvision resnet18-f37072fd.pth for the real scenario")
+    parser.add_argument(
+        "--out", default=None, help="result directory (default benchmarks/runs/<time>)"
+    )
+    parser.add_argument(
+        "--weights", default=None, help="torchvision resnet18-f37072fd.pth for the real scenario"
+    )
     args = parser.parse_args()
     if shutil.which("ab") is None:
-        print("error: `ab` not found: apt-get install apache2-utils (make bench does it)", file=sys.stderr)
+        print(
+            "error: `ab` not found: apt-get install apache2-utils (make bench does it)",
+            file=sys.stderr,
+        )
         return 2
     config = bench_lib.load_config(args.config)
     out = Path(args.out or HERE / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
@@ -248,26 +360,63 @@ def main() -> int:
                 name = f"{scenario}-{handler}-{tag}".replace("_", "")
                 label = f"[{step}/{total}] {scenario} {handler} {point}"
                 log(f"{label}: packaging and starting TorchServe")
-                package(out / "store", out / "work" / scenario, name, scenario, handler, config, point, args.weights)
-                results[handler] = measure(out / "servers" / name, out / "store", name, body_path, config, point, label)
-                log(f"{label}: {results[handler]['requests_per_s']:.1f} req/s, p99 {results[handler]['p99_ms']:.0f} ms, "
-                    f"{results[handler]['errors']} errors")
+                package(
+                    out / "store",
+                    out / "work" / scenario,
+                    name,
+                    scenario,
+                    handler,
+                    config,
+                    point,
+                    args.weights,
+                )
+                results[handler] = measure(
+                    out / "servers" / name, out / "store", name, body_path, config, point, label
+                )
+                log(
+                    f"{label}: {results[handler]['requests_per_s']:.1f} req/s, "
+                    f"p99 {results[handler]['p99_ms']:.0f} ms, "
+                    f"{results[handler]['errors']} errors"
+                )
             overhead = results.pop("noop")["requests_per_s"]
             lim = limits[key]
             for handler, result in results.items():
-                rates = {"server": overhead, "inference": lim["inference"],
-                         "preprocess": lim["preprocess_ours"] if handler == "ours" else lim["preprocess_pil"]}
+                rates = {
+                    "server": overhead,
+                    "inference": lim["inference"],
+                    "preprocess": lim["preprocess_ours"]
+                    if handler == "ours"
+                    else lim["preprocess_pil"],
+                }
                 # On this machine's cores the server's own work (frontend, ab, IPC: the noop
                 # run) and preprocessing compete, and so does inference when it runs on the
                 # CPU: their per-request times add. The simulated device's sleep does not.
                 shared = ("server", "preprocess") + (("inference",) if scenario == "real" else ())
                 ideal = bench_lib.ideal_throughput(rates, shared_cpu=shared)
-                rows.append({"scenario": scenario, "handler": handler, **point, **result,
-                             "server_overhead_requests_per_s": overhead, "stage_rates": rates,
-                             "ideal_requests_per_s": ideal, "efficiency": result["requests_per_s"] / ideal})
-            (out / "results.json").write_text(json.dumps(
-                {"machine": bench_lib.machine_info(), "config": config, "stage_limits": limits, "results": rows},
-                indent=2, default=str))
+                rows.append(
+                    {
+                        "scenario": scenario,
+                        "handler": handler,
+                        **point,
+                        **result,
+                        "server_overhead_requests_per_s": overhead,
+                        "stage_rates": rates,
+                        "ideal_requests_per_s": ideal,
+                        "efficiency": result["requests_per_s"] / ideal,
+                    }
+                )
+            (out / "results.json").write_text(
+                json.dumps(
+                    {
+                        "machine": bench_lib.machine_info(),
+                        "config": config,
+                        "stage_limits": limits,
+                        "results": rows,
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
     bench_lib.write_csv(rows, out / "results.csv")
     for scenario in config["scenarios"]:
         scenario_rows = [r for r in rows if r["scenario"] == scenario]

@@ -65,7 +65,9 @@ class MicroBatchingHandler(MicroBatchingMixin, ImageClassifier):  # type: ignore
         self.max_image_pixels = self._read_max_pixels(settings)
         decoder = settings.get("decoder", "pil")
         if decoder not in DECODERS:
-            raise ConfigError(f"handler.decoder: got {decoder!r}, expected one of {', '.join(DECODERS)}")
+            raise ConfigError(
+                f"handler.decoder: got {decoder!r}, expected one of {', '.join(DECODERS)}"
+            )
         self.decoder = decoder
         super().initialize(context)
 
@@ -111,7 +113,9 @@ class MicroBatchingHandler(MicroBatchingMixin, ImageClassifier):  # type: ignore
                 try:
                     images.append(torch.FloatTensor(body))
                 except (TypeError, ValueError) as exc:
-                    raise InvalidInputError(f"the request body is not an image tensor ({exc})") from exc
+                    raise InvalidInputError(
+                        f"the request body is not an image tensor ({exc})"
+                    ) from exc
         return torch.stack(images).to(self.device)
 
     def process_bytes(self, body: bytes | bytearray) -> torch.Tensor:
@@ -125,9 +129,12 @@ class MicroBatchingHandler(MicroBatchingMixin, ImageClassifier):  # type: ignore
         # libjpeg-turbo decode, then resize and crop on uint8 before converting to float:
         # four times less memory traffic than PIL's ToTensor-then-normalize order.
         try:
-            pixels = decode_jpeg(torch.frombuffer(bytearray(body), dtype=torch.uint8),
-                                 mode=ImageReadMode.RGB)
+            pixels = decode_jpeg(
+                torch.frombuffer(bytearray(body), dtype=torch.uint8), mode=ImageReadMode.RGB
+            )
         except RuntimeError as exc:
             raise InvalidInputError(f"the JPEG data is corrupt ({exc})") from exc
         pixels = TF.center_crop(TF.resize(pixels, 256, antialias=True), 224)
-        return TF.normalize(TF.to_dtype(pixels, torch.float32, scale=True), IMAGENET_MEAN, IMAGENET_STD)
+        return TF.normalize(
+            TF.to_dtype(pixels, torch.float32, scale=True), IMAGENET_MEAN, IMAGENET_STD
+        )

@@ -44,9 +44,7 @@ class StageQueue(Generic[T]):
         """
         with self._not_full:
             while (
-                not self._closed
-                and self._maxsize is not None
-                and len(self._items) >= self._maxsize
+                not self._closed and self._maxsize is not None and len(self._items) >= self._maxsize
             ):
                 self._not_full.wait()
             if self._closed:

@@ -8,8 +8,8 @@ Schema (every key optional)::
       inference: 1
       postprocess: 2
     max_queued_micro_batches: 4      # micro-batches waiting between two stages, integer >= 1
-    isolate_failures: true           # re-run a failed micro-batch in halves to find the bad requests
-    timeout_s: null                  # seconds a batch may take before its requests get 504; null = no limit
+    isolate_failures: true           # re-run a failed micro-batch in halves to find bad requests
+    timeout_s: null                  # seconds a batch may take before its requests get 504
     join_timeout_s: 30               # how long shutdown waits for each stage's threads
 
 Where both exist, ``micro_batching.json`` in the model directory is read first and the
@@ -96,7 +96,10 @@ class Parallelism:
 
     @classmethod
     def from_mapping(
-        cls, mapping: Any, prefix: str = f"{YAML_SECTION}.parallelism", base: Parallelism | None = None
+        cls,
+        mapping: Any,
+        prefix: str = f"{YAML_SECTION}.parallelism",
+        base: Parallelism | None = None,
     ) -> Parallelism:
         """Builds a Parallelism from a mapping of stage name to thread count, over ``base``."""
         if not isinstance(mapping, Mapping):
@@ -113,7 +116,7 @@ class Parallelism:
 
 @dataclass(frozen=True)
 class MicroBatchingConfig:
-    """Validated micro-batching settings; build it with :meth:`from_mapping` or :func:`load_config`."""
+    """Validated micro-batching settings; built by :meth:`from_mapping` or :func:`load_config`."""
 
     micro_batch_size: int = 1
     parallelism: Parallelism = field(default_factory=Parallelism)

@@ -54,9 +54,13 @@ class MicroBatching:
         self.handler = parent_handler
         config = config or MicroBatchingConfig()
         if micro_batch_size is not None:
-            config = MicroBatchingConfig.from_mapping({"micro_batch_size": micro_batch_size}, config)
+            config = MicroBatchingConfig.from_mapping(
+                {"micro_batch_size": micro_batch_size}, config
+            )
         if parallelism is not None:
-            config = replace(config, parallelism=Parallelism.from_mapping(parallelism, base=config.parallelism))
+            config = replace(
+                config, parallelism=Parallelism.from_mapping(parallelism, base=config.parallelism)
+            )
         self._config = config
         self._observer = observer or PipelineObserver()
         self._pipeline = self._new_pipeline(config)
@@ -138,7 +142,9 @@ class MicroBatching:
         timeout_s = self._config.timeout_s
         _, late = wait(futures, timeout=timeout_s)
         for future in late:
-            _set_future(future, error=RequestTimeoutError(f"no answer within timeout_s={timeout_s}"))
+            _set_future(
+                future, error=RequestTimeoutError(f"no answer within timeout_s={timeout_s}")
+            )
         context = getattr(self.handler, "context", None)
         outputs: list[Any] = []
         for idx, future in enumerate(futures):
@@ -149,7 +155,11 @@ class MicroBatching:
         return outputs
 
     def _error_response(self, context: Any, idx: int, exc: BaseException) -> dict[str, Any]:
-        request_id = context.get_request_id(idx) if context is not None and hasattr(context, "get_request_id") else None
+        request_id = (
+            context.get_request_id(idx)
+            if context is not None and hasattr(context, "get_request_id")
+            else None
+        )
         status = error_status(exc, request_id)
         if context is not None:
             context.set_response_status(status.code, status.phrase, idx)
@@ -178,13 +188,13 @@ class MicroBatching:
     # -- helpers for stages ----------------------------------------------------------
 
     def current_micro_batch(self) -> MicroBatchInfo | None:
-        """Where the micro-batch this stage thread works on sits in the batch; None outside a stage."""
+        """Where this stage thread's micro-batch sits in the batch; None outside a stage."""
         return self._pipeline.current_micro_batch()
 
     def get_micro_batch_idx(self) -> int | None:
         """The index of the current micro-batch in its batch (upstream's API)."""
         info = self.current_micro_batch()
-        return None if info is None else info.index
+        return None if info is None else info.micro_batch_idx
 
     def current_request_ids(self) -> list[str | None]:
         """The TorchServe request ids of the current micro-batch's requests, in order."""

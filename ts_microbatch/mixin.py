@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from .config import MicroBatchingConfig, load_config
-from .micro_batching import MicroBatching
 from .metrics import PipelineObserver
+from .micro_batching import MicroBatching
 from .torchserve_metrics import TorchServeMetricsObserver
 
 

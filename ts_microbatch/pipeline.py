@@ -33,7 +33,7 @@ StageFn = Callable[[Any], Any]
 class MicroBatchInfo(NamedTuple):
     """Where the micro-batch a stage thread is working on sits in its batch."""
 
-    index: int  # its place among the batch's micro-batches; halves of a re-run keep it
+    micro_batch_idx: int  # its place among the batch's micro-batches; re-run halves keep it
     offset: int  # index of its first request in the full batch
     size: int  # number of requests in it
     attempt: int  # 0 on the first run, n when re-run n times to isolate a failure
@@ -58,7 +58,12 @@ class _MicroBatch:
     __slots__ = ("index", "offset", "items", "futures", "payload", "attempt", "enqueued_at")
 
     def __init__(
-        self, index: int, offset: int, items: Sequence[Any], futures: list[Future[Any]], attempt: int
+        self,
+        index: int,
+        offset: int,
+        items: Sequence[Any],
+        futures: list[Future[Any]],
+        attempt: int,
     ) -> None:
         self.index = index
         self.offset = offset
@@ -71,9 +76,15 @@ class _MicroBatch:
     def halves(self) -> tuple[_MicroBatch, _MicroBatch]:
         mid = len(self.items) // 2
         return (
-            _MicroBatch(self.index, self.offset, self.items[:mid], self.futures[:mid], self.attempt + 1),
             _MicroBatch(
-                self.index, self.offset + mid, self.items[mid:], self.futures[mid:], self.attempt + 1
+                self.index, self.offset, self.items[:mid], self.futures[:mid], self.attempt + 1
+            ),
+            _MicroBatch(
+                self.index,
+                self.offset + mid,
+                self.items[mid:],
+                self.futures[mid:],
+                self.attempt + 1,
             ),
         )
 
@@ -81,7 +92,9 @@ class _MicroBatch:
         return MicroBatchInfo(self.index, self.offset, len(self.items), self.attempt)
 
 
-def _set_future(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+def _set_future(
+    future: Future[Any], result: Any = None, error: BaseException | None = None
+) -> None:
     # A future may already be done: handle() fails the ones that time out, and a caller may
     # cancel. The late outcome is dropped rather than raising in a worker thread.
     try:
@@ -133,8 +146,8 @@ class Pipeline:
         _check_positive_int(max_queued_micro_batches, "micro_batching.max_queued_micro_batches")
         # The first queue holds requests that are already in memory, and re-runs must never
         # block a worker, so it is unbounded; the queues that hold stage outputs are bounded.
-        self._queues: list[StageQueue[_MicroBatch]] = [StageQueue(None)] + [
-            StageQueue(max_queued_micro_batches) for _ in self._names[1:]
+        self._queues: list[StageQueue[_MicroBatch]] = [StageQueue[_MicroBatch](None)] + [
+            StageQueue[_MicroBatch](max_queued_micro_batches) for _ in self._names[1:]
         ]
         self._isolate_failures = isolate_failures
         self._join_timeout_s = join_timeout_s
@@ -212,7 +225,9 @@ class Pipeline:
         size = self._micro_batch_size
         futures: list[Future[Any]] = [Future() for _ in items]
         micro_batches = [
-            _MicroBatch(index, offset, items[offset : offset + size], futures[offset : offset + size], 0)
+            _MicroBatch(
+                index, offset, items[offset : offset + size], futures[offset : offset + size], 0
+            )
             for index, offset in enumerate(range(0, len(items), size))
         ]
         with self._lock:
@@ -276,14 +291,20 @@ class Pipeline:
             if last:
                 output = self._check_outputs(name, output, len(mb.items))
         except BaseException as exc:
-            self._observer.on_stage(name, len(mb.items), started - mb.enqueued_at,
-                                    time.monotonic() - started, failed=True)
+            self._observer.on_stage(
+                name,
+                len(mb.items),
+                started - mb.enqueued_at,
+                time.monotonic() - started,
+                failed=True,
+            )
             self._on_stage_error(name, mb, exc)
             return
         finally:
             self._local.info = None
-        self._observer.on_stage(name, len(mb.items), started - mb.enqueued_at,
-                                time.monotonic() - started, failed=False)
+        self._observer.on_stage(
+            name, len(mb.items), started - mb.enqueued_at, time.monotonic() - started, failed=False
+        )
         if last:
             self._finish(mb, outputs=output)
         else:
@@ -294,7 +315,8 @@ class Pipeline:
     def _check_outputs(name: str, output: Any, expected: int) -> list[Any]:
         if not isinstance(output, list):
             raise StageOutputError(
-                f"stage {name} returned {type(output).__name__}, expected a list of {expected} outputs"
+                f"stage {name} returned {type(output).__name__}, "
+                f"expected a list of {expected} outputs"
             )
         if len(output) != expected:
             raise StageOutputError(
@@ -307,7 +329,11 @@ class Pipeline:
             logger.warning(
                 "stage %s failed for %d requests at offset %d (%s: %s); "
                 "re-running them in halves to isolate the failing ones",
-                name, len(mb.items), mb.offset, type(exc).__name__, exc,
+                name,
+                len(mb.items),
+                mb.offset,
+                type(exc).__name__,
+                exc,
             )
             halves = mb.halves()
             with self._lock:
@@ -321,7 +347,10 @@ class Pipeline:
         else:
             logger.error(
                 "stage %s failed for requests %d..%d",
-                name, mb.offset, mb.offset + len(mb.items) - 1, exc_info=exc,
+                name,
+                mb.offset,
+                mb.offset + len(mb.items) - 1,
+                exc_info=exc,
             )
         self._finish(mb, error=exc)
 
@@ -387,13 +416,19 @@ class Pipeline:
             if stragglers:
                 logger.warning(
                     "stage %s threads still running %.1f s after shutdown: %s",
-                    name, self._join_timeout_s, ", ".join(stragglers),
+                    name,
+                    self._join_timeout_s,
+                    ", ".join(stragglers),
                 )
         with self._lock:
             stranded = list(self._in_flight)
         for mb in stranded:
-            self._finish(mb, error=PipelineClosedError(
-                "the pipeline shut down before this request was answered"))
+            self._finish(
+                mb,
+                error=PipelineClosedError(
+                    "the pipeline shut down before this request was answered"
+                ),
+            )
         self._stopped.set()
 
     def __enter__(self) -> Pipeline:

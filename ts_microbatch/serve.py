@@ -1,7 +1,7 @@
 """`make serve` / `make stop`: a local TorchServe with one model, answering one request.
 
-    python -m ts_microbatch.serve start --mar resnet-18_mb.mar --input kitten.jpg
-    python -m ts_microbatch.serve stop
+python -m ts_microbatch.serve start --mar resnet-18_mb.mar --input kitten.jpg
+python -m ts_microbatch.serve stop
 """
 
 from __future__ import annotations
@@ -30,12 +30,18 @@ def _port(url: str) -> int:
 def server_from_config(config: Path, model_store: Path, token_auth: bool) -> TorchServe:
     props = read_properties(config)
     if os.environ.get(PORTS_ENV):
-        ports = tuple(int(p) for p in os.environ[PORTS_ENV].split(","))
+        inference, management, metrics = (int(p) for p in os.environ[PORTS_ENV].split(","))
     else:
-        keys = ("inference_address", "management_address", "metrics_address")
-        ports = tuple(_port(props[k]) for k in keys)
-    return TorchServe(model_store=model_store, workdir=WORKDIR, base_config=config,
-                      ports=ports, token_auth=token_auth)  # type: ignore[arg-type]
+        inference, management, metrics = (
+            _port(props[k]) for k in ("inference_address", "management_address", "metrics_address")
+        )
+    return TorchServe(
+        model_store=model_store,
+        workdir=WORKDIR,
+        base_config=config,
+        ports=(inference, management, metrics),
+        token_auth=token_auth,
+    )
 
 
 def start(args: argparse.Namespace) -> int:
@@ -45,24 +51,43 @@ def start(args: argparse.Namespace) -> int:
     print(f"Starting TorchServe (logs in {server.log_dir}) ...", flush=True)
     server.start()
     model_name = Path(args.mar).stem
-    print(f"Registering {args.mar}: batch_size={args.batch_size} "
-          f"max_batch_delay={args.max_batch_delay} ms ...", flush=True)
-    resp = server.register(args.mar, batch_size=args.batch_size,
-                           max_batch_delay_ms=args.max_batch_delay, initial_workers=args.workers)
+    print(
+        f"Registering {args.mar}: batch_size={args.batch_size} "
+        f"max_batch_delay={args.max_batch_delay} ms ...",
+        flush=True,
+    )
+    resp = server.register(
+        args.mar,
+        batch_size=args.batch_size,
+        max_batch_delay_ms=args.max_batch_delay,
+        initial_workers=args.workers,
+    )
     if resp.status != 200:
-        print(f"Registration failed: {resp.status} {resp.body.decode(errors='replace')}", file=sys.stderr)
-        print("Last lines of the model log:\n" + "\n".join(server.log().splitlines()[-25:]), file=sys.stderr)
+        print(
+            f"Registration failed: {resp.status} {resp.body.decode(errors='replace')}",
+            file=sys.stderr,
+        )
+        print(
+            "Last lines of the model log:\n" + "\n".join(server.log().splitlines()[-25:]),
+            file=sys.stderr,
+        )
         server.stop()
         return 1
     answer = server.predict(model_name, Path(args.input).read_bytes())
-    print(f"\nPOST {server.inference_url}/predictions/{model_name} ({args.input}) -> {answer.status}")
+    print(
+        f"\nPOST {server.inference_url}/predictions/{model_name} ({args.input}) -> {answer.status}"
+    )
     print(json.dumps(answer.json(), indent=2))
     auth = ""
     if token_auth:
-        auth = (" -H \"Authorization: Bearer $(python3 -c 'import json;print(json.load(open("
-                f"\"{server.workdir / 'key_file.json'}\"))[\"inference\"][\"key\"])')\"")
-    print(f"\nTorchServe is running: inference {server.inference_url}, management "
-          f"{server.management_url}, metrics {server.metrics_url}")
+        auth = (
+            " -H \"Authorization: Bearer $(python3 -c 'import json;print(json.load(open("
+            f'"{server.workdir / "key_file.json"}"))["inference"]["key"])\')"'
+        )
+    print(
+        f"\nTorchServe is running: inference {server.inference_url}, management "
+        f"{server.management_url}, metrics {server.metrics_url}"
+    )
     print(f"Try: curl{auth} -T {args.input} {server.inference_url}/predictions/{model_name}")
     print("Stop it with: make stop")
     return 0 if answer.status == 200 else 1
@@ -89,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-batch-delay", type=int, default=50, help="milliseconds")
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--token-auth", default=os.environ.get("TOKEN_AUTH", "on"),
-                   help="on (default) or off; off only for a server on 127.0.0.1")
+    p.add_argument(
+        "--token-auth",
+        default=os.environ.get("TOKEN_AUTH", "on"),
+        help="on (default) or off; off only for a server on 127.0.0.1",
+    )
     p.set_defaults(func=start)
     sub.add_parser("stop", help="stop the TorchServe started by start").set_defaults(func=stop)
     args = parser.parse_args(argv)

@@ -6,6 +6,7 @@ Nothing here knows about a particular model. The server runs in its own process 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -52,8 +53,10 @@ def java_problem() -> str | None:
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
     if not java or not os.path.exists(java):
-        return ("java not found: TorchServe's frontend needs Java 17 "
-                "(Debian/Ubuntu: apt-get install openjdk-17-jre-headless)")
+        return (
+            "java not found: TorchServe's frontend needs Java 17 "
+            "(Debian/Ubuntu: apt-get install openjdk-17-jre-headless)"
+        )
     return None
 
 
@@ -129,17 +132,21 @@ class TorchServe:
         if self.base_config and metrics_config and not os.path.isabs(metrics_config):
             # TorchServe would resolve it against its working directory, which is ours.
             props["metrics_config"] = str(Path(self.base_config).resolve().parent / metrics_config)
-        props.update({
-            "inference_address": self.inference_url,
-            "management_address": self.management_url,
-            "metrics_address": self.metrics_url,
-            "model_store": str(self.model_store),
-            "enable_model_api": "true",
-            "disable_token_authorization": "false" if self.token_auth else "true",
-        })
+        props.update(
+            {
+                "inference_address": self.inference_url,
+                "management_address": self.management_url,
+                "metrics_address": self.metrics_url,
+                "model_store": str(self.model_store),
+                "enable_model_api": "true",
+                "disable_token_authorization": "false" if self.token_auth else "true",
+            }
+        )
         props.update(self.properties)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()), encoding="utf-8")
+        self.config_path.write_text(
+            "".join(f"{k}={v}\n" for k, v in props.items()), encoding="utf-8"
+        )
         return self.config_path
 
     def log(self, name: str = "model_log.log") -> str:
@@ -159,21 +166,41 @@ class TorchServe:
             raise TorchServeError(problem)
         self.write_config()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, LOG_LOCATION=str(self.log_dir), METRICS_LOCATION=str(self.log_dir),
-                   TMPDIR=str(self.workdir))  # TorchServe keeps its pid file in the temp dir
+        env = dict(
+            os.environ,
+            LOG_LOCATION=str(self.log_dir),
+            METRICS_LOCATION=str(self.log_dir),
+            TMPDIR=str(self.workdir),
+        )  # TorchServe keeps its pid file in the temp dir
         torchserve = str(Path(sys.executable).with_name("torchserve"))
-        cmd = [torchserve, "--start", "--foreground", "--ncs", "--ts-config", str(self.config_path),
-               "--model-store", str(self.model_store)]
+        cmd = [
+            torchserve,
+            "--start",
+            "--foreground",
+            "--ncs",
+            "--ts-config",
+            str(self.config_path),
+            "--model-store",
+            str(self.model_store),
+        ]
         out = open(self.log_dir / "torchserve.out", "ab")  # noqa: SIM115 - owned by the child
-        self.process = subprocess.Popen(cmd, cwd=self.workdir, env=env, stdout=out,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            cmd,
+            cwd=self.workdir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         out.close()
         (self.workdir / "torchserve.pid").write_text(str(self.process.pid))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise TorchServeError(f"TorchServe exited with {self.process.returncode}; see "
-                                      f"{self.log_dir / 'torchserve.out'}")
+                raise TorchServeError(
+                    f"TorchServe exited with {self.process.returncode}; see "
+                    f"{self.log_dir / 'torchserve.out'}"
+                )
             try:
                 if self.request("GET", f"{self.inference_url}/ping", timeout_s=2).status == 200:
                     return self
@@ -186,8 +213,11 @@ class TorchServe:
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stops the whole process group: frontend and backend workers. Idempotent."""
         pid_file = self.workdir / "torchserve.pid"
-        pid = self.process.pid if self.process else (
-            int(pid_file.read_text()) if pid_file.exists() else None)
+        pid = (
+            self.process.pid
+            if self.process
+            else (int(pid_file.read_text()) if pid_file.exists() else None)
+        )
         if pid is None:
             return
         stop_process_group(pid, timeout_s, self.process)
@@ -217,8 +247,14 @@ class TorchServe:
         token: str | None = keys.get(kind, {}).get("key")
         return token
 
-    def request(self, method: str, url: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None, timeout_s: float = 120.0) -> Response:
+    def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 120.0,
+    ) -> Response:
         """One HTTP request; any status comes back as a Response, network errors raise OSError."""
         headers = dict(headers or {})
         kind = "management" if url.startswith(self.management_url) else "inference"
@@ -232,12 +268,25 @@ class TorchServe:
         except urllib.error.HTTPError as err:
             return Response(err.code, err.read(), dict(err.headers or {}))
 
-    def register(self, mar: str, *, batch_size: int = 1, max_batch_delay_ms: int = 100,
-                 initial_workers: int = 1, response_timeout_s: int | None = None,
-                 model_name: str | None = None, timeout_s: float = 300.0) -> Response:
+    def register(
+        self,
+        mar: str,
+        *,
+        batch_size: int = 1,
+        max_batch_delay_ms: int = 100,
+        initial_workers: int = 1,
+        response_timeout_s: int | None = None,
+        model_name: str | None = None,
+        timeout_s: float = 300.0,
+    ) -> Response:
         """POST /models synchronously; the response says whether the workers started."""
-        params = {"url": mar, "batch_size": batch_size, "max_batch_delay": max_batch_delay_ms,
-                  "initial_workers": initial_workers, "synchronous": "true"}
+        params = {
+            "url": mar,
+            "batch_size": batch_size,
+            "max_batch_delay": max_batch_delay_ms,
+            "initial_workers": initial_workers,
+            "synchronous": "true",
+        }
         if response_timeout_s is not None:
             params["response_timeout"] = response_timeout_s
         if model_name:
@@ -245,7 +294,9 @@ class TorchServe:
         query = urllib.parse.urlencode(params)
         return self.request("POST", f"{self.management_url}/models?{query}", timeout_s=timeout_s)
 
-    def unregister(self, model_name: str, *, drain: bool = True, timeout_s: float = 120.0) -> Response:
+    def unregister(
+        self, model_name: str, *, drain: bool = True, timeout_s: float = 120.0
+    ) -> Response:
         """DELETE /models/<name>, by default once the requests queued for it are answered.
 
         TorchServe 0.12 drops the requests still queued for a model it unregisters: their
@@ -259,8 +310,11 @@ class TorchServe:
             if resp.status != 200 or resp.json()[0]["jobQueueStatus"]["pendingRequests"] == 0:
                 break
             time.sleep(0.05)  # TorchServe has no drain event to wait on
-        return self.request("DELETE", f"{self.management_url}/models/{model_name}",
-                            timeout_s=max(1.0, deadline - time.monotonic()))
+        return self.request(
+            "DELETE",
+            f"{self.management_url}/models/{model_name}",
+            timeout_s=max(1.0, deadline - time.monotonic()),
+        )
 
     def describe(self, model_name: str) -> dict[str, Any]:
         resp = self.request("GET", f"{self.management_url}/models/{model_name}")
@@ -269,11 +323,21 @@ class TorchServe:
         described: list[dict[str, Any]] = resp.json()
         return described[0]
 
-    def predict(self, model_name: str, body: bytes, timeout_s: float = 120.0,
-                content_type: str = "application/octet-stream") -> Response:
+    def predict(
+        self,
+        model_name: str,
+        body: bytes,
+        timeout_s: float = 120.0,
+        content_type: str = "application/octet-stream",
+    ) -> Response:
         # Without a content type urllib sends a form encoding, which TorchServe would parse.
-        return self.request("POST", f"{self.inference_url}/predictions/{model_name}", body=body,
-                            headers={"Content-Type": content_type}, timeout_s=timeout_s)
+        return self.request(
+            "POST",
+            f"{self.inference_url}/predictions/{model_name}",
+            body=body,
+            headers={"Content-Type": content_type},
+            timeout_s=timeout_s,
+        )
 
     def scrape_metrics(self) -> str:
         return self.request("GET", f"{self.metrics_url}/metrics").body.decode()
@@ -291,8 +355,9 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def stop_process_group(pid: int, timeout_s: float = 30.0,
-                       leader: subprocess.Popen[bytes] | None = None) -> None:
+def stop_process_group(
+    pid: int, timeout_s: float = 30.0, leader: subprocess.Popen[bytes] | None = None
+) -> None:
     """SIGTERM the process group led by ``pid``, then SIGKILL what is left after ``timeout_s``."""
     try:
         os.killpg(pid, signal.SIGTERM)
@@ -305,8 +370,8 @@ def stop_process_group(pid: int, timeout_s: float = 30.0,
         if not _group_alive(pid):
             return
         time.sleep(0.1)
-    logger.warning("TorchServe process group %d ignored SIGTERM for %.0f s; killing it", pid, timeout_s)
-    try:
+    logger.warning(
+        "TorchServe process group %d ignored SIGTERM for %.0f s; killing it", pid, timeout_s
+    )
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -51,11 +51,17 @@ class TorchServeMetricsObserver(PipelineObserver):
         self._counter = MetricTypes.COUNTER
         self._failed_once = False
 
-    def _emit(self, name: str, value: float, unit: str, dims: dict[str, str], histogram: bool = True) -> None:
+    def _emit(
+        self, name: str, value: float, unit: str, dims: dict[str, str], histogram: bool = True
+    ) -> None:
         # Metrics are best-effort: a failure here must not fail the requests being measured.
         try:
             self._metrics.add_metric(
-                name, value, unit, None, [self._dimension(k, v) for k, v in dims.items()],
+                name,
+                value,
+                unit,
+                None,
+                [self._dimension(k, v) for k, v in dims.items()],
                 self._histogram if histogram else self._counter,
             )
         except Exception:
@@ -66,7 +72,9 @@ class TorchServeMetricsObserver(PipelineObserver):
     def on_batch(self, batch_size: int, micro_batches: int) -> None:
         self._emit(MICRO_BATCHES_PER_BATCH, micro_batches, "count", {})
 
-    def on_stage(self, stage: str, size: int, queue_wait_s: float, run_s: float, *, failed: bool) -> None:
+    def on_stage(
+        self, stage: str, size: int, queue_wait_s: float, run_s: float, *, failed: bool
+    ) -> None:
         self._emit(STAGE_TIME, run_s, "s", {"Stage": stage})
         self._emit(QUEUE_TIME, queue_wait_s, "s", {"Stage": stage})
         if stage == self._first_stage:

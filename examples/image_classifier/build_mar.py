@@ -1,6 +1,7 @@
 """Builds the ResNet-18 micro-batching .mar with torch-model-archiver.
 
-    python examples/image_classifier/build_mar.py --export-path model_store [--weights resnet18-f37072fd.pth]
+    python examples/image_classifier/build_mar.py --export-path model_store \
+        [--weights resnet18-f37072fd.pth]
 
 The handler comes from handlers/, the micro-batching config from configs/; both can be
 replaced (tests build a .mar with a broken config this way).
@@ -43,11 +44,28 @@ def build_mar(
     Path(export_path).mkdir(parents=True, exist_ok=True)
     archiver = Path(sys.executable).with_name("torch-model-archiver")
     subprocess.run(
-        [str(archiver), "--force", "--model-name", model_name, "--version", "1.0",
-         "--model-file", str(HERE / "model.py"), "--serialized-file", weights_path,
-         "--handler", str(handler), "--config-file", str(model_config),
-         "--extra-files", f"{labels},{config_copy}", "--export-path", str(export_path),
-         "--archive-format", archive_format],
+        [
+            str(archiver),
+            "--force",
+            "--model-name",
+            model_name,
+            "--version",
+            "1.0",
+            "--model-file",
+            str(HERE / "model.py"),
+            "--serialized-file",
+            weights_path,
+            "--handler",
+            str(handler),
+            "--config-file",
+            str(model_config),
+            "--extra-files",
+            f"{labels},{config_copy}",
+            "--export-path",
+            str(export_path),
+            "--archive-format",
+            archive_format,
+        ],
         check=True,
     )
     mar = Path(export_path) / f"{model_name}.mar"
@@ -59,14 +77,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--export-path", default=str(ROOT / "model_store"))
     parser.add_argument("--model-name", default="resnet-18_mb")
-    parser.add_argument("--weights", default=os.environ.get("WEIGHTS") or None,
-                        help=f"torchvision {prepare.STANDARD_WEIGHTS}; untrained weights if omitted")
+    parser.add_argument(
+        "--weights",
+        default=os.environ.get("WEIGHTS") or None,
+        help=f"torchvision {prepare.STANDARD_WEIGHTS}; untrained weights if omitted",
+    )
     parser.add_argument("--micro-batching-json", default=str(ROOT / "configs/micro_batching.json"))
     parser.add_argument("--model-config", default=str(HERE / "model-config.yaml"))
     args = parser.parse_args()
     work = ROOT / "build" / args.model_name
-    build_mar(args.export_path, model_name=args.model_name, weights=args.weights, work_dir=work,
-              micro_batching_json=args.micro_batching_json, model_config=args.model_config)
+    build_mar(
+        args.export_path,
+        model_name=args.model_name,
+        weights=args.weights,
+        work_dir=work,
+        micro_batching_json=args.micro_batching_json,
+        model_config=args.model_config,
+    )
     with open(work / "kitten.jpg", "wb") as f:
         f.write(prepare.make_jpeg(seed=0))
 

@@ -1,6 +1,6 @@
 """Builds text_mb.mar: the bag-of-words model with untrained weights made here.
 
-    python examples/text_classifier/build_mar.py --export-path model_store
+python examples/text_classifier/build_mar.py --export-path model_store
 """
 
 from __future__ import annotations
@@ -24,13 +24,29 @@ def build_mar(export_path: str, work_dir: Path = ROOT / "build" / "text_mb") -> 
     torch.manual_seed(0)
     weights = work_dir / "text_classifier.pth"
     torch.save(TextClassifier().state_dict(), weights)
-    print("Created UNTRAINED text classifier weights: predictions are meaningless.", file=sys.stderr)
+    print(
+        "Created UNTRAINED text classifier weights: predictions are meaningless.", file=sys.stderr
+    )
     archiver = Path(sys.executable).with_name("torch-model-archiver")
     subprocess.run(
-        [str(archiver), "--force", "--model-name", "text_mb", "--version", "1.0",
-         "--model-file", str(HERE / "model.py"), "--serialized-file", str(weights),
-         "--handler", str(HERE / "text_handler.py"), "--config-file", str(HERE / "model-config.yaml"),
-         "--export-path", export_path],
+        [
+            str(archiver),
+            "--force",
+            "--model-name",
+            "text_mb",
+            "--version",
+            "1.0",
+            "--model-file",
+            str(HERE / "model.py"),
+            "--serialized-file",
+            str(weights),
+            "--handler",
+            str(HERE / "text_handler.py"),
+            "--config-file",
+            str(HERE / "model-config.yaml"),
+            "--export-path",
+            export_path,
+        ],
         check=True,
     )
     mar = Path(export_path) / "text_mb.mar"

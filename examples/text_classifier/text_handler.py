@@ -40,7 +40,9 @@ class TextClassifierHandler(MicroBatchingMixin, BaseHandler):  # type: ignore[mi
             ids.extend(zlib.crc32(w.encode()) % VOCAB_BUCKETS for w in words)
         return torch.tensor(ids, device=self.device), torch.tensor(offsets, device=self.device)
 
-    def inference(self, data: tuple[torch.Tensor, torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
+    def inference(
+        self, data: tuple[torch.Tensor, torch.Tensor], *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
         with torch.inference_mode():
             return self.model(*data)  # type: ignore[no-any-return]
 

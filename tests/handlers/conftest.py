@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import torch
-from PIL import Image
 import ts
+from PIL import Image
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
@@ -34,19 +34,37 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
     torch.save(resnet18(weights=None).state_dict(), directory / "resnet18.pth")
     prepare.write_labels(str(directory))
-    shutil.copy(os.path.join(ROOT, "configs/micro_batching.json"), directory / "micro_batching.json")
+    shutil.copy(
+        os.path.join(ROOT, "configs/micro_batching.json"), directory / "micro_batching.json"
+    )
     sys.path.insert(0, str(directory))  # TorchServe puts the model dir on sys.path
     yield directory
     sys.path.remove(str(directory))
 
 
 def make_context(model_dir: Path, batch: int, yaml_config: dict[str, Any] | None = None) -> Context:
-    manifest = {"model": {"modelName": "resnet18", "serializedFile": "resnet18.pth", "modelFile": "model.py"}}
-    metrics = MetricsCacheYamlImpl(os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml"))
+    manifest = {
+        "model": {
+            "modelName": "resnet18",
+            "serializedFile": "resnet18.pth",
+            "modelFile": "model.py",
+        }
+    }
+    metrics = MetricsCacheYamlImpl(
+        os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")
+    )
     metrics.initialize_cache()
     metrics.model_name = "resnet18"
-    context = Context("resnet18", str(model_dir), manifest, batch, None, "0.12.0",
-                      metrics=metrics, model_yaml_config=yaml_config or {})
+    context = Context(
+        "resnet18",
+        str(model_dir),
+        manifest,
+        batch,
+        None,
+        "0.12.0",
+        metrics=metrics,
+        model_yaml_config=yaml_config or {},
+    )
     new_batch(context, batch)
     return context
 
@@ -62,7 +80,9 @@ def statuses(context: Context, batch: int) -> list[int]:
     return [context.get_response_status(i)[0] for i in range(batch)]
 
 
-def jpeg_rows(n: int, size: tuple[int, int] = (320, 240), first_seed: int = 0) -> list[dict[str, bytes]]:
+def jpeg_rows(
+    n: int, size: tuple[int, int] = (320, 240), first_seed: int = 0
+) -> list[dict[str, bytes]]:
     return [{"body": make_jpeg(first_seed + i, size=size)} for i in range(n)]
 
 
@@ -81,5 +101,14 @@ def top5(result: dict[str, float]) -> list[tuple[str, float]]:
     return sorted(result.items(), key=lambda kv: -kv[1])
 
 
-__all__ = ["bomb_png", "jpeg_rows", "json", "load_handler_module", "make_context", "make_jpeg",
-           "new_batch", "statuses", "top5"]
+__all__ = [
+    "bomb_png",
+    "jpeg_rows",
+    "json",
+    "load_handler_module",
+    "make_context",
+    "make_jpeg",
+    "new_batch",
+    "statuses",
+    "top5",
+]

@@ -60,20 +60,33 @@ def test_initialize_reads_the_shipped_config(handler: Any) -> None:
     + list(itertools.product([3], [(2, 1, 2), (3, 2, 1)])),
 )
 def test_matches_plain_image_classifier(
-    handler: Any, model_dir: Path, plain_results: list[dict[str, float]],
-    micro_batch_size: int, threads: tuple[int, int, int],
+    handler: Any,
+    model_dir: Path,
+    plain_results: list[dict[str, float]],
+    micro_batch_size: int,
+    threads: tuple[int, int, int],
 ) -> None:
     handler.micro_batching.micro_batch_size = micro_batch_size
-    handler.micro_batching.parallelism = dict(zip(("preprocess", "inference", "postprocess"), threads))
+    handler.micro_batching.parallelism = dict(
+        zip(("preprocess", "inference", "postprocess"), threads)
+    )
     context = make_context(model_dir, BATCH)
     got = handler.handle(jpeg_rows(BATCH), context)
     assert statuses(context, BATCH) == [200] * BATCH
     assert_same_predictions(got, plain_results)
 
 
-def test_one_corrupt_image_in_32_gets_400_and_31_normal_predictions(handler: Any, model_dir: Path) -> None:
-    handler.micro_batching.configure(MicroBatchingConfig.from_mapping(
-        {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2}}))
+def test_one_corrupt_image_in_32_gets_400_and_31_normal_predictions(
+    handler: Any, model_dir: Path
+) -> None:
+    handler.micro_batching.configure(
+        MicroBatchingConfig.from_mapping(
+            {
+                "micro_batch_size": 4,
+                "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2},
+            }
+        )
+    )
     rows = jpeg_rows(32)
     clean = handler.handle(rows, make_context(model_dir, 32))
     rows[13] = {"body": rows[13]["body"][: len(rows[13]["body"]) // 3]}  # truncated JPEG
@@ -82,7 +95,9 @@ def test_one_corrupt_image_in_32_gets_400_and_31_normal_predictions(handler: Any
     codes = statuses(context, 32)
     assert codes[13] == 400 and codes.count(200) == 31
     assert got[13]["type"] == "InvalidInputError" and got[13]["request_id"] == "req-13"
-    assert_same_predictions([g for i, g in enumerate(got) if i != 13], [c for i, c in enumerate(clean) if i != 13])
+    assert_same_predictions(
+        [g for i, g in enumerate(got) if i != 13], [c for i, c in enumerate(clean) if i != 13]
+    )
 
 
 def test_each_kind_of_bad_input_gets_its_own_status(handler: Any, model_dir: Path) -> None:
@@ -114,19 +129,32 @@ def test_pixel_limit_is_configurable(model_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("yaml_config", "message"),
     [
-        ({"micro_batching": {"micro_batch_size": 0}}, "model-config.yaml: micro_batching.micro_batch_size: got 0"),
-        ({"micro_batching": {"parallelism": {"inference": -1}}}, "micro_batching.parallelism.inference: got -1"),
+        (
+            {"micro_batching": {"micro_batch_size": 0}},
+            "model-config.yaml: micro_batching.micro_batch_size: got 0",
+        ),
+        (
+            {"micro_batching": {"parallelism": {"inference": -1}}},
+            "micro_batching.parallelism.inference: got -1",
+        ),
         ({"handler": {"max_image_pixels": "lots"}}, "handler.max_image_pixels: got 'lots'"),
-        ({"handler": {"decoder": "magic"}}, "handler.decoder: got 'magic', expected one of pil, torchvision"),
+        (
+            {"handler": {"decoder": "magic"}},
+            "handler.decoder: got 'magic', expected one of pil, torchvision",
+        ),
     ],
 )
-def test_bad_config_fails_initialize_naming_the_key(model_dir: Path, yaml_config: dict[str, Any], message: str) -> None:
+def test_bad_config_fails_initialize_naming_the_key(
+    model_dir: Path, yaml_config: dict[str, Any], message: str
+) -> None:
     module = load_handler_module()
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         module.MicroBatchingHandler().initialize(make_context(model_dir, 1, yaml_config))
 
 
-def test_batches_from_parallel_callers_each_get_their_own_predictions(handler: Any, model_dir: Path) -> None:
+def test_batches_from_parallel_callers_each_get_their_own_predictions(
+    handler: Any, model_dir: Path
+) -> None:
     """Two batches at once (as with two TorchServe workers sharing nothing but the handler)."""
     rows = jpeg_rows(4, first_seed=100)
     reference = handler.handle(rows, make_context(model_dir, 4))
@@ -171,7 +199,8 @@ def test_upstream_style_handler_works_with_only_the_import_swapped(
             if parallelism:
                 self.handle.parallelism = parallelism
             self.handle.micro_batch_size = ctx.model_yaml_config.get("micro_batching", {}).get(
-                "micro_batch_size", 1)
+                "micro_batch_size", 1
+            )
 
     h = UpstreamStyleHandler()
     yaml_config = {"micro_batching": {"micro_batch_size": 3, "parallelism": {"preprocess": 2}}}

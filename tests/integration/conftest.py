@@ -29,15 +29,24 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     no_mb_yaml = work / "model-config.yaml"
     # Only the JSON is bad; the YAML section would otherwise override the bad key.
     no_mb_yaml.write_text("minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 50\n")
-    build.build_mar(store, model_name=BAD_MODEL, work_dir=work / "bad", archive_format="zip-store",
-                    micro_batching_json=bad_json, model_config=no_mb_yaml)
+    build.build_mar(
+        store,
+        model_name=BAD_MODEL,
+        work_dir=work / "bad",
+        archive_format="zip-store",
+        micro_batching_json=bad_json,
+        model_config=no_mb_yaml,
+    )
     return store
 
 
 @pytest.fixture(scope="module")
 def server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    ts = TorchServe(model_store=model_store, workdir=tmp_path_factory.mktemp("torchserve"),
-                    base_config=Path(ROOT) / "configs/config.properties")
+    ts = TorchServe(
+        model_store=model_store,
+        workdir=tmp_path_factory.mktemp("torchserve"),
+        base_config=Path(ROOT) / "configs/config.properties",
+    )
     ts.start()
     try:
         yield ts

@@ -24,19 +24,32 @@ def bash_blocks(readme: Path) -> list[str]:
 def test_readme_commands_work_as_written(example: str, tmp_path: Path) -> None:
     blocks = bash_blocks(Path(ROOT, "examples", example, "README.md"))
     assert blocks, f"examples/{example}/README.md has no bash block"
-    env = dict(os.environ,
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               TS_MICROBATCH_WORKDIR=str(tmp_path / "torchserve"),
-               TS_MICROBATCH_PORTS=f"{free_port()},{free_port()},{free_port()}")
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        TS_MICROBATCH_WORKDIR=str(tmp_path / "torchserve"),
+        TS_MICROBATCH_PORTS=f"{free_port()},{free_port()},{free_port()}",
+    )
     outputs = []
     try:
         for command in "\n".join(blocks).strip().splitlines():
-            proc = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True,
-                                  text=True, timeout=600)
+            proc = subprocess.run(
+                ["bash", "-c", command],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             outputs.append(proc.stdout)
             assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr}"
     finally:
-        subprocess.run([sys.executable, "-m", "ts_microbatch.serve", "stop"], cwd=ROOT, env=env,
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-m", "ts_microbatch.serve", "stop"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
     started = next(o for o in outputs if "/predictions/" in o)
     assert "-> 200" in started

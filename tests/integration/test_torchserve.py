@@ -6,7 +6,6 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pytest
 
@@ -72,15 +71,17 @@ def test_64_parallel_requests_each_get_their_own_prediction(server: TorchServe, 
         assert list(got_json.values()) == pytest.approx(list(want.values()), abs=1e-5)
 
 
-def test_bad_requests_get_their_own_4xx_and_the_worker_survives(server: TorchServe, model: str) -> None:
+def test_bad_requests_get_their_own_4xx_and_the_worker_survives(
+    server: TorchServe, model: str
+) -> None:
     pids = worker_pids(server, model)
     good = [make_jpeg(100 + i, size=(320, 240)) for i in range(12)]
     bad: dict[int, tuple[bytes, int]] = {
-        2: (good[2][: len(good[2]) // 4], 400),            # truncated JPEG
-        5: (b"", 400),                                    # empty body
-        7: (b"name,score\nalice,3\n" * 20, 400),          # a text file
-        9: (bomb_png(), 413),                             # decompression bomb
-        11: (bytes(range(256)) * 40, 400),                # random bytes
+        2: (good[2][: len(good[2]) // 4], 400),  # truncated JPEG
+        5: (b"", 400),  # empty body
+        7: (b"name,score\nalice,3\n" * 20, 400),  # a text file
+        9: (bomb_png(), 413),  # decompression bomb
+        11: (bytes(range(256)) * 40, 400),  # random bytes
     }
     bodies = [bad[i][0] if i in bad else body for i, body in enumerate(good)]
     responses = parallel(server, bodies)
@@ -95,7 +96,9 @@ def test_bad_requests_get_their_own_4xx_and_the_worker_survives(server: TorchSer
     assert worker_pids(server, model) == pids, "the worker restarted"
 
 
-def test_invalid_micro_batching_config_fails_registration_naming_the_key(server: TorchServe) -> None:
+def test_invalid_micro_batching_config_fails_registration_naming_the_key(
+    server: TorchServe,
+) -> None:
     started = time.monotonic()
     resp = server.register(f"{BAD_MODEL}.mar", batch_size=4, max_batch_delay_ms=50)
     assert resp.status >= 400, resp.body
@@ -107,7 +110,9 @@ def test_invalid_micro_batching_config_fails_registration_naming_the_key(server:
 
 def test_scaling_under_load_answers_every_request(server: TorchServe) -> None:
     name = "resnet-scale"
-    resp = server.register(f"{MODEL}.mar", model_name=name, batch_size=BATCH_SIZE, max_batch_delay_ms=20)
+    resp = server.register(
+        f"{MODEL}.mar", model_name=name, batch_size=BATCH_SIZE, max_batch_delay_ms=20
+    )
     assert resp.status == 200, resp.body
     images = [make_jpeg(200 + i, size=(320, 240)) for i in range(24)]
 
@@ -115,7 +120,9 @@ def test_scaling_under_load_answers_every_request(server: TorchServe) -> None:
         results: list[list[Response]] = []
         load = threading.Thread(target=lambda: results.append(parallel(server, images, name)))
         load.start()
-        resp = server.request("PUT", f"{server.management_url}/models/{name}?{query}", timeout_s=180)
+        resp = server.request(
+            "PUT", f"{server.management_url}/models/{name}?{query}", timeout_s=180
+        )
         assert resp.status == 200, resp.body
         load.join(240)
         assert not load.is_alive(), "requests hung"
@@ -133,8 +140,12 @@ def test_unregister_under_load_loses_at_most_the_running_batch(server: TorchServ
     batch its worker is running (pytorch/serve#1101). Our unregister() drains the queue
     first, so what is lost is at most that one batch; nothing else hangs."""
     name = "resnet-unregister"
-    assert server.register(f"{MODEL}.mar", model_name=name, batch_size=BATCH_SIZE,
-                           max_batch_delay_ms=20).status == 200
+    assert (
+        server.register(
+            f"{MODEL}.mar", model_name=name, batch_size=BATCH_SIZE, max_batch_delay_ms=20
+        ).status
+        == 200
+    )
     images = [make_jpeg(300 + i, size=(320, 240)) for i in range(40)]
     results: list[list[Response]] = []
 
@@ -165,16 +176,29 @@ def test_unregister_under_load_loses_at_most_the_running_batch(server: TorchServ
     assert server.request("GET", f"{server.management_url}/models/{name}").status == 404
 
 
-def test_prometheus_endpoint_shows_pipeline_metrics_after_traffic(server: TorchServe, model: str) -> None:
+def test_prometheus_endpoint_shows_pipeline_metrics_after_traffic(
+    server: TorchServe, model: str
+) -> None:
     images = [make_jpeg(400 + i, size=(320, 240)) for i in range(16)] + [b"not an image"]
     assert sorted(r.status for r in parallel(server, images)) == [200] * 16 + [400]
     text = server.scrape_metrics()
     for stage in ("preprocess", "inference", "postprocess"):
-        line = next(x for x in text.splitlines()
-                    if x.startswith("MicroBatchStageSeconds_count") and f'Stage="{stage}"' in x)
+        line = next(
+            x
+            for x in text.splitlines()
+            if x.startswith("MicroBatchStageSeconds_count") and f'Stage="{stage}"' in x
+        )
         assert float(line.rsplit(" ", 1)[1]) >= 1, line
-    sums = {x.split("{")[0]: float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
-            if x.startswith(("MicroBatchSize_sum", "MicroBatchSize_count"))}
-    assert 1 <= sums["MicroBatchSize_sum"] / sums["MicroBatchSize_count"] <= 4  # micro_batch_size is 4
-    assert any(x.startswith("MicroBatchRequestErrors") and 'StatusCode="400"' in x for x in text.splitlines())
+    sums = {
+        x.split("{")[0]: float(x.rsplit(" ", 1)[1])
+        for x in text.splitlines()
+        if x.startswith(("MicroBatchSize_sum", "MicroBatchSize_count"))
+    }
+    assert (
+        1 <= sums["MicroBatchSize_sum"] / sums["MicroBatchSize_count"] <= 4
+    )  # micro_batch_size is 4
+    assert any(
+        x.startswith("MicroBatchRequestErrors") and 'StatusCode="400"' in x
+        for x in text.splitlines()
+    )
     assert "MicroBatchQueueSeconds_bucket" in text and "MicroBatchesPerBatch_count" in text

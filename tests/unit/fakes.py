@@ -19,10 +19,18 @@ class FakeHandler:
     """
 
     def __init__(self, jitter_s: float = 0.0, seed: int = 0) -> None:
-        self.fail_on: dict[str, set[int]] = {"preprocess": set(), "inference": set(), "postprocess": set()}
+        self.fail_on: dict[str, set[int]] = {
+            "preprocess": set(),
+            "inference": set(),
+            "postprocess": set(),
+        }
         self.always_fail: set[str] = set()
         self.jitter_s = jitter_s
-        self.calls: dict[str, list[list[int]]] = {"preprocess": [], "inference": [], "postprocess": []}
+        self.calls: dict[str, list[list[int]]] = {
+            "preprocess": [],
+            "inference": [],
+            "postprocess": [],
+        }
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.context: Any = None

@@ -39,15 +39,20 @@ MODEL_METRICS = (
 )
 TS_METRICS = (
     "2026-11-22T07:20:02,420 - QueueTime.Milliseconds:51.0|#Level:Host|#hostname:vm,timestamp:1\n"
-    "2026-11-22T07:20:02,421 - WorkerThreadTime.Milliseconds:5.0|#Level:Host|#hostname:vm,timestamp:1\n"
+    "2026-11-22T07:20:02,421 - WorkerThreadTime.Milliseconds:5.0|#Level:Host|#hostname:vm,"
+    "timestamp:1\n"
     "2026-11-22T07:20:05,265 - QueueTime.Milliseconds:49.0|#Level:Host|#hostname:vm,timestamp:1\n"
 )
 
 
 def test_parse_ab_summary() -> None:
     assert bench.parse_ab(AB_OUTPUT) == {
-        "complete_requests": 1500.0, "failed_requests": 0.0, "length_mismatches": 3.0, "non_2xx_responses": 2.0,
-        "requests_per_s": 267.19, "time_taken_s": 5.614,
+        "complete_requests": 1500.0,
+        "failed_requests": 0.0,
+        "length_mismatches": 3.0,
+        "non_2xx_responses": 2.0,
+        "requests_per_s": 267.19,
+        "time_taken_s": 5.614,
     }
     clean = AB_OUTPUT.replace("Non-2xx responses:      2\n", "")
     assert bench.parse_ab(clean)["non_2xx_responses"] == 0.0
@@ -56,7 +61,12 @@ def test_parse_ab_summary() -> None:
 
 
 def test_parse_percentiles() -> None:
-    assert bench.parse_percentiles(PERCENTILES) == {"p50_ms": 125.0, "p90_ms": 225.0, "p99_ms": 247.5, "max_ms": 250.0}
+    assert bench.parse_percentiles(PERCENTILES) == {
+        "p50_ms": 125.0,
+        "p90_ms": 225.0,
+        "p99_ms": 247.5,
+        "max_ms": 250.0,
+    }
 
 
 def test_parse_server_metrics() -> None:
@@ -74,18 +84,36 @@ def test_statistics() -> None:
 def test_ideal_throughput_adds_up_stages_that_share_the_cpu() -> None:
     rates = {"server": 500.0, "preprocess": 500.0, "inference": 1000.0}
     assert bench.ideal_throughput(rates) == 500.0
-    assert bench.ideal_throughput(rates, shared_cpu=("server", "preprocess")) == pytest.approx(250.0)
-    assert bench.ideal_throughput(rates, shared_cpu=("server", "preprocess", "inference")) == pytest.approx(200.0)
+    assert bench.ideal_throughput(rates, shared_cpu=("server", "preprocess")) == pytest.approx(
+        250.0
+    )
+    assert bench.ideal_throughput(
+        rates, shared_cpu=("server", "preprocess", "inference")
+    ) == pytest.approx(200.0)
 
 
 def test_config_defaults_sweeps_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"url": "m.mar", "requests": 100, "workers": "1", "batch_size": [8, 32],
-                                "micro_batch_size": [2, 4]}))
+    path.write_text(
+        json.dumps(
+            {
+                "url": "m.mar",
+                "requests": 100,
+                "workers": "1",
+                "batch_size": [8, 32],
+                "micro_batch_size": [2, 4],
+            }
+        )
+    )
     config = bench.load_config(path)
     assert config["workers"] == 1 and config["concurrency"] == 64
     points = bench.sweep_points(config)
-    assert len(points) == 4 and points[0] == {"batch_size": 8, "micro_batch_size": 2, "max_batch_delay": 50, "concurrency": 64}
+    assert len(points) == 4 and points[0] == {
+        "batch_size": 8,
+        "micro_batch_size": 2,
+        "max_batch_delay": 50,
+        "concurrency": 64,
+    }
     path.write_text(json.dumps({"requets": 10}))
     with pytest.raises(bench.BenchConfigError, match="unknown key 'requets'"):
         bench.load_config(path)
@@ -104,10 +132,23 @@ def test_shipped_config_is_valid() -> None:
 
 def test_outputs(tmp_path: Path) -> None:
     rows = [
-        {"scenario": "accelerator", "handler": h, "batch_size": b, "micro_batch_size": 4, "max_batch_delay": 50,
-         "concurrency": 64, "requests_per_s": float(b * k), "p50_ms": 10.0, "p99_ms": 20.0 * k, "errors": 0,
-         "ideal_requests_per_s": 300.0, "efficiency": b * k / 300.0, "stage_rates": {"server": 1.0}}
-        for k, h in enumerate(["plain", "upstream", "ours"], start=1) for b in (8, 32)
+        {
+            "scenario": "accelerator",
+            "handler": h,
+            "batch_size": b,
+            "micro_batch_size": 4,
+            "max_batch_delay": 50,
+            "concurrency": 64,
+            "requests_per_s": float(b * k),
+            "p50_ms": 10.0,
+            "p99_ms": 20.0 * k,
+            "errors": 0,
+            "ideal_requests_per_s": 300.0,
+            "efficiency": b * k / 300.0,
+            "stage_rates": {"server": 1.0},
+        }
+        for k, h in enumerate(["plain", "upstream", "ours"], start=1)
+        for b in (8, 32)
     ]
     png = tmp_path / "plot.png"
     assert bench.plot_sweep(rows, png, "test")

@@ -29,20 +29,38 @@ def test_reference_format_is_read() -> None:
 @pytest.mark.parametrize(
     ("mapping", "message"),
     [
-        ({"micro_batch_size": 0}, "micro_batching.micro_batch_size: got 0, expected an integer >= 1"),
+        (
+            {"micro_batch_size": 0},
+            "micro_batching.micro_batch_size: got 0, expected an integer >= 1",
+        ),
         ({"micro_batch_size": -3}, "micro_batching.micro_batch_size: got -3"),
         ({"micro_batch_size": "4"}, "micro_batching.micro_batch_size: got '4'"),
         ({"micro_batch_size": True}, "micro_batching.micro_batch_size: got True"),
         ({"micro_batch_size": 2.0}, "micro_batching.micro_batch_size: got 2.0"),
-        ({"parallelism": {"inference": 0}}, "micro_batching.parallelism.inference: got 0, expected an integer >= 1"),
+        (
+            {"parallelism": {"inference": 0}},
+            "micro_batching.parallelism.inference: got 0, expected an integer >= 1",
+        ),
         ({"parallelism": {"decode": 2}}, "micro_batching.parallelism.decode: unknown key"),
-        ({"parallelism": [1, 2, 3]}, "micro_batching.parallelism: got [1, 2, 3], expected a mapping"),
-        ({"micro_batch_sise": 4}, "micro_batching.micro_batch_sise: unknown key; allowed keys are micro_batch_size"),
+        (
+            {"parallelism": [1, 2, 3]},
+            "micro_batching.parallelism: got [1, 2, 3], expected a mapping",
+        ),
+        (
+            {"micro_batch_sise": 4},
+            "micro_batching.micro_batch_sise: unknown key; allowed keys are micro_batch_size",
+        ),
         ({"max_queued_micro_batches": 0}, "micro_batching.max_queued_micro_batches: got 0"),
-        ({"isolate_failures": "yes"}, "micro_batching.isolate_failures: got 'yes', expected true or false"),
+        (
+            {"isolate_failures": "yes"},
+            "micro_batching.isolate_failures: got 'yes', expected true or false",
+        ),
         ({"timeout_s": 0}, "micro_batching.timeout_s: got 0, expected a number > 0 or null"),
         ({"timeout_s": float("nan")}, "micro_batching.timeout_s: got nan"),
-        ({"join_timeout_s": None}, "micro_batching.join_timeout_s: got None, expected a number > 0"),
+        (
+            {"join_timeout_s": None},
+            "micro_batching.join_timeout_s: got None, expected a number > 0",
+        ),
     ],
 )
 def test_bad_values_name_the_key(mapping: dict[str, Any], message: str) -> None:
@@ -59,9 +77,9 @@ def test_direct_construction_is_validated_too() -> None:
 
 
 def test_yaml_wins_over_json_key_by_key(tmp_path: Path) -> None:
-    (tmp_path / "micro_batching.json").write_text(json.dumps(
-        {"micro_batch_size": 8, "parallelism": {"preprocess": 3, "inference": 2}}
-    ))
+    (tmp_path / "micro_batching.json").write_text(
+        json.dumps({"micro_batch_size": 8, "parallelism": {"preprocess": 3, "inference": 2}})
+    )
     yaml_config = {"micro_batching": {"micro_batch_size": 2, "parallelism": {"inference": 1}}}
     config = load_config(tmp_path, yaml_config)
     assert config.micro_batch_size == 2
@@ -79,7 +97,9 @@ def test_json_errors_name_the_file_and_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"micro_batching.json: invalid JSON at line 1 column"):
         load_config(tmp_path)
     path.write_text('{"parallelism": {"preprocess": 0}}')
-    with pytest.raises(ConfigError, match=r"micro_batching.json: micro_batching.parallelism.preprocess: got 0"):
+    with pytest.raises(
+        ConfigError, match=r"micro_batching.json: micro_batching.parallelism.preprocess: got 0"
+    ):
         load_config(tmp_path)
     path.write_text("[4]")
     with pytest.raises(ConfigError, match="expected a JSON object"):
@@ -87,9 +107,13 @@ def test_json_errors_name_the_file_and_key(tmp_path: Path) -> None:
 
 
 def test_yaml_errors_name_the_section() -> None:
-    with pytest.raises(ConfigError, match=r"model-config.yaml: micro_batching.micro_batch_size: got 'big'"):
+    with pytest.raises(
+        ConfigError, match=r"model-config.yaml: micro_batching.micro_batch_size: got 'big'"
+    ):
         load_config(None, {"micro_batching": {"micro_batch_size": "big"}})
-    with pytest.raises(ConfigError, match=r"model-config.yaml: micro_batching: got 4, expected a mapping"):
+    with pytest.raises(
+        ConfigError, match=r"model-config.yaml: micro_batching: got 4, expected a mapping"
+    ):
         load_config(None, {"micro_batching": 4})
 
 

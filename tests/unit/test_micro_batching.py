@@ -85,7 +85,12 @@ def test_call_answers_each_request_with_its_own_status() -> None:
     with MicroBatching(handler, micro_batch_size=4) as mb:
         out = mb(list(range(8)), context)
     assert context.statuses == {3: (500, "Internal Server Error")}
-    assert out[3] == {"code": 500, "type": "Bad", "message": "preprocess rejects [3]", "request_id": "req-3"}
+    assert out[3] == {
+        "code": 500,
+        "type": "Bad",
+        "message": "preprocess rejects [3]",
+        "request_id": "req-3",
+    }
     assert [o for i, o in enumerate(out) if i != 3] == expected([0, 1, 2, 4, 5, 6, 7])
     assert [name for name, _ in context.metrics.times] == ["HandlerTime"]
 
@@ -141,7 +146,11 @@ def test_stage_helpers_map_rows_to_request_ids() -> None:
 def test_configure_replaces_the_pipeline_when_queue_settings_change() -> None:
     handler = FakeTorchServeHandler()
     with MicroBatching(handler) as mb:
-        mb.configure(MicroBatchingConfig(micro_batch_size=2, max_queued_micro_batches=1, isolate_failures=False))
+        mb.configure(
+            MicroBatchingConfig(
+                micro_batch_size=2, max_queued_micro_batches=1, isolate_failures=False
+            )
+        )
         handler.fail_on["inference"] = {1}
         out = mb.handle([0, 1, 2])
         assert [o.get("code") for o in out] == [500, 500, None]

@@ -49,7 +49,9 @@ def test_only_the_bad_requests_fail(stage: str, micro_batch_size: int) -> None:
     handler = FakeHandler()
     handler.fail_on[stage] = {5, 17, 18}
     items = list(range(32))
-    with make_pipeline(handler, micro_batch_size=micro_batch_size, parallelism={"preprocess": 2}) as p:
+    with make_pipeline(
+        handler, micro_batch_size=micro_batch_size, parallelism={"preprocess": 2}
+    ) as p:
         results = outcomes(p.submit(items))
     for item, result in zip(items, results):
         if item in {5, 17, 18}:
@@ -137,8 +139,12 @@ def test_threads_are_named_by_stage() -> None:
     handler = FakeHandler()
     with make_pipeline(handler, parallelism={"preprocess": 2, "inference": 1, "postprocess": 3}):
         names = {t.name for t in threading.enumerate() if t.name.startswith("ts-microbatch-")}
-    assert {"ts-microbatch-preprocess-0", "ts-microbatch-preprocess-1",
-            "ts-microbatch-inference-0", "ts-microbatch-postprocess-2"} <= names
+    assert {
+        "ts-microbatch-preprocess-0",
+        "ts-microbatch-preprocess-1",
+        "ts-microbatch-inference-0",
+        "ts-microbatch-postprocess-2",
+    } <= names
 
 
 def test_current_micro_batch_gives_offsets_in_the_full_batch() -> None:
@@ -150,7 +156,7 @@ def test_current_micro_batch_gives_offsets_in_the_full_batch() -> None:
         info = pipeline.current_micro_batch()
         assert info is not None
         with lock:
-            seen.append((info.index, info.offset, info.size, list(batch)))
+            seen.append((info.micro_batch_idx, info.offset, info.size, list(batch)))
         return batch
 
     pipeline = Pipeline({"only": record}, micro_batch_size=3, parallelism={"only": 2})
@@ -182,8 +188,12 @@ def test_queues_between_stages_are_bounded() -> None:
             consumed += 1
         return batch
 
-    with Pipeline({"pre": pre, "infer": infer}, micro_batch_size=1,
-                  parallelism={"pre": 4}, max_queued_micro_batches=2) as p:
+    with Pipeline(
+        {"pre": pre, "infer": infer},
+        micro_batch_size=1,
+        parallelism={"pre": 4},
+        max_queued_micro_batches=2,
+    ) as p:
         futures = p.submit(list(range(64)))
         # Wait until the preprocess threads are all blocked on the full queue.
         for _ in range(1000):
@@ -217,13 +227,19 @@ def test_parallelism_changes_while_batches_run() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"preprocess": 0}, "micro_batching.parallelism.preprocess: got 0, expected an integer >= 1"),
+        (
+            {"preprocess": 0},
+            "micro_batching.parallelism.preprocess: got 0, expected an integer >= 1",
+        ),
         ({"inference": 1.5}, "micro_batching.parallelism.inference: got 1.5"),
         ({"decode": 2}, "micro_batching.parallelism.decode: unknown stage"),
     ],
 )
 def test_bad_parallelism_is_refused_with_the_key(change: dict[str, Any], message: str) -> None:
-    with make_pipeline(FakeHandler()) as p, pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+    with (
+        make_pipeline(FakeHandler()) as p,
+        pytest.raises(ConfigError, match=message.replace(".", r"\.")),
+    ):
         p.set_parallelism(change)
 
 
@@ -259,7 +275,9 @@ def test_shutdown_cancel_pending_fails_queued_requests_clearly() -> None:
     stopper.join(WAIT_S)
     results = outcomes(futures)
     assert results[0] == 1  # the one already running finishes
-    assert all(isinstance(r, PipelineClosedError) and "before this request" in str(r) for r in results[1:])
+    assert all(
+        isinstance(r, PipelineClosedError) and "before this request" in str(r) for r in results[1:]
+    )
 
 
 def test_hang_when_a_stage_is_stuck_at_shutdown_requests_still_get_an_error() -> None:
@@ -289,7 +307,9 @@ def test_concurrent_submitters_each_get_their_own_answers() -> None:
         items = list(range(n * 100, n * 100 + 17))
         results[n] = outcomes(p.submit(items))
 
-    with make_pipeline(handler, micro_batch_size=4, parallelism={"preprocess": 2, "postprocess": 2}) as p:
+    with make_pipeline(
+        handler, micro_batch_size=4, parallelism={"preprocess": 2, "postprocess": 2}
+    ) as p:
         threads = [threading.Thread(target=client, args=(n,)) for n in range(8)]
         for t in threads:
             t.start()

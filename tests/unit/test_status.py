@@ -54,7 +54,10 @@ def test_error_body_names_the_cause() -> None:
     status = error_status(InvalidInputError("the request body is empty"), request_id="abc")
     assert status.code == 400 and status.phrase == "Bad Request"
     assert status.body == {
-        "code": 400, "type": "InvalidInputError", "message": "the request body is empty", "request_id": "abc"
+        "code": 400,
+        "type": "InvalidInputError",
+        "message": "the request body is empty",
+        "request_id": "abc",
     }
     assert error_status(PredictionException("no way", 422)).body["message"] == "no way"
     assert error_status(ValueError()).body["message"] == "ValueError"
