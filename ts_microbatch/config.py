@@ -2,7 +2,9 @@
 
 Schema (every key optional)::
 
-    micro_batch_size: 4              # integer >= 1
+    micro_batch_size: 4              # integer >= 1, or "auto" (see ts_microbatch.autosize)
+    min_micro_batch_size: 1          # bounds of "auto"
+    max_micro_batch_size: 32
     parallelism:                     # threads per stage, integers >= 1
       preprocess: 2
       inference: 1
@@ -65,6 +67,14 @@ def _check_keys(mapping: Mapping[str, Any], allowed: tuple[str, ...], prefix: st
         )
 
 
+def _size_or_auto(value: Any, key: str) -> int | str:
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key}: got {value!r}, expected an integer >= 1 or \"auto\"")
+    return value
+
+
 def _boolean(value: Any, key: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{key}: got {value!r}, expected true or false")
@@ -74,7 +84,9 @@ def _boolean(value: Any, key: str) -> bool:
 # One validator per scalar field, shared by direct construction and from_mapping so that
 # both report the same message; from_mapping passes the key path of the file it read.
 _FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
-    "micro_batch_size": _positive_int,
+    "micro_batch_size": _size_or_auto,
+    "min_micro_batch_size": _positive_int,
+    "max_micro_batch_size": _positive_int,
     "max_queued_micro_batches": _positive_int,
     "isolate_failures": _boolean,
     "timeout_s": lambda v, k: _positive_seconds(v, k, allow_none=True),
@@ -118,7 +130,9 @@ class Parallelism:
 class MicroBatchingConfig:
     """Validated micro-batching settings; built by :meth:`from_mapping` or :func:`load_config`."""
 
-    micro_batch_size: int = 1
+    micro_batch_size: int | str = 1
+    min_micro_batch_size: int = 1
+    max_micro_batch_size: int = 32
     parallelism: Parallelism = field(default_factory=Parallelism)
     max_queued_micro_batches: int = 4
     isolate_failures: bool = True
@@ -132,6 +146,11 @@ class MicroBatchingConfig:
             )
         for name, check in _FIELD_CHECKS.items():
             check(getattr(self, name), f"{YAML_SECTION}.{name}")
+        if self.min_micro_batch_size > self.max_micro_batch_size:
+            raise ConfigError(
+                f"{YAML_SECTION}.min_micro_batch_size: got {self.min_micro_batch_size}, expected "
+                f"at most max_micro_batch_size ({self.max_micro_batch_size})"
+            )
 
     @classmethod
     def from_mapping(
@@ -160,6 +179,8 @@ class MicroBatchingConfig:
     def as_dict(self) -> dict[str, Any]:
         return {
             "micro_batch_size": self.micro_batch_size,
+            "min_micro_batch_size": self.min_micro_batch_size,
+            "max_micro_batch_size": self.max_micro_batch_size,
             "parallelism": self.parallelism.as_dict(),
             "max_queued_micro_batches": self.max_queued_micro_batches,
             "isolate_failures": self.isolate_failures,

@@ -15,6 +15,7 @@ from concurrent.futures import Future, wait
 from dataclasses import replace
 from typing import Any
 
+from .autosize import AutoMicroBatchSize
 from .config import STAGES, MicroBatchingConfig, Parallelism
 from .errors import RequestTimeoutError
 from .metrics import PipelineObserver
@@ -45,7 +46,7 @@ class MicroBatching:
     def __init__(
         self,
         parent_handler: Any,
-        micro_batch_size: int | None = None,
+        micro_batch_size: int | str | None = None,
         parallelism: Mapping[str, int] | None = None,
         *,
         config: MicroBatchingConfig | None = None,
@@ -72,24 +73,36 @@ class MicroBatching:
             # Looked up on each call, so a handler may swap a stage method at run time.
             return lambda data: getattr(handler, name)(data)
 
-        return Pipeline(
+        pipeline = Pipeline(
             {name: stage(name) for name in STAGES},
             parallelism=config.parallelism.as_dict(),
-            micro_batch_size=config.micro_batch_size,
+            micro_batch_size=config.min_micro_batch_size,
             max_queued_micro_batches=config.max_queued_micro_batches,
             isolate_failures=config.isolate_failures,
             join_timeout_s=config.join_timeout_s,
             observer=self._observer,
         )
+        self._apply_size(pipeline, config.micro_batch_size, config)
+        return pipeline
+
+    @staticmethod
+    def _apply_size(pipeline: Pipeline, size: int | str, config: MicroBatchingConfig) -> None:
+        if size == "auto":
+            pipeline.auto_micro_batch_size = AutoMicroBatchSize(
+                config.min_micro_batch_size, config.max_micro_batch_size
+            )
+        else:
+            pipeline.micro_batch_size = size  # type: ignore[assignment]
 
     # -- configuration ---------------------------------------------------------------
 
     @property
     def config(self) -> MicroBatchingConfig:
         """The settings in force."""
+        auto = self._pipeline.auto_micro_batch_size is not None
         return replace(
             self._config,
-            micro_batch_size=self._pipeline.micro_batch_size,
+            micro_batch_size="auto" if auto else self._pipeline.micro_batch_size,
             parallelism=Parallelism(**self._pipeline.parallelism),
         )
 
@@ -109,11 +122,15 @@ class MicroBatching:
 
     @property
     def micro_batch_size(self) -> int:
+        """The size in force; with "auto", the one chosen for the last batch."""
         return self._pipeline.micro_batch_size
 
     @micro_batch_size.setter
-    def micro_batch_size(self, size: int) -> None:
-        self._pipeline.micro_batch_size = size
+    def micro_batch_size(self, size: int | str) -> None:
+        """An integer >= 1, or "auto" within the config's min/max_micro_batch_size."""
+        if size != "auto":
+            size = MicroBatchingConfig.from_mapping({"micro_batch_size": size}).micro_batch_size
+        self._apply_size(self._pipeline, size, self._config)
 
     @property
     def parallelism(self) -> dict[str, int]:

@@ -22,6 +22,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any, NamedTuple
 
 from ._queue import Signal, StageQueue
+from .autosize import AutoMicroBatchSize
 from .errors import ConfigError, PipelineClosedError, RequestError, StageOutputError
 from .metrics import PipelineObserver
 
@@ -142,6 +143,7 @@ class Pipeline:
             raise ConfigError("stages: got none, expected at least one stage")
         self._names = list(stages)
         self._fns = dict(stages)
+        self._auto: AutoMicroBatchSize | None = None
         self.micro_batch_size = micro_batch_size
         _check_positive_int(max_queued_micro_batches, "micro_batching.max_queued_micro_batches")
         # The first queue holds requests that are already in memory, and re-runs must never
@@ -166,12 +168,24 @@ class Pipeline:
 
     @property
     def micro_batch_size(self) -> int:
-        return self._micro_batch_size
+        """The size in force; with an automatic size, the one chosen for the last batch."""
+        auto = self._auto
+        return auto.last_size if auto is not None else self._micro_batch_size
 
     @micro_batch_size.setter
     def micro_batch_size(self, size: int) -> None:
-        # A plain attribute write is atomic; submit() reads it once per batch.
+        # Plain attribute writes are atomic; submit() reads them once per batch.
         self._micro_batch_size = _check_positive_int(size, "micro_batching.micro_batch_size")
+        self._auto = None
+
+    @property
+    def auto_micro_batch_size(self) -> AutoMicroBatchSize | None:
+        return self._auto
+
+    @auto_micro_batch_size.setter
+    def auto_micro_batch_size(self, policy: AutoMicroBatchSize | None) -> None:
+        """Lets ``policy`` choose each batch's micro-batch size from measured stage costs."""
+        self._auto = policy
 
     @property
     def parallelism(self) -> dict[str, int]:
@@ -222,7 +236,8 @@ class Pipeline:
         Raises:
             PipelineClosedError: the pipeline is shut down.
         """
-        size = self._micro_batch_size
+        auto = self._auto
+        size = auto.choose(len(items), self.parallelism) if auto else self._micro_batch_size
         futures: list[Future[Any]] = [Future() for _ in items]
         micro_batches = [
             _MicroBatch(
@@ -247,7 +262,7 @@ class Pipeline:
     def stats(self) -> PipelineStats:
         with self._lock:
             return PipelineStats(
-                micro_batch_size=self._micro_batch_size,
+                micro_batch_size=self.micro_batch_size,
                 parallelism=dict(self._targets),
                 threads_alive={n: sum(t.is_alive() for t in ts) for n, ts in self._workers.items()},
                 queued={n: len(q) for n, q in zip(self._names, self._queues)},
@@ -302,9 +317,11 @@ class Pipeline:
             return
         finally:
             self._local.info = None
-        self._observer.on_stage(
-            name, len(mb.items), started - mb.enqueued_at, time.monotonic() - started, failed=False
-        )
+        run_s = time.monotonic() - started
+        self._observer.on_stage(name, len(mb.items), started - mb.enqueued_at, run_s, failed=False)
+        auto = self._auto
+        if auto is not None:
+            auto.observe(name, len(mb.items), run_s)
         if last:
             self._finish(mb, outputs=output)
         else:
