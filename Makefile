@@ -11,13 +11,14 @@ MODEL_NAME ?= resnet-18_mb
 MAR := model_store/$(MODEL_NAME).mar
 BUILD := build/$(MODEL_NAME)
 WEIGHTS ?=
+MB_CONFIG ?= configs/micro_batching.json
 BATCH_SIZE ?= 32
 MAX_BATCH_DELAY ?= 50
 INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv test test-unit mar serve stop ab bench lint clean
+.PHONY: help venv test test-unit mar serve stop ab bench tune lint clean
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -25,6 +26,7 @@ help:
 	@echo "make test    set up and run every test"
 	@echo "make mar     build $(MAR)"
 	@echo "make bench   run the default benchmark comparison"
+	@echo "make tune    find the best micro_batching.json for the example in-process"
 	@echo "make lint    ruff and mypy"
 
 venv: $(STAMP)
@@ -42,10 +44,10 @@ test: venv
 test-unit: venv
 	$(VENV)/bin/pytest tests/unit
 
-$(MAR): $(STAMP) handlers/micro_batching_handler.py configs/micro_batching.json \
+$(MAR): $(STAMP) handlers/micro_batching_handler.py $(MB_CONFIG) \
         examples/image_classifier/*.py examples/image_classifier/model-config.yaml
 	$(PY) examples/image_classifier/build_mar.py --export-path model_store \
-	  --model-name $(MODEL_NAME) $(if $(WEIGHTS),--weights $(WEIGHTS))
+	  --model-name $(MODEL_NAME) --micro-batching-json $(MB_CONFIG) $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 mar: $(MAR)
 
@@ -63,6 +65,11 @@ ab:
 # The default comparison (results in benchmarks/runs/<time>/); under 10 minutes here.
 bench: $(STAMP) ab
 	$(PY) benchmarks/benchmark-ab.py --config benchmarks/config.json $(if $(WEIGHTS),--weights $(WEIGHTS))
+
+tune: $(MAR)
+	$(PY) -m ts_microbatch.tune --mar $(MAR) --input $(BUILD)/kitten.jpg --batch-size $(BATCH_SIZE) \
+	  --out $(BUILD)/micro_batching.tuned.json
+	@echo "Serve it with: make serve MB_CONFIG=$(BUILD)/micro_batching.tuned.json"
 
 lint: venv
 	$(VENV)/bin/ruff check ts_microbatch handlers tests benchmarks examples

@@ -71,6 +71,11 @@ def load_config(path: str | Path) -> dict[str, Any]:
                 or value < (0 if key in ("max_batch_delay", "warmup_requests") else 1)
             ):
                 raise BenchConfigError(f"{path}: {key}: got {value!r}, expected a positive integer")
+    if config["requests"] < max(as_list(config["concurrency"])):
+        raise BenchConfigError(
+            f"{path}: requests: got {config['requests']}, expected at least the largest "
+            f"concurrency ({max(as_list(config['concurrency']))}); ab refuses fewer"
+        )
     for name, allowed in (("handlers", HANDLERS), ("scenarios", SCENARIOS)):
         bad = [h for h in config[name] if h not in allowed]
         if bad:
@@ -260,14 +265,26 @@ def plot_sweep(
         )
         curves.setdefault(label, []).append(r)
     for label, points in sorted(curves.items()):
-        points.sort(key=lambda r: r[x_key])
-        xs = [p[x_key] for p in points]
-        ax1.plot(xs, [p["requests_per_s"] for p in points], marker="o", label=label)
-        ax2.plot(xs, [p["p99_ms"] for p in points], marker="o", label=label)
+        # The plain handler ignores micro_batch_size, so a sweep over it measures the
+        # baseline several times at the same x: plot the mean of those runs.
+        by_x: dict[Any, list[dict[str, Any]]] = {}
+        for p in points:
+            by_x.setdefault(p[x_key], []).append(p)
+        xs = sorted(by_x)
+        ys = [
+            [sum(p[k] for p in by_x[x]) / len(by_x[x]) for x in xs]
+            for k in ("requests_per_s", "p99_ms")
+        ]
+        ax1.plot(xs, ys[0], marker="o", label=label)
+        ax2.plot(xs, ys[1], marker="o", label=label)
+        for ax in (ax1, ax2):
+            ax.set_xticks(xs, [str(x) for x in xs])
     label = x_key.replace("_", " ")
     scale = "log" if x_key in ("batch_size", "concurrency") else "linear"
     ax1.set(xlabel=label, ylabel="throughput (requests/s)", xscale=scale, title=title)
     ax2.set(xlabel=label, ylabel="P99 latency (ms)", xscale=scale, title=title)
+    for ax in (ax1, ax2):
+        ax.minorticks_off()
     ax1.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

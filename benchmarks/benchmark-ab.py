@@ -216,7 +216,7 @@ def measure(
             run_ab(
                 url,
                 body,
-                config["warmup_requests"],
+                max(config["warmup_requests"], point["concurrency"]),  # ab refuses n < c
                 point["concurrency"],
                 token,
                 server_dir / "warmup.csv",
@@ -318,6 +318,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--weights", default=None, help="torchvision resnet18-f37072fd.pth for the real scenario"
+    )
+    parser.add_argument(
+        "--keep-logs", action="store_true", help="keep each server's logs in servers/"
     )
     args = parser.parse_args()
     if shutil.which("ab") is None:
@@ -425,8 +428,8 @@ def main() -> int:
             if bench_lib.plot_sweep(scenario_rows, png, f"{scenario} scenario", x_key):
                 log(f"wrote {png}")
     print("\n" + bench_lib.format_table(rows))
-    shutil.rmtree(out / "store", ignore_errors=True)
-    shutil.rmtree(out / "work", ignore_errors=True)
+    for scratch in ("store", "work") + (() if args.keep_logs else ("servers",)):
+        shutil.rmtree(out / scratch, ignore_errors=True)
     return 0
 
 

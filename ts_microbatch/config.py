@@ -71,7 +71,7 @@ def _size_or_auto(value: Any, key: str) -> int | str:
     if value == "auto":
         return "auto"
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{key}: got {value!r}, expected an integer >= 1 or \"auto\"")
+        raise ConfigError(f'{key}: got {value!r}, expected an integer >= 1 or "auto"')
     return value
 
 

@@ -15,10 +15,16 @@ ROOT = HERE.parents[1]
 
 
 def build_mar(export_path: str, work_dir: Path = ROOT / "build" / "text_mb") -> Path:
+    import importlib.util
+
     import torch
 
-    sys.path.insert(0, str(HERE))
-    from model import TextClassifier
+    # By path, under its own name: another "model" module may be imported already.
+    spec = importlib.util.spec_from_file_location("text_classifier_model", HERE / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    TextClassifier = module.TextClassifier  # noqa: N806
 
     work_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

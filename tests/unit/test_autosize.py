@@ -78,8 +78,11 @@ def test_adapts_when_stage_costs_change() -> None:
     after = policy.best(32, THREADS)
     optimum = min(range(1, 33), key=lambda n: true_makespan(slower_launch, 32, n))
     assert before is not None and after is not None and after > before
-    assert math.isclose(true_makespan(slower_launch, 32, after),
-                        true_makespan(slower_launch, 32, optimum), rel_tol=0.03)
+    assert math.isclose(
+        true_makespan(slower_launch, 32, after),
+        true_makespan(slower_launch, 32, optimum),
+        rel_tol=0.03,
+    )
 
 
 def test_stays_inside_bounds_and_the_batch() -> None:
@@ -108,8 +111,14 @@ def test_auto_through_micro_batching_answers_every_request() -> None:
 @pytest.mark.parametrize(
     ("mapping", "message"),
     [
-        ({"micro_batch_size": "big"}, 'micro_batching.micro_batch_size: got \'big\', expected an integer >= 1 or "auto"'),
-        ({"min_micro_batch_size": 8, "max_micro_batch_size": 4}, "min_micro_batch_size: got 8, expected at most"),
+        (
+            {"micro_batch_size": "big"},
+            "micro_batching.micro_batch_size: got 'big', expected an integer >= 1 or \"auto\"",
+        ),
+        (
+            {"min_micro_batch_size": 8, "max_micro_batch_size": 4},
+            "min_micro_batch_size: got 8, expected at most",
+        ),
         ({"max_micro_batch_size": 0}, "micro_batching.max_micro_batch_size: got 0"),
     ],
 )

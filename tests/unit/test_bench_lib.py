@@ -120,6 +120,9 @@ def test_config_defaults_sweeps_and_errors(tmp_path: Path) -> None:
     path.write_text(json.dumps({"batch_size": [8, 0]}))
     with pytest.raises(bench.BenchConfigError, match="batch_size: got 0"):
         bench.load_config(path)
+    path.write_text(json.dumps({"requests": 100, "concurrency": [1, 200]}))
+    with pytest.raises(bench.BenchConfigError, match="requests: got 100, expected at least"):
+        bench.load_config(path)
     path.write_text(json.dumps({"handlers": ["mine"]}))
     with pytest.raises(bench.BenchConfigError, match="handlers: got 'mine'"):
         bench.load_config(path)

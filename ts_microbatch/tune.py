@@ -1,0 +1,230 @@
+"""Finds the micro-batching config that serves a model fastest, in-process.
+
+    python -m ts_microbatch.tune --mar model_store/resnet-18_mb.mar --input kitten.jpg \\
+        --batch-size 32 --micro-batch-sizes 1,2,4,8,16 --threads 1,2 --out micro_batching.json
+
+It unpacks the .mar (or reads a model directory laid out like one), loads its handler with
+a TorchServe context built here, and runs full batches of the sample input through every
+combination of micro_batch_size and preprocess/postprocess threads (inference threads with
+``--inference-threads``), showing progress. It prints a table ranked by throughput, with
+the time per batch, and writes the best combination as micro_batching.json. The handler
+must use ts_microbatch (MicroBatchingMixin, or ``self.handle = MicroBatching(self)``).
+Confirm the winner on a real TorchServe with benchmarks/benchmark-ab.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import MicroBatchingConfig, load_config
+from .micro_batching import MicroBatching
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured combination."""
+
+    micro_batch_size: int
+    parallelism: dict[str, int]
+    requests_per_s: float
+    batch_ms: float
+
+    def as_config(self, base: MicroBatchingConfig) -> dict[str, Any]:
+        settings = base.as_dict()
+        settings.update(micro_batch_size=self.micro_batch_size, parallelism=self.parallelism)
+        return settings
+
+
+def model_dir_of(path: Path, scratch: Path) -> Path:
+    """The model directory: ``path`` itself, or the .mar unpacked into ``scratch``."""
+    if path.is_dir():
+        return path
+    with zipfile.ZipFile(path) as mar:
+        mar.extractall(scratch)
+    return scratch
+
+
+def make_context(model_dir: Path, batch_size: int) -> Any:
+    """A TorchServe Context for ``model_dir``, as the backend worker builds one."""
+    import ts
+    from ts.context import Context
+    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+    from ts.utils.util import get_yaml_config
+
+    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
+    config_file = manifest["model"].get("configFile")
+    yaml_config = get_yaml_config(str(model_dir / config_file)) if config_file else {}
+    metrics = MetricsCacheYamlImpl(
+        os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")
+    )
+    metrics.initialize_cache()
+    name = manifest["model"]["modelName"]
+    metrics.model_name = name
+    return Context(
+        name,
+        str(model_dir),
+        manifest,
+        batch_size,
+        None,
+        ts.__version__,
+        metrics=metrics,
+        model_yaml_config=yaml_config or {},
+    )
+
+
+def load_handler(model_dir: Path, context: Any) -> tuple[Any, MicroBatching]:
+    """Imports and initializes the .mar's handler; returns it and its MicroBatching."""
+    handler_file = context.manifest["model"]["handler"].split(":")[0]
+    sys.path.insert(0, str(model_dir))  # as TorchServe does: model.py and extra files
+    model_file = context.manifest["model"].get("modelFile")
+    if model_file:  # BaseHandler imports it by name; a same-named module may be cached
+        sys.modules.pop(Path(model_file).stem, None)
+    spec = importlib.util.spec_from_file_location(Path(handler_file).stem, model_dir / handler_file)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot import the handler {handler_file}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    classes = [
+        c for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__
+    ]
+    if len(classes) != 1:
+        raise SystemExit(f"{handler_file} must define exactly one class, found {len(classes)}")
+    handler = classes[0]()
+    handler.initialize(context)
+    mb = getattr(handler, "micro_batching", None) or getattr(handler, "handle", None)
+    if not isinstance(mb, MicroBatching):
+        raise SystemExit(f"{handler_file} does not use ts_microbatch.MicroBatching")
+    return handler, mb
+
+
+def fresh_batch(context: Any, batch_size: int) -> None:
+    from ts.context import RequestProcessor
+
+    context.request_ids = {i: f"tune-{i}" for i in range(batch_size)}
+    context.request_processor = [RequestProcessor({}) for _ in range(batch_size)]
+    context.metrics.request_ids = context.request_ids
+
+
+def measure(mb: MicroBatching, context: Any, rows: list[dict[str, bytes]], repeats: int) -> float:
+    """Seconds per batch, the median of ``repeats`` after one warm-up batch."""
+    times = []
+    for i in range(repeats + 1):
+        fresh_batch(context, len(rows))
+        start = time.perf_counter()
+        mb(rows, context)
+        if i:
+            times.append(time.perf_counter() - start)
+        failed = [s for s in range(len(rows)) if context.get_response_status(s)[0] != 200]
+        if failed:
+            raise SystemExit(
+                f"the sample input failed ({len(failed)} of {len(rows)} requests): "
+                "give an input the handler accepts"
+            )
+    return sorted(times)[len(times) // 2]
+
+
+def tune(
+    mb: MicroBatching,
+    context: Any,
+    rows: list[dict[str, bytes]],
+    sizes: list[int],
+    threads: list[int],
+    inference_threads: list[int],
+    repeats: int,
+) -> list[Trial]:
+    grid = list(itertools.product(sizes, threads, inference_threads))
+    trials = []
+    base = mb.config
+    for i, (size, pre_post, infer) in enumerate(grid, start=1):
+        parallelism = {"preprocess": pre_post, "inference": infer, "postprocess": pre_post}
+        mb.configure(
+            MicroBatchingConfig.from_mapping(
+                {"micro_batch_size": size, "parallelism": parallelism}, base
+            )
+        )
+        seconds = measure(mb, context, rows, repeats)
+        trial = Trial(size, parallelism, len(rows) / seconds, seconds * 1000)
+        trials.append(trial)
+        print(
+            f"[{i}/{len(grid)}] micro_batch_size={size:<3} threads {pre_post}/{infer}/{pre_post}: "
+            f"{trial.requests_per_s:8.1f} requests/s, {trial.batch_ms:8.1f} ms per batch",
+            flush=True,
+        )
+    return sorted(trials, key=lambda t: -t.requests_per_s)
+
+
+def ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas, got {text!r}"
+        ) from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ts_microbatch.tune", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--mar", required=True, type=Path, help=".mar file or unpacked model directory"
+    )
+    parser.add_argument("--input", required=True, type=Path, help="a sample request body")
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="frontend batch size to tune for"
+    )
+    parser.add_argument("--micro-batch-sizes", type=ints, default=[1, 2, 4, 8, 16])
+    parser.add_argument(
+        "--threads", type=ints, default=[1, 2], help="preprocess and postprocess threads"
+    )
+    parser.add_argument("--inference-threads", type=ints, default=[1])
+    parser.add_argument("--repeats", type=int, default=3, help="batches measured per combination")
+    parser.add_argument("--out", type=Path, default=Path("micro_batching.json"))
+    args = parser.parse_args(argv)
+    sizes = [s for s in args.micro_batch_sizes if s <= args.batch_size] or [args.batch_size]
+    rows = [{"body": args.input.read_bytes()}] * args.batch_size
+    with tempfile.TemporaryDirectory(prefix="ts-microbatch-tune-") as scratch:
+        model_dir = model_dir_of(args.mar, Path(scratch))
+        context = make_context(model_dir, args.batch_size)
+        base = load_config(model_dir, context.model_yaml_config)
+        _, mb = load_handler(model_dir, context)
+        print(
+            f"Tuning {args.mar} at batch size {args.batch_size}: {len(sizes)} sizes x "
+            f"{len(args.threads)} x {len(args.inference_threads)} thread counts",
+            flush=True,
+        )
+        try:
+            ranked = tune(
+                mb, context, rows, sizes, args.threads, args.inference_threads, args.repeats
+            )
+        finally:
+            mb.shutdown()
+    print("\nrank | micro_batch_size | threads pre/inf/post | requests/s | ms per batch")
+    for rank, t in enumerate(ranked, start=1):
+        p = t.parallelism
+        threads = f"{p['preprocess']}/{p['inference']}/{p['postprocess']}"
+        print(
+            f"{rank:4} | {t.micro_batch_size:16} | {threads:>20} |"
+            f" {t.requests_per_s:10.1f} | {t.batch_ms:.1f}"
+        )
+    args.out.write_text(json.dumps(ranked[0].as_config(base), indent=4) + "\n")
+    print(f"\nWrote the best config to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
