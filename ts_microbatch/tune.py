@@ -55,23 +55,32 @@ def model_dir_of(path: Path, scratch: Path) -> Path:
     return scratch
 
 
-def make_context(model_dir: Path, batch_size: int) -> Any:
-    """A TorchServe Context for ``model_dir``, as the backend worker builds one."""
+def make_context(
+    model_dir: Path,
+    batch_size: int,
+    manifest: dict[str, Any] | None = None,
+    yaml_config: dict[str, Any] | None = None,
+) -> Any:
+    """A TorchServe Context for ``model_dir``, as the backend worker builds one, with
+    TorchServe's default metrics cache. The manifest and model-config.yaml are read from the
+    directory unless given."""
     import ts
     from ts.context import Context
     from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
     from ts.utils.util import get_yaml_config
 
-    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
-    config_file = manifest["model"].get("configFile")
-    yaml_config = get_yaml_config(str(model_dir / config_file)) if config_file else {}
+    if manifest is None:
+        manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
+    if yaml_config is None:
+        config_file = manifest["model"].get("configFile")
+        yaml_config = get_yaml_config(str(model_dir / config_file)) if config_file else {}
     metrics = MetricsCacheYamlImpl(
         os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")
     )
     metrics.initialize_cache()
     name = manifest["model"]["modelName"]
     metrics.model_name = name
-    return Context(
+    context = Context(
         name,
         str(model_dir),
         manifest,
@@ -81,6 +90,8 @@ def make_context(model_dir: Path, batch_size: int) -> Any:
         metrics=metrics,
         model_yaml_config=yaml_config or {},
     )
+    fresh_batch(context, batch_size)
+    return context
 
 
 def load_handler(model_dir: Path, context: Any) -> tuple[Any, MicroBatching]:
@@ -109,9 +120,11 @@ def load_handler(model_dir: Path, context: Any) -> tuple[Any, MicroBatching]:
 
 
 def fresh_batch(context: Any, batch_size: int) -> None:
+    """What TorchServe's Service.predict does before each batch: new request ids and
+    per-request response state."""
     from ts.context import RequestProcessor
 
-    context.request_ids = {i: f"tune-{i}" for i in range(batch_size)}
+    context.request_ids = {i: f"req-{i}" for i in range(batch_size)}
     context.request_processor = [RequestProcessor({}) for _ in range(batch_size)]
     context.metrics.request_ids = context.request_ids
 

@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 import torch
-import ts
 from PIL import Image
-from ts.context import Context, RequestProcessor
-from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+from ts.context import Context
 
 from tests.conftest import ROOT, load_module
+from ts_microbatch import tune
 
 prepare = load_module("examples/image_classifier/prepare.py", "ts_microbatch_example_prepare")
 make_jpeg = prepare.make_jpeg
@@ -50,30 +49,10 @@ def make_context(model_dir: Path, batch: int, yaml_config: dict[str, Any] | None
             "modelFile": "model.py",
         }
     }
-    metrics = MetricsCacheYamlImpl(
-        os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")
-    )
-    metrics.initialize_cache()
-    metrics.model_name = "resnet18"
-    context = Context(
-        "resnet18",
-        str(model_dir),
-        manifest,
-        batch,
-        None,
-        "0.12.0",
-        metrics=metrics,
-        model_yaml_config=yaml_config or {},
-    )
-    new_batch(context, batch)
-    return context
+    return tune.make_context(model_dir, batch, manifest, yaml_config or {})
 
 
-def new_batch(context: Context, batch: int) -> None:
-    """What Service.predict does before each batch: fresh request ids and per-request state."""
-    context.request_ids = {i: f"req-{i}" for i in range(batch)}
-    context.metrics.request_ids = context.request_ids
-    context.request_processor = [RequestProcessor({}) for _ in range(batch)]
+new_batch = tune.fresh_batch
 
 
 def statuses(context: Context, batch: int) -> list[int]:
