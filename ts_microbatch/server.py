@@ -103,20 +103,21 @@ class TorchServe:
 
     # -- addresses and files -----------------------------------------------------------
 
+    def _url(self, which: int) -> str:
+        assert self.ports is not None  # set in __post_init__
+        return f"http://{LOOPBACK}:{self.ports[which]}"
+
     @property
     def inference_url(self) -> str:
-        assert self.ports is not None
-        return f"http://{LOOPBACK}:{self.ports[0]}"
+        return self._url(0)
 
     @property
     def management_url(self) -> str:
-        assert self.ports is not None
-        return f"http://{LOOPBACK}:{self.ports[1]}"
+        return self._url(1)
 
     @property
     def metrics_url(self) -> str:
-        assert self.ports is not None
-        return f"http://{LOOPBACK}:{self.ports[2]}"
+        return self._url(2)
 
     @property
     def log_dir(self) -> Path:

@@ -99,10 +99,10 @@ def test_bad_requests_get_their_own_4xx_and_the_worker_survives(
 def test_invalid_micro_batching_config_fails_registration_naming_the_key(
     server: TorchServe,
 ) -> None:
-    started = time.monotonic()
+    # "Promptly" is enforced by register()'s own timeout and the global pytest timeout,
+    # not by asserting a duration.
     resp = server.register(f"{BAD_MODEL}.mar", batch_size=4, max_batch_delay_ms=50)
     assert resp.status >= 400, resp.body
-    assert time.monotonic() - started < 120
     log = server.log()
     assert "micro_batching.parallelism.inference: got 0, expected an integer >= 1" in log
     assert server.request("GET", f"{server.management_url}/models/{BAD_MODEL}").status == 404
