@@ -11,6 +11,7 @@ import pytest
 
 from tests.handlers.conftest import bomb_png, make_jpeg
 from tests.integration.conftest import BAD_MODEL, MODEL
+from ts_microbatch.scrape import summarize
 from ts_microbatch.server import Response, TorchServe
 
 BATCH_SIZE = 8
@@ -182,23 +183,11 @@ def test_prometheus_endpoint_shows_pipeline_metrics_after_traffic(
     images = [make_jpeg(400 + i, size=(320, 240)) for i in range(16)] + [b"not an image"]
     assert sorted(r.status for r in parallel(server, images)) == [200] * 16 + [400]
     text = server.scrape_metrics()
+    summary = summarize(text, model_name=model)
     for stage in ("preprocess", "inference", "postprocess"):
-        line = next(
-            x
-            for x in text.splitlines()
-            if x.startswith("MicroBatchStageSeconds_count") and f'Stage="{stage}"' in x
-        )
-        assert float(line.rsplit(" ", 1)[1]) >= 1, line
-    sums = {
-        x.split("{")[0]: float(x.rsplit(" ", 1)[1])
-        for x in text.splitlines()
-        if x.startswith(("MicroBatchSize_sum", "MicroBatchSize_count"))
-    }
-    assert (
-        1 <= sums["MicroBatchSize_sum"] / sums["MicroBatchSize_count"] <= 4
-    )  # micro_batch_size is 4
-    assert any(
-        x.startswith("MicroBatchRequestErrors") and 'StatusCode="400"' in x
-        for x in text.splitlines()
-    )
+        assert 0 < summary["stage_ms"][stage] < 60_000, summary
+        assert summary["stage_wait_ms"][stage] >= 0, summary
+    assert 1 <= summary["mean_micro_batch_size"] <= 4, summary  # micro_batch_size is 4
+    assert summary["micro_batches"] >= summary["batches"] >= 1, summary
+    assert summary["errors"].get("400", 0) >= 1, summary
     assert "MicroBatchQueueSeconds_bucket" in text and "MicroBatchesPerBatch_count" in text

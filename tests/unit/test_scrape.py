@@ -1,0 +1,78 @@
+"""Reading the pipeline's metrics back from a TorchServe Prometheus scrape."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ts_microbatch.scrape import format_summary, parse_prometheus, summarize, total
+
+
+def scrape(scale: float, model: str = "m") -> str:
+    """A scrape in TorchServe 0.12's format (note the trailing commas in the labels)."""
+    labels = f'ModelName="{model}",Level="Model",Hostname="vm",'
+    lines = [
+        "# HELP ts_inference_requests_total Total number of inference requests.",
+        "# TYPE ts_inference_requests_total counter",
+        f'ts_inference_requests_total{{model_name="{model}",model_version="default",'
+        f'hostname="vm",}} {64 * scale}',
+        f'ts_queue_latency_microseconds{{model_name="{model}",model_version="default",'
+        f'hostname="vm",}} {64 * scale * 20000}',
+        f'ts_inference_latency_microseconds{{model_name="{model}",model_version="default",'
+        f'hostname="vm",}} {64 * scale * 90000}',
+        f"MicroBatchesPerBatch_count{{{labels}}} {2 * scale}",
+        f"MicroBatchesPerBatch_sum{{{labels}}} {16 * scale}",
+        f"MicroBatchSize_count{{{labels}}} {16 * scale}",
+        f"MicroBatchSize_sum{{{labels}}} {64 * scale}",
+        f'MicroBatchRequestErrors{{StatusCode="400",{labels}}} {scale}',
+        f'MicroBatchSize_bucket{{{labels}le="+Inf",}} {16 * scale}',
+    ]
+    for stage, seconds in (("preprocess", 0.02), ("inference", 0.005), ("postprocess", 0.001)):
+        lines += [
+            f'MicroBatchStageSeconds_count{{Stage="{stage}",{labels}}} {16 * scale}',
+            f'MicroBatchStageSeconds_sum{{Stage="{stage}",{labels}}} {16 * scale * seconds}',
+            f'MicroBatchQueueSeconds_count{{Stage="{stage}",{labels}}} {16 * scale}',
+            f'MicroBatchQueueSeconds_sum{{Stage="{stage}",{labels}}} {16 * scale * seconds / 2}',
+        ]
+    lines.append('CPUUtilization{Level="Host",Hostname="vm",} 100.0')
+    return "\n".join(lines) + "\n"
+
+
+def test_parse_reads_names_labels_and_values() -> None:
+    samples = parse_prometheus(scrape(1))
+    assert not any(s.name.startswith("#") for s in samples)
+    first = samples[0]
+    assert first.name == "ts_inference_requests_total"
+    assert first.labels == {"model_name": "m", "model_version": "default", "hostname": "vm"}
+    assert first.value == 64.0
+    assert total(samples, "MicroBatchStageSeconds_count", Stage="inference") == 16
+    assert total(samples, "MicroBatchStageSeconds_count") == 48
+
+
+def test_summary_of_the_traffic_between_two_scrapes() -> None:
+    summary = summarize(scrape(3), scrape(1), "m")
+    assert summary["requests"] == 128
+    assert summary["batches"] == 4 and summary["micro_batches"] == 32
+    assert summary["mean_batch_size"] == 32 and summary["mean_micro_batch_size"] == 4
+    assert summary["micro_batches_per_batch"] == 8
+    assert summary["stage_ms"] == pytest.approx(
+        {"preprocess": 20.0, "inference": 5.0, "postprocess": 1.0}
+    )
+    assert summary["stage_wait_ms"]["preprocess"] == pytest.approx(10.0)
+    assert summary["frontend_queue_ms"] == pytest.approx(20.0)
+    assert summary["frontend_latency_ms"] == pytest.approx(90.0)
+    assert summary["errors"] == {"400": 2}
+    line = format_summary(summary)
+    assert "preprocess 20.0 ms" in line and "2x400" in line
+
+
+def test_summary_filters_by_model_and_survives_a_restart() -> None:
+    both = scrape(2, "a") + scrape(5, "b")
+    assert summarize(both, "", "a")["micro_batches"] == 32
+    assert summarize(both)["micro_batches"] == 16 * 7
+    # Counters that went down mean the worker restarted: the later scrape alone counts.
+    assert summarize(scrape(1), scrape(4), "m")["micro_batches"] == 16
+    empty = summarize("", "", "m")
+    assert empty["requests"] == 0 and math.isnan(empty["mean_micro_batch_size"])
+    assert empty["errors"] == {}

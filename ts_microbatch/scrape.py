@@ -1,0 +1,143 @@
+"""Reads the micro-batching metrics back from a TorchServe Prometheus scrape.
+
+``summarize(after, before)`` turns two scrapes of ``/metrics`` (the metrics address) into
+what happened between them for one model: mean time per micro-batch in each stage, mean
+wait before each stage, mean micro-batch size, micro-batches per frontend batch and errors
+by status code, next to TorchServe's own request count and queue time. Histograms and
+counters only grow, so the difference of two scrapes is the traffic between them; a worker
+restart resets them, and then the ``after`` scrape alone is summarized.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from .config import STAGES
+from .torchserve_metrics import (
+    MICRO_BATCH_SIZE,
+    MICRO_BATCHES_PER_BATCH,
+    QUEUE_TIME,
+    REQUEST_ERRORS,
+    STAGE_TIME,
+)
+
+# name{label="value",...} value   (TorchServe writes a trailing comma inside the braces)
+_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+class Sample(NamedTuple):
+    """One line of a Prometheus text scrape."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse_prometheus(text: str) -> list[Sample]:
+    """Every sample of a Prometheus text-format scrape; comments and blank lines skipped."""
+    samples = []
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or line.startswith("#"):
+            continue
+        name, labels, value = match.groups()
+        samples.append(Sample(name, dict(_LABEL.findall(labels or "")), float(value)))
+    return samples
+
+
+def total(samples: Iterable[Sample], name: str, **labels: str) -> float:
+    """The sum of the samples called ``name`` whose labels include ``labels``."""
+    return sum(
+        s.value
+        for s in samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def _delta(after: list[Sample], before: list[Sample], name: str, **labels: str) -> float:
+    now, then = total(after, name, **labels), total(before, name, **labels)
+    return now - then if now >= then else now  # a reset: the worker restarted
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else math.nan
+
+
+def summarize(after: str, before: str = "", model_name: str | None = None) -> dict[str, Any]:
+    """What ``model_name`` (every model if None) did between two scrapes.
+
+    Returns a dict with ``requests`` (TorchServe's ``ts_inference_requests_total``),
+    ``frontend_queue_ms`` and ``frontend_latency_ms`` (means per request, as TorchServe
+    measures them), ``batches``, ``micro_batches``,
+    ``mean_batch_size``, ``mean_micro_batch_size``, ``micro_batches_per_batch``,
+    ``stage_ms`` and ``stage_wait_ms`` (per stage, mean per micro-batch) and ``errors``
+    (requests answered with an error, by status code). Values with nothing to average are NaN.
+    """
+    a, b = parse_prometheus(after), parse_prometheus(before)
+    model = {"ModelName": model_name} if model_name else {}
+    frontend = {"model_name": model_name} if model_name else {}
+
+    def delta(name: str, **labels: str) -> float:
+        return _delta(a, b, name, **labels)
+
+    requests = delta("ts_inference_requests_total", **frontend)
+    batches = delta(f"{MICRO_BATCHES_PER_BATCH}_count", **model)
+    micro_batches = delta(f"{MICRO_BATCH_SIZE}_count", **model)
+    sized = delta(f"{MICRO_BATCH_SIZE}_sum", **model)
+    # A Prometheus client may append _total to a counter's name.
+    error_samples = [s for s in a if s.name in (REQUEST_ERRORS, f"{REQUEST_ERRORS}_total")]
+    errors = {
+        code: int(delta(name, StatusCode=code, **model))
+        for code, name in sorted({(s.labels.get("StatusCode", ""), s.name) for s in error_samples})
+    }
+    return {
+        "requests": requests,
+        "frontend_queue_ms": _ratio(delta("ts_queue_latency_microseconds", **frontend), requests)
+        / 1000,
+        "frontend_latency_ms": _ratio(
+            delta("ts_inference_latency_microseconds", **frontend), requests
+        )
+        / 1000,
+        "batches": batches,
+        "micro_batches": micro_batches,
+        "mean_batch_size": _ratio(sized, batches),
+        "mean_micro_batch_size": _ratio(sized, micro_batches),
+        "micro_batches_per_batch": _ratio(
+            delta(f"{MICRO_BATCHES_PER_BATCH}_sum", **model), batches
+        ),
+        "stage_ms": {
+            stage: 1000
+            * _ratio(
+                delta(f"{STAGE_TIME}_sum", Stage=stage, **model),
+                delta(f"{STAGE_TIME}_count", Stage=stage, **model),
+            )
+            for stage in STAGES
+        },
+        "stage_wait_ms": {
+            stage: 1000
+            * _ratio(
+                delta(f"{QUEUE_TIME}_sum", Stage=stage, **model),
+                delta(f"{QUEUE_TIME}_count", Stage=stage, **model),
+            )
+            for stage in STAGES
+        },
+        "errors": {code: n for code, n in errors.items() if n},
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """One line for a log: per-stage times, sizes and errors."""
+    ran, waited = summary["stage_ms"], summary["stage_wait_ms"]
+    stages = ", ".join(
+        f"{stage} {ran[stage]:.1f} ms (waited {waited[stage]:.1f})" for stage in STAGES
+    )
+    errors = ", ".join(f"{n}x{code}" for code, n in summary["errors"].items()) or "none"
+    return (
+        f"per micro-batch: {stages}; micro-batch size {summary['mean_micro_batch_size']:.1f}, "
+        f"{summary['micro_batches_per_batch']:.1f} per batch of {summary['mean_batch_size']:.1f}; "
+        f"errors {errors}"
+    )
