@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import itertools
 import json
 import math
@@ -11,6 +12,9 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from ts_microbatch.config import MicroBatchingConfig
+from ts_microbatch.errors import ConfigError
 
 CONFIG_KEYS = {
     "url",
@@ -28,8 +32,12 @@ CONFIG_KEYS = {
     "warmup_requests",
     "decoder",
     "response_timeout",
+    "micro_batching",
+    "metrics_mode",
+    "mar",
 }
 SWEEP_KEYS = ("batch_size", "micro_batch_size", "max_batch_delay", "concurrency")
+INT_SWEEP_KEYS = ("batch_size", "max_batch_delay", "concurrency")
 DEFAULTS: dict[str, Any] = {
     "requests": 1000,
     "concurrency": 64,
@@ -44,9 +52,13 @@ DEFAULTS: dict[str, Any] = {
     "warmup_requests": 200,
     "decoder": "torchvision",
     "response_timeout": 120,
+    "micro_batching": None,
+    "metrics_mode": "prometheus",
+    "mar": None,
 }
 HANDLERS = ("plain", "upstream", "ours")
-SCENARIOS = ("real", "accelerator")
+SCENARIOS = ("real", "accelerator", "mar")
+METRICS_MODES = ("prometheus", "log")
 
 
 class BenchConfigError(ValueError):
@@ -63,7 +75,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
         )
     config = {**DEFAULTS, **raw}
     config["workers"] = int(config["workers"])  # the reference writes "workers": "1"
-    for key in SWEEP_KEYS + ("requests", "workers", "warmup_requests"):
+    for key in INT_SWEEP_KEYS + ("requests", "workers", "warmup_requests"):
         for value in as_list(config[key]):
             if (
                 isinstance(value, bool)
@@ -82,7 +94,53 @@ def load_config(path: str | Path) -> dict[str, Any]:
             raise BenchConfigError(
                 f"{path}: {name}: got {bad[0]!r}, expected some of {', '.join(allowed)}"
             )
+    if config["metrics_mode"] not in METRICS_MODES:
+        raise BenchConfigError(
+            f"{path}: metrics_mode: got {config['metrics_mode']!r}, "
+            f"expected one of {', '.join(METRICS_MODES)}"
+        )
+    if "mar" in config["scenarios"] and not (config["mar"] and config.get("input")):
+        raise BenchConfigError(
+            f"{path}: scenarios: 'mar' needs \"mar\" (a .mar or model directory) and "
+            '"input" (a request body the model accepts)'
+        )
+    explicit = config["micro_batching"] is not None
+    try:
+        config["micro_batching"] = [
+            _micro_batching_entry(entry, f"micro_batching[{i}]: " if explicit else "")
+            for i, entry in enumerate(_micro_batching_settings(config))
+        ]
+    except ConfigError as err:
+        raise BenchConfigError(f"{path}: {err}") from None
     return config
+
+
+def _micro_batching_settings(config: dict[str, Any]) -> list[Any]:
+    """The micro-batching configs to measure: the explicit list, or every combination of
+    the micro_batch_size and parallelism values."""
+    if config["micro_batching"] is not None:
+        if not isinstance(config["micro_batching"], list) or not config["micro_batching"]:
+            raise ConfigError(
+                f"micro_batching: got {config['micro_batching']!r}, expected a non-empty list of "
+                "micro_batching.json objects"
+            )
+        return list(config["micro_batching"])
+    return [
+        {"micro_batch_size": size, "parallelism": parallelism}
+        for size in as_list(config["micro_batch_size"])
+        for parallelism in as_list(config["parallelism"])
+    ]
+
+
+def _micro_batching_entry(entry: Any, prefix: str) -> dict[str, Any]:
+    """``entry`` checked by ts_microbatch's own schema; errors start with ``prefix``."""
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{prefix}got {entry!r}, expected a micro_batching.json object")
+    try:
+        MicroBatchingConfig.from_mapping(entry)
+    except ConfigError as err:
+        raise ConfigError(f"{prefix}{err}") from None
+    return dict(entry)
 
 
 def as_list(value: Any) -> list[Any]:
@@ -90,9 +148,40 @@ def as_list(value: Any) -> list[Any]:
 
 
 def sweep_points(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every combination of the swept keys, in config order."""
-    values = [as_list(config[k]) for k in SWEEP_KEYS]
-    return [dict(zip(SWEEP_KEYS, combo)) for combo in itertools.product(*values)]
+    """Every combination of the swept keys and micro-batching configs, in config order.
+
+    A point has the swept values, ``micro_batch_size`` and ``parallelism`` ("pre/inf/post")
+    as the pipeline will run them, and ``micro_batching``, the settings to package."""
+    points = []
+    for batch_size, settings, delay, concurrency in itertools.product(
+        as_list(config["batch_size"]),
+        config["micro_batching"],
+        as_list(config["max_batch_delay"]),
+        as_list(config["concurrency"]),
+    ):
+        effective = MicroBatchingConfig.from_mapping(settings)
+        points.append(
+            {
+                "batch_size": batch_size,
+                "micro_batch_size": effective.micro_batch_size,
+                "max_batch_delay": delay,
+                "concurrency": concurrency,
+                "parallelism": "/".join(str(n) for n in effective.parallelism.as_dict().values()),
+                "micro_batching": settings,
+            }
+        )
+    return points
+
+
+def point_tag(point: dict[str, Any]) -> str:
+    """A short unique-enough name for a point, usable in a TorchServe model name."""
+    parts = [f"{key[:3]}{point[key]}" for key in SWEEP_KEYS]
+    parts.append("par" + point["parallelism"].replace("/", "-"))
+    extra = sorted(set(point["micro_batching"]) - {"micro_batch_size", "parallelism"})
+    if extra:  # other settings differ between explicit configs: keep the names apart
+        digest = hashlib.sha1(json.dumps(point["micro_batching"], sort_keys=True).encode())
+        parts.append(digest.hexdigest()[:6])
+    return "-".join(parts).replace("_", "")
 
 
 # -- apache bench output -------------------------------------------------------------------
@@ -148,6 +237,20 @@ def parse_handler_times(model_metrics_log: str) -> list[tuple[float, int]]:
 
 def parse_queue_times(ts_metrics_log: str) -> list[float]:
     return [float(ms) for ms in _QUEUE_TIME.findall(ts_metrics_log)]
+
+
+def flatten_pipeline(pipeline: dict[str, Any]) -> dict[str, Any]:
+    """ts_microbatch.scrape.summarize's result as result-row columns (and kept whole)."""
+    row: dict[str, Any] = {
+        "pipeline": pipeline,
+        "mean_batch_size": pipeline["mean_batch_size"],
+        "mean_micro_batch_size": pipeline["mean_micro_batch_size"],
+        "micro_batches_per_batch": pipeline["micro_batches_per_batch"],
+    }
+    for stage, ms in pipeline["stage_ms"].items():
+        row[f"{stage}_ms"] = ms
+        row[f"{stage}_wait_ms"] = pipeline["stage_wait_ms"][stage]
+    return row
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
@@ -218,6 +321,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         "micro_batch_size",
         "max_batch_delay",
         "concurrency",
+        "parallelism",
+        "mean_micro_batch_size",
         "requests_per_s",
         "p50_ms",
         "p90_ms",
@@ -242,6 +347,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _sort_key(value: Any) -> tuple[bool, float, str]:
+    """Numbers in order, then strings ("auto")."""
+    return (isinstance(value, str), 0.0 if isinstance(value, str) else float(value), str(value))
+
+
 def plot_sweep(
     rows: list[dict[str, Any]], path: Path, title: str, x_key: str = "batch_size"
 ) -> bool:
@@ -256,13 +366,17 @@ def plot_sweep(
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    # "auto" micro-batch sizes make the axis categorical: plot at positions, label with values.
+    all_xs = sorted({r[x_key] for r in rows}, key=_sort_key)
+    categorical = any(isinstance(x, str) for x in all_xs)
+    several_parallelisms = len({r.get("parallelism") for r in rows}) > 1
     curves: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        label = (
-            "NO MB (plain)"
-            if r["handler"] == "plain"
-            else f"{r['handler']} MBS={r['micro_batch_size']}"
-        )
+        label = "NO MB (plain)" if r["handler"] == "plain" else r["handler"]
+        if r["handler"] != "plain" and x_key != "micro_batch_size":
+            label += f" MBS={r['micro_batch_size']}"
+        if r["handler"] != "plain" and several_parallelisms:
+            label += f" threads {r['parallelism']}"
         curves.setdefault(label, []).append(r)
     for label, points in sorted(curves.items()):
         # The plain handler ignores micro_batch_size, so a sweep over it measures the
@@ -270,17 +384,18 @@ def plot_sweep(
         by_x: dict[Any, list[dict[str, Any]]] = {}
         for p in points:
             by_x.setdefault(p[x_key], []).append(p)
-        xs = sorted(by_x)
+        xs = sorted(by_x, key=_sort_key)
+        at = [all_xs.index(x) for x in xs] if categorical else xs
         ys = [
             [sum(p[k] for p in by_x[x]) / len(by_x[x]) for x in xs]
             for k in ("requests_per_s", "p99_ms")
         ]
-        ax1.plot(xs, ys[0], marker="o", label=label)
-        ax2.plot(xs, ys[1], marker="o", label=label)
-        for ax in (ax1, ax2):
-            ax.set_xticks(xs, [str(x) for x in xs])
+        ax1.plot(at, ys[0], marker="o", label=label)
+        ax2.plot(at, ys[1], marker="o", label=label)
+    for ax in (ax1, ax2):
+        ax.set_xticks(list(range(len(all_xs))) if categorical else all_xs, [str(x) for x in all_xs])
     label = x_key.replace("_", " ")
-    scale = "log" if x_key in ("batch_size", "concurrency") else "linear"
+    scale = "log" if x_key in ("batch_size", "concurrency") and not categorical else "linear"
     ax1.set(xlabel=label, ylabel="throughput (requests/s)", xscale=scale, title=title)
     ax2.set(xlabel=label, ylabel="P99 latency (ms)", xscale=scale, title=title)
     for ax in (ax1, ax2):

@@ -30,8 +30,12 @@ sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "examples/image_classifier")]
 
 import bench_lib  # noqa: E402
 import prepare  # noqa: E402
+import yaml  # noqa: E402
 
+from ts_microbatch.config import CONFIG_FILE_NAME, MicroBatchingConfig  # noqa: E402
+from ts_microbatch.scrape import format_summary, summarize  # noqa: E402
 from ts_microbatch.server import TorchServe  # noqa: E402
+from ts_microbatch.tune import model_dir_of  # noqa: E402
 
 HANDLER_FILES = {
     "plain": "image_classifier",
@@ -48,25 +52,27 @@ def log(message: str) -> None:
 # -- packaging ---------------------------------------------------------------------------
 
 
-def model_config_yaml(config: dict[str, Any], point: dict[str, Any], handler: str) -> str:
-    parallelism = config["parallelism"]
-    lines = [
-        f"minWorkers: {config['workers']}",
-        f"maxWorkers: {config['workers']}",
-        f"batchSize: {point['batch_size']}",
-        f"maxBatchDelay: {point['max_batch_delay']}",
-        f"responseTimeout: {config['response_timeout']}",
-        "micro_batching:",
-        f"  micro_batch_size: {point['micro_batch_size']}",
-        "  parallelism:",
-    ]
-    lines += [
-        f"    {stage}: {parallelism.get(stage, 1)}"
-        for stage in ("preprocess", "inference", "postprocess")
-    ]
+def model_yaml(config: dict[str, Any], point: dict[str, Any], handler: str) -> dict[str, Any]:
+    """model-config.yaml for one run: the frontend settings and the micro-batching config
+    (upstream's handler reads only micro_batch_size and parallelism from it)."""
+    settings = point["micro_batching"]
+    if handler == "upstream":
+        effective = MicroBatchingConfig.from_mapping(settings)
+        settings = {
+            "micro_batch_size": effective.micro_batch_size,
+            "parallelism": effective.parallelism.as_dict(),
+        }
+    model: dict[str, Any] = {
+        "minWorkers": config["workers"],
+        "maxWorkers": config["workers"],
+        "batchSize": point["batch_size"],
+        "maxBatchDelay": point["max_batch_delay"],
+        "responseTimeout": config["response_timeout"],
+        "micro_batching": settings,
+    }
     if handler == "ours":
-        lines += ["handler:", f"  decoder: {config['decoder']}"]
-    return "\n".join(lines) + "\n"
+        model["handler"] = {"decoder": config["decoder"]}
+    return model
 
 
 def package(
@@ -84,6 +90,8 @@ def package(
 
     work.mkdir(parents=True, exist_ok=True)
     store.mkdir(parents=True, exist_ok=True)
+    if scenario == "mar":
+        return package_mar(store, work, name, config, point)
     extra = [prepare.write_labels(str(work))]
     if scenario == "real":
         model_file = ROOT / "examples/image_classifier/model.py"
@@ -97,8 +105,8 @@ def package(
         cost = work / "sim_accelerator.json"
         cost.write_text(json.dumps(config["accelerator"]))
         extra.append(str(cost))
-    yaml = work / f"{name}.yaml"
-    yaml.write_text(model_config_yaml(config, point, handler))
+    yaml_path = work / f"{name}.yaml"
+    yaml_path.write_text(yaml.safe_dump(model_yaml(config, point, handler), sort_keys=False))
     cmd = [
         str(Path(sys.executable).with_name("torch-model-archiver")),
         "--force",
@@ -109,7 +117,7 @@ def package(
         "--handler",
         HANDLER_FILES[handler],
         "--config-file",
-        str(yaml),
+        str(yaml_path),
         "--export-path",
         str(store),
         "--archive-format",
@@ -127,6 +135,33 @@ def package(
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"torch-model-archiver failed for {name}:\n{proc.stdout}{proc.stderr}")
+    return name
+
+
+def package_mar(
+    store: Path, work: Path, name: str, config: dict[str, Any], point: dict[str, Any]
+) -> str:
+    """The user's .mar (or model directory) as a model directory in the store, with this
+    point's micro-batching config in both micro_batching.json and model-config.yaml (where
+    the YAML's section would otherwise win) and the point's frontend settings."""
+    source = Path(config["mar"])
+    if not source.is_dir():
+        if not (work / "mar").exists():  # unpacked once per run
+            model_dir_of(source, work / "mar")
+        source = work / "mar"
+    target = store / name
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target)
+    manifest_path = target / "MAR-INF" / "MANIFEST.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["model"]["modelName"] = name
+    config_file = manifest["model"].setdefault("configFile", "model-config.yaml")
+    yaml_path = target / config_file
+    model = yaml.safe_load(yaml_path.read_text()) if yaml_path.exists() else None
+    model = {**(model or {}), **model_yaml(config, point, "mar")}
+    yaml_path.write_text(yaml.safe_dump(model, sort_keys=False))
+    (target / CONFIG_FILE_NAME).write_text(json.dumps(point["micro_batching"], indent=4))
+    manifest_path.write_text(json.dumps(manifest, indent=2))
     return name
 
 
@@ -175,7 +210,9 @@ def run_ab(
 
     reader = threading.Thread(target=progress, daemon=True)
     reader.start()
-    stdout, _ = proc.communicate()
+    assert proc.stdout is not None
+    stdout = proc.stdout.read()  # not communicate(): the reader thread owns stderr
+    proc.wait()
     reader.join(5)
     if proc.returncode != 0:
         raise RuntimeError(f"ab failed ({proc.returncode}): {''.join(errors)}\n{stdout}")
@@ -190,13 +227,20 @@ def measure(
     config: dict[str, Any],
     point: dict[str, Any],
     label: str,
+    scrape_path: Path,
 ) -> dict[str, Any]:
-    # Log mode: the per-batch HandlerTime and per-request QueueTime lines are read back
-    # from the metric logs (Prometheus would only give aggregates).
+    """One server, one model, warm-up then the measured ab run.
+
+    In log mode the per-batch HandlerTime and per-request QueueTime lines are read back
+    from the metric logs. In prometheus mode (TorchServe then writes no metric logs)
+    ``/metrics`` is scraped before and after the measured run, the second scrape is saved
+    to ``scrape_path`` and the difference gives the pipeline's per-stage times and sizes.
+    """
+    mode = config["metrics_mode"]
     with TorchServe(
         model_store=store,
         workdir=server_dir,
-        properties={"metrics_mode": "log"},
+        properties={"metrics_mode": mode},
         base_config=ROOT / "configs/config.properties",
     ) as server:
         resp = server.register(
@@ -223,6 +267,7 @@ def measure(
                 f"{label} warm-up",
             )
         logs = {name: len(server.log(name)) for name in ("model_metrics.log", "ts_metrics.log")}
+        before = settled_scrape(server) if mode == "prometheus" else ""
         summary, latency = run_ab(
             url,
             body,
@@ -232,14 +277,23 @@ def measure(
             server_dir / "percentiles.csv",
             label,
         )
-        handler_times = bench_lib.parse_handler_times(
-            server.log("model_metrics.log")[logs["model_metrics.log"] :]
-        )
-        queue_times = bench_lib.parse_queue_times(
-            server.log("ts_metrics.log")[logs["ts_metrics.log"] :]
-        )
+        if mode == "prometheus":
+            after = settled_scrape(server)
+            scrape_path.parent.mkdir(parents=True, exist_ok=True)
+            scrape_path.write_text(after)
+            pipeline = summarize(after, before, model)
+            handler_times: list[tuple[float, int]] = []
+            queue_times = [pipeline["frontend_queue_ms"]]
+        else:
+            pipeline = None
+            handler_times = bench_lib.parse_handler_times(
+                server.log("model_metrics.log")[logs["model_metrics.log"] :]
+            )
+            queue_times = bench_lib.parse_queue_times(
+                server.log("ts_metrics.log")[logs["ts_metrics.log"] :]
+            )
     batch_sizes = [n for _, n in handler_times]
-    return {
+    result = {
         **summary,
         **latency,
         "errors": int(summary["failed_requests"] + summary["non_2xx_responses"]),
@@ -247,6 +301,23 @@ def measure(
         "server_queue_ms": bench_lib.summarize(queue_times),
         "mean_batch_size": sum(batch_sizes) / len(batch_sizes) if batch_sizes else float("nan"),
     }
+    if pipeline is not None:
+        result.update(bench_lib.flatten_pipeline(pipeline))
+    return result
+
+
+def settled_scrape(server: TorchServe, timeout_s: float = 10.0) -> str:
+    """A scrape of /metrics once the backend's metric lines have reached the frontend:
+    two scrapes in a row that agree on every sample but the host gauges."""
+    previous = None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = server.scrape_metrics()
+        counted = [line for line in text.splitlines() if 'Level="Host"' not in line]
+        if counted == previous or time.monotonic() > deadline:
+            return text
+        previous = counted
+        time.sleep(0.25)  # the frontend has no "metrics flushed" event to wait on
 
 
 # -- stage limits, measured in-process -----------------------------------------------------
@@ -281,9 +352,8 @@ def preprocess_rate(
 
 
 def inference_rate(
-    scenario: str, config: dict[str, Any], micro_batch_size: int, seconds: float = 3.0
+    scenario: str, config: dict[str, Any], micro_batch_size: int, threads: int, seconds: float = 3.0
 ) -> float:
-    threads = config["parallelism"].get("inference", 1)
     if scenario == "accelerator":
         cost = config["accelerator"]
         # Sleeps overlap across threads: a device with `threads` streams, by construction.
@@ -305,6 +375,58 @@ def inference_rate(
             model(x)
             n += micro_batch_size
     return n / (time.perf_counter() - start)
+
+
+def stage_limits(
+    scenario: str,
+    point: dict[str, Any],
+    config: dict[str, Any],
+    body: bytes,
+    cache: dict[str, Any],
+) -> dict[str, float] | None:
+    """In-process stage rates for the point's micro-batch size and threads (None for a
+    user's .mar, whose stages are unknown here). For "auto" the largest size it may pick."""
+    if scenario == "mar":
+        return None
+    effective = MicroBatchingConfig.from_mapping(point["micro_batching"])
+    size = point["micro_batch_size"]
+    if size == "auto":
+        size = min(point["batch_size"], effective.max_micro_batch_size)
+    threads = effective.parallelism
+    key = f"{scenario}-mbs{size}-threads{point['parallelism']}"
+    if key not in cache:
+        log(f"measuring stage limits for {key} in-process")
+        cache[key] = {
+            "preprocess_ours": preprocess_rate(config["decoder"], threads.preprocess, size, body),
+            "preprocess_pil": preprocess_rate("pil", threads.preprocess, size, body),
+            "inference": inference_rate(scenario, config, size, threads.inference),
+        }
+        log("  " + ", ".join(f"{k} {v:.0f}/s" for k, v in cache[key].items()))
+    limits: dict[str, float] = cache[key]
+    return limits
+
+
+def ideal_for(scenario: str, handler: str, limits: dict[str, float], overhead: float) -> float:
+    rates = {
+        "server": overhead,
+        "inference": limits["inference"],
+        "preprocess": limits["preprocess_ours" if handler == "ours" else "preprocess_pil"],
+    }
+    # On this machine's cores the server's own work (frontend, ab, IPC: the noop run) and
+    # preprocessing compete, and so does inference when it runs on the CPU: their
+    # per-request times add. The simulated device's sleep does not.
+    shared = ("server", "preprocess") + (("inference",) if scenario == "real" else ())
+    return bench_lib.ideal_throughput(rates, shared_cpu=shared)
+
+
+def handlers_for(scenario: str, point: dict[str, Any], handlers: list[str]) -> list[str]:
+    """The runs at one point: the noop server-cost run first, then each handler. A user's
+    .mar runs alone; upstream has no "auto"."""
+    if scenario == "mar":
+        return ["mar"]
+    if point["micro_batch_size"] == "auto":
+        handlers = [h for h in handlers if h != "upstream"]
+    return ["noop"] + handlers
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -329,97 +451,18 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    config = bench_lib.load_config(args.config)
+    try:
+        config = bench_lib.load_config(args.config)
+    except bench_lib.BenchConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     out = Path(args.out or HERE / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     body_path = Path(config["input"]) if config.get("input") else out / "input.jpg"
     if not config.get("input"):
         body_path.write_bytes(prepare.make_jpeg(seed=0))
-    body = body_path.read_bytes()
-    log(f"input {body_path} ({len(body)} bytes); results in {out}")
-    points = bench_lib.sweep_points(config)
-    handlers = list(config["handlers"])
-    total = len(config["scenarios"]) * len(points) * (len(handlers) + 1)
-    rows: list[dict[str, Any]] = []
-    limits: dict[str, Any] = {}
-    step = 0
-    for scenario in config["scenarios"]:
-        for point in points:
-            mbs = point["micro_batch_size"]
-            key = f"{scenario}-mbs{mbs}"
-            if key not in limits:
-                log(f"measuring stage limits for {key} in-process")
-                threads = config["parallelism"].get("preprocess", 1)
-                limits[key] = {
-                    "preprocess_ours": preprocess_rate(config["decoder"], threads, mbs, body),
-                    "preprocess_pil": preprocess_rate("pil", threads, mbs, body),
-                    "inference": inference_rate(scenario, config, mbs),
-                }
-                log("  " + ", ".join(f"{k} {v:.0f}/s" for k, v in limits[key].items()))
-            tag = "-".join(f"{k[:3]}{v}" for k, v in point.items())
-            results: dict[str, dict[str, Any]] = {}
-            for handler in ["noop"] + handlers:
-                step += 1
-                name = f"{scenario}-{handler}-{tag}".replace("_", "")
-                label = f"[{step}/{total}] {scenario} {handler} {point}"
-                log(f"{label}: packaging and starting TorchServe")
-                package(
-                    out / "store",
-                    out / "work" / scenario,
-                    name,
-                    scenario,
-                    handler,
-                    config,
-                    point,
-                    args.weights,
-                )
-                results[handler] = measure(
-                    out / "servers" / name, out / "store", name, body_path, config, point, label
-                )
-                log(
-                    f"{label}: {results[handler]['requests_per_s']:.1f} req/s, "
-                    f"p99 {results[handler]['p99_ms']:.0f} ms, "
-                    f"{results[handler]['errors']} errors"
-                )
-            overhead = results.pop("noop")["requests_per_s"]
-            lim = limits[key]
-            for handler, result in results.items():
-                rates = {
-                    "server": overhead,
-                    "inference": lim["inference"],
-                    "preprocess": lim["preprocess_ours"]
-                    if handler == "ours"
-                    else lim["preprocess_pil"],
-                }
-                # On this machine's cores the server's own work (frontend, ab, IPC: the noop
-                # run) and preprocessing compete, and so does inference when it runs on the
-                # CPU: their per-request times add. The simulated device's sleep does not.
-                shared = ("server", "preprocess") + (("inference",) if scenario == "real" else ())
-                ideal = bench_lib.ideal_throughput(rates, shared_cpu=shared)
-                rows.append(
-                    {
-                        "scenario": scenario,
-                        "handler": handler,
-                        **point,
-                        **result,
-                        "server_overhead_requests_per_s": overhead,
-                        "stage_rates": rates,
-                        "ideal_requests_per_s": ideal,
-                        "efficiency": result["requests_per_s"] / ideal,
-                    }
-                )
-            (out / "results.json").write_text(
-                json.dumps(
-                    {
-                        "machine": bench_lib.machine_info(),
-                        "config": config,
-                        "stage_limits": limits,
-                        "results": rows,
-                    },
-                    indent=2,
-                    default=str,
-                )
-            )
+    log(f"input {body_path} ({body_path.stat().st_size} bytes); results in {out}")
+    rows = run_all(config, out, body_path, args.weights)
     bench_lib.write_csv(rows, out / "results.csv")
     for scenario in config["scenarios"]:
         scenario_rows = [r for r in rows if r["scenario"] == scenario]
@@ -431,6 +474,79 @@ def main() -> int:
     for scratch in ("store", "work") + (() if args.keep_logs else ("servers",)):
         shutil.rmtree(out / scratch, ignore_errors=True)
     return 0
+
+
+def run_all(
+    config: dict[str, Any], out: Path, body_path: Path, weights: str | None
+) -> list[dict[str, Any]]:
+    """Every scenario, point and handler; results.json is rewritten after each point."""
+    body = body_path.read_bytes()
+    points = bench_lib.sweep_points(config)
+    plan = [
+        (scenario, point, handler)
+        for scenario in config["scenarios"]
+        for point in points
+        for handler in handlers_for(scenario, point, config["handlers"])
+    ]
+    rows: list[dict[str, Any]] = []
+    cache: dict[str, Any] = {}
+    results: dict[str, dict[str, Any]] = {}
+    for step, (scenario, point, handler) in enumerate(plan, start=1):
+        limits = stage_limits(scenario, point, config, body, cache)
+        name = f"{scenario}-{handler}-{bench_lib.point_tag(point)}"
+        shown = {k: v for k, v in point.items() if k != "micro_batching"}
+        label = f"[{step}/{len(plan)}] {scenario} {handler} {shown}"
+        log(f"{label}: packaging and starting TorchServe")
+        work = out / "work" / scenario
+        package(out / "store", work, name, scenario, handler, config, point, weights)
+        result = measure(
+            out / "servers" / name,
+            out / "store",
+            name,
+            body_path,
+            config,
+            point,
+            label,
+            out / "metrics" / f"{name}.prom",
+        )
+        log(
+            f"{label}: {result['requests_per_s']:.1f} req/s, p99 {result['p99_ms']:.0f} ms, "
+            f"{result['errors']} errors"
+        )
+        if "pipeline" in result and result["pipeline"]["micro_batches"]:
+            log(f"  /metrics: {format_summary(result['pipeline'])}")
+        results[handler] = result
+        if step < len(plan) and plan[step][:2] == (scenario, point):
+            continue  # more handlers at this point
+        overhead = results.pop("noop", {}).get("requests_per_s")
+        for run_handler, run in results.items():
+            ideal = ideal_for(scenario, run_handler, limits, overhead) if limits else None
+            rows.append(
+                {
+                    "scenario": scenario,
+                    "handler": run_handler,
+                    **point,
+                    **run,
+                    "server_overhead_requests_per_s": overhead,
+                    "stage_limits": limits,
+                    "ideal_requests_per_s": ideal,
+                    "efficiency": run["requests_per_s"] / ideal if ideal else None,
+                }
+            )
+        results = {}
+        (out / "results.json").write_text(
+            json.dumps(
+                {
+                    "machine": bench_lib.machine_info(),
+                    "config": config,
+                    "stage_limits": cache,
+                    "results": rows,
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    return rows
 
 
 if __name__ == "__main__":

@@ -113,7 +113,13 @@ def test_config_defaults_sweeps_and_errors(tmp_path: Path) -> None:
         "micro_batch_size": 2,
         "max_batch_delay": 50,
         "concurrency": 64,
+        "parallelism": "2/1/2",
+        "micro_batching": {
+            "micro_batch_size": 2,
+            "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2},
+        },
     }
+    assert len({bench.point_tag(p) for p in points}) == 4
     path.write_text(json.dumps({"requets": 10}))
     with pytest.raises(bench.BenchConfigError, match="unknown key 'requets'"):
         bench.load_config(path)
@@ -125,6 +131,47 @@ def test_config_defaults_sweeps_and_errors(tmp_path: Path) -> None:
         bench.load_config(path)
     path.write_text(json.dumps({"handlers": ["mine"]}))
     with pytest.raises(bench.BenchConfigError, match="handlers: got 'mine'"):
+        bench.load_config(path)
+    path.write_text(json.dumps({"micro_batch_size": [4, "big"]}))
+    with pytest.raises(bench.BenchConfigError, match="micro_batch_size: got 'big'"):
+        bench.load_config(path)
+    path.write_text(json.dumps({"scenarios": ["mar"]}))
+    with pytest.raises(bench.BenchConfigError, match="'mar' needs"):
+        bench.load_config(path)
+    path.write_text(json.dumps({"metrics_mode": "statsd"}))
+    with pytest.raises(bench.BenchConfigError, match="metrics_mode: got 'statsd'"):
+        bench.load_config(path)
+
+
+def test_auto_parallelism_sweeps_and_explicit_micro_batching_configs(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(
+        json.dumps(
+            {
+                "micro_batch_size": [4, "auto"],
+                "parallelism": [{"preprocess": 1}, {"preprocess": 2, "postprocess": 2}],
+            }
+        )
+    )
+    points = bench.sweep_points(bench.load_config(path))
+    assert [(p["micro_batch_size"], p["parallelism"]) for p in points] == [
+        (4, "1/1/1"),
+        (4, "2/1/2"),
+        ("auto", "1/1/1"),
+        ("auto", "2/1/2"),
+    ]
+    explicit = [
+        {"micro_batch_size": 8, "parallelism": {"preprocess": 2}},
+        {"micro_batch_size": 8, "parallelism": {"preprocess": 2}, "max_queued_micro_batches": 1},
+    ]
+    path.write_text(json.dumps({"micro_batching": explicit, "batch_size": [16, 32]}))
+    points = bench.sweep_points(bench.load_config(path))
+    assert [p["micro_batching"] for p in points] == explicit * 2
+    assert len({bench.point_tag(p) for p in points}) == 4  # names stay apart
+    path.write_text(json.dumps({"micro_batching": [{"parallelism": {"inference": 0}}]}))
+    with pytest.raises(
+        bench.BenchConfigError, match=r"micro_batching\[0\]: .*parallelism.inference: got 0"
+    ):
         bench.load_config(path)
 
 
@@ -162,3 +209,6 @@ def test_outputs(tmp_path: Path) -> None:
     assert "requests_per_s" in header and "stage_rates" not in header
     table = bench.format_table(rows)
     assert "NO MB" not in table and table.count("\n") == len(rows) + 1
+    # A micro-batch size sweep with "auto" plots on a categorical axis.
+    sizes = [dict(rows[-1], micro_batch_size=m) for m in (2, 8, "auto")]
+    assert bench.plot_sweep(sizes, tmp_path / "sizes.png", "sizes", "micro_batch_size")
