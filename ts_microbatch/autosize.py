@@ -1,32 +1,49 @@
-"""``micro_batch_size: "auto"``: the micro-batch size chosen from measured stage costs.
+"""``micro_batch_size: "auto"``: the micro-batch size chosen from measured costs.
 
-The rule. Each stage s is modelled as ``cost_s(n) = a_s + b_s * n`` seconds for a
-micro-batch of n, fitted by least squares over its recent runs (as BentoML regresses batch
-cost on size). A TorchServe worker runs one frontend batch of B requests at a time, so
-what matters is the batch's makespan through the pipeline with m = ceil(B / n)
-micro-batches and p_s threads per stage::
+The rule has two parts: a cost model proposes, the measured batch time decides.
+
+The model. Each stage s is modelled as ``cost_s(n) = a_s + b_s * n`` seconds for a
+micro-batch of n, a least-squares line through the recent mean run time at each size tried
+(as BentoML regresses batch cost on size). A TorchServe worker runs one frontend batch of B
+requests at a time, so what matters is the batch's makespan through the pipeline with
+m = ceil(B / n) micro-batches and p_s threads per stage::
 
     makespan(n) = sum_s cost_s(n)  +  (m - 1) * max_s cost_s(n) / p_s
 
-(filling and draining the pipeline, then one micro-batch per bottleneck period). The size
-is the n in [min, max] (and <= B) with the least predicted makespan; among sizes within
-2% of it, the smallest, which has the lowest latency. Small n pays the fixed costs a_s
-many times; large n leaves the stages unoverlapped: the minimum sits between.
+(filling and draining the pipeline, then one micro-batch per bottleneck period: the slowest
+stage kept busy). Small n pays the fixed costs a_s many times; large n leaves the stages
+unoverlapped: the minimum sits between. The model's size is the n in [min, max] (and <= B)
+with the least predicted makespan; among sizes within 2% of it, the smallest.
 
-Until every stage has runs at two sizes it explores (min, max, their geometric mean); then
-every ``explore_every`` batches it tries the size next to the chosen one, so the fit
-follows changes in load or stage costs, and old runs leave the window.
+The measurement. The model cannot see costs outside the stage calls (threads on shared
+cores slowing each other, per-micro-batch bookkeeping, metrics), so the pipeline also
+reports each batch's wall time. Per size, a moving average of seconds per request over
+near-full batches is kept. The size used is the measured best, among sizes measured in
+the last ``memory_batches`` batches (again the smallest within 2%); a size the model
+proposes that has no recent measurement is tried first.
+
+Settling and adapting. Until every stage has runs at two sizes it explores (min, max,
+their geometric mean), so the model speaks after three batches and its size is measured on
+the fourth. Every ``explore_every`` batches it tries a neighbour of the chosen size, so
+both the fit and the measurements follow changes in load or stage costs: the sizes that
+split the batch into one micro-batch fewer or one more (for 32: 32, 16, 11, 8, 7, 6, ...),
+alternately; a neighbour that measures better is kept and the next one the same way is
+tried at once. In the fit, a size weighs by how often it ran (up to 8 runs), halved for
+every ``explore_every`` batches since it last ran; measurements older than
+``memory_batches`` batches are forgotten.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from .errors import ConfigError
+
+TOLERANCE = 1.02  # sizes within 2% of the best count as equal; the smallest wins
 
 
 class StageCost(NamedTuple):
@@ -39,16 +56,18 @@ class StageCost(NamedTuple):
         return max(0.0, self.fixed_s + self.per_item_s * n)
 
 
-def fit_cost(samples: list[tuple[int, float]]) -> StageCost | None:
-    """Least-squares line through (size, seconds); None without two distinct sizes."""
-    sizes = {n for n, _ in samples}
-    if len(sizes) < 2:
+def fit_cost(
+    samples: list[tuple[int, float]], weights: list[float] | None = None
+) -> StageCost | None:
+    """Weighted least-squares line through (size, seconds); None without two distinct sizes."""
+    if len({n for n, _ in samples}) < 2:
         return None
-    count = len(samples)
-    mean_n = sum(n for n, _ in samples) / count
-    mean_t = sum(t for _, t in samples) / count
-    var = sum((n - mean_n) ** 2 for n, _ in samples)
-    slope = sum((n - mean_n) * (t - mean_t) for n, t in samples) / var
+    w = weights or [1.0] * len(samples)
+    total = sum(w)
+    mean_n = sum(wi * n for wi, (n, _) in zip(w, samples)) / total
+    mean_t = sum(wi * t for wi, (_, t) in zip(w, samples)) / total
+    var = sum(wi * (n - mean_n) ** 2 for wi, (n, _) in zip(w, samples))
+    slope = sum(wi * (n - mean_n) * (t - mean_t) for wi, (n, t) in zip(w, samples)) / var
     slope = max(slope, 0.0)  # noise can tilt it below zero; cost never falls with size
     return StageCost(max(mean_t - slope * mean_n, 0.0), slope)
 
@@ -61,17 +80,46 @@ def predicted_makespan_s(
     return sum(per_stage) + (math.ceil(batch / n) - 1) * bottleneck
 
 
+@dataclass
+class _Average:
+    """A moving average that remembers when it was last fed."""
+
+    value: float
+    count: int
+    last_batch: int
+
+    def add(self, value: float, batch: int, smoothing: float) -> None:
+        # The first few samples are averaged plainly, later ones exponentially.
+        weight = max(smoothing, 1.0 / (self.count + 1))
+        self.value += weight * (value - self.value)
+        self.count += 1
+        self.last_batch = batch
+
+
+def _smallest_near_best(scores: Mapping[int, float]) -> int:
+    least = min(scores.values())
+    return min(n for n, score in scores.items() if score <= least * TOLERANCE)
+
+
 class AutoMicroBatchSize:
-    """Chooses micro-batch sizes; fed by the pipeline with every successful stage run.
+    """Chooses micro-batch sizes; fed by the pipeline with every successful stage run and
+    every batch's wall time.
 
     Args:
         min_size, max_size: the bounds of the sizes it may choose.
-        window: runs per stage kept for the fit.
         explore_every: batches between two tries of a neighbouring size.
+        memory_batches: measurements older than this many batches are forgotten.
+        smoothing: weight of a new measurement in the moving averages.
     """
 
     def __init__(
-        self, min_size: int, max_size: int, *, window: int = 64, explore_every: int = 8
+        self,
+        min_size: int,
+        max_size: int,
+        *,
+        explore_every: int = 8,
+        memory_batches: int = 64,
+        smoothing: float = 0.25,
     ) -> None:
         if min_size < 1 or max_size < min_size:
             raise ConfigError(
@@ -81,22 +129,57 @@ class AutoMicroBatchSize:
         self.min_size = min_size
         self.max_size = max_size
         self._explore_every = explore_every
-        self._window = window
-        self._samples: dict[str, deque[tuple[int, float]]] = {}
+        self._memory = memory_batches
+        self._smoothing = smoothing
+        self._stage_runs: dict[str, dict[int, _Average]] = {}
+        self._per_request: dict[int, _Average] = {}
+        self._largest_batches: list[int] = []
         self._lock = threading.Lock()
         self._batches = 0
-        self._explore_up = True
+        self._up = True  # the direction of the next neighbour to try
+        self._trying: int | None = None  # the neighbour being tried
+        self._next_try = explore_every
         self.last_size = min_size
 
     def observe(self, stage: str, size: int, run_s: float) -> None:
         """Records that ``stage`` took ``run_s`` seconds for ``size`` requests."""
         with self._lock:
-            self._samples.setdefault(stage, deque(maxlen=self._window)).append((size, run_s))
+            runs = self._stage_runs.setdefault(stage, {})
+            if size in runs:
+                runs[size].add(run_s, self._batches, self._smoothing)
+            else:
+                runs[size] = _Average(run_s, 1, self._batches)
+
+    def observe_batch(self, size: int, requests: int, seconds: float) -> None:
+        """Records that a batch of ``requests`` split at ``size`` took ``seconds`` in all."""
+        with self._lock:
+            # Only near-full batches compare sizes fairly: a batch of 3 costs more per
+            # request than a batch of 32 whatever the size.
+            self._largest_batches = (self._largest_batches + [requests])[-self._memory :]
+            if requests < max(self._largest_batches) / 2:
+                return
+            per_request = seconds / requests
+            if size in self._per_request:
+                self._per_request[size].add(per_request, self._batches, self._smoothing)
+            else:
+                self._per_request[size] = _Average(per_request, 1, self._batches)
+
+    def _recent(self, averages: Mapping[int, _Average]) -> dict[int, _Average]:
+        return {n: a for n, a in averages.items() if self._batches - a.last_batch < self._memory}
 
     def costs(self) -> dict[str, StageCost] | None:
         """The fitted cost of every stage seen, or None while one cannot be fitted yet."""
         with self._lock:
-            fits = {stage: fit_cost(list(s)) for stage, s in self._samples.items()}
+            fits = {}
+            for stage, runs in self._stage_runs.items():
+                recent = sorted(self._recent(runs).items())
+                # Sizes tried often weigh more, sizes not tried lately less (halving every
+                # `explore_every` batches), so the line follows a change in costs.
+                weights = [
+                    min(a.count, 8) * 0.5 ** ((self._batches - a.last_batch) / self._explore_every)
+                    for _, a in recent
+                ]
+                fits[stage] = fit_cost([(n, a.value) for n, a in recent], weights)
         if not fits or any(f is None for f in fits.values()):
             return None
         return {s: f for s, f in fits.items() if f is not None}
@@ -106,32 +189,64 @@ class AutoMicroBatchSize:
         costs = self.costs()
         if costs is None:
             return None
-        hi = max(1, min(self.max_size, batch))
-        lo = min(self.min_size, hi)
-        spans = {n: predicted_makespan_s(costs, threads, batch, n) for n in range(lo, hi + 1)}
-        least = min(spans.values())
-        return min(n for n, span in spans.items() if span <= least * 1.02)
+        lo, hi = self._bounds(batch)
+        return _smallest_near_best(
+            {n: predicted_makespan_s(costs, threads, batch, n) for n in range(lo, hi + 1)}
+        )
+
+    def measured(self, batch: int) -> dict[int, float]:
+        """Recent mean seconds per request for each size tried (sizes <= ``batch``)."""
+        with self._lock:
+            recent = self._recent(self._per_request)
+        return {n: a.value for n, a in recent.items() if n <= max(self._bounds(batch))}
 
     def choose(self, batch: int, threads: Mapping[str, int]) -> int:
         """The size for the next batch of ``batch`` requests."""
-        hi = max(1, min(self.max_size, batch))
-        lo = min(self.min_size, hi)
+        lo, hi = self._bounds(batch)
         with self._lock:
             self._batches += 1
-            explore = self._batches % self._explore_every == 0
-        best = self.best(batch, threads)
-        if best is None:
+        proposed = self.best(batch, threads)
+        measured = self.measured(batch)
+        if proposed is None:
             size = self._least_tried((lo, hi, round(math.sqrt(lo * hi))))
-        elif explore:
-            self._explore_up = not self._explore_up
-            size = min(hi, best * 2) if self._explore_up else max(lo, best // 2)
+        elif proposed not in measured:
+            size = proposed
         else:
-            size = best
+            size = self._climb(_smallest_near_best(measured), batch)
         self.last_size = size
         return size
 
+    def _climb(self, best: int, batch: int) -> int:
+        """``best``, or every ``explore_every`` batches a neighbour of it. A neighbour that
+        measured better becomes ``best`` and the next one the same way is tried at once."""
+        if self._trying is not None:
+            if best == self._trying:  # it won: keep going that way now
+                self._next_try = self._batches
+            else:
+                self._up = not self._up
+            self._trying = None
+        if self._batches < self._next_try:
+            return best
+        self._next_try = self._batches + self._explore_every
+        lo, hi = self._bounds(batch)
+        # The neighbours that matter split the batch into one micro-batch fewer or more.
+        count = math.ceil(batch / best)
+        if self._up:
+            size = min(hi, math.ceil(batch / max(1, count - 1)))
+        else:
+            size = max(lo, math.ceil(batch / (count + 1)))
+        if size == best:  # at a bound: the other way next time
+            self._up = not self._up
+            return best
+        self._trying = size
+        return size
+
+    def _bounds(self, batch: int) -> tuple[int, int]:
+        hi = max(1, min(self.max_size, batch))
+        return min(self.min_size, hi), hi
+
     def _least_tried(self, candidates: tuple[int, ...]) -> int:
         with self._lock:
-            first = next(iter(self._samples.values()), deque())
-            tried = [n for n, _ in first]
-        return min(sorted(set(candidates)), key=tried.count)
+            runs = next(iter(self._stage_runs.values()), {})
+            tried = {n: a.count for n, a in runs.items()}
+        return min(sorted(set(candidates)), key=lambda n: tried.get(n, 0))

@@ -113,6 +113,30 @@ def _check_positive_int(value: Any, key: str) -> int:
     return value
 
 
+class _BatchTimer:
+    """Reports a batch's wall time to the automatic size once its last future resolves
+    (batches with a failed request are left out: retries would skew them)."""
+
+    def __init__(self, auto: AutoMicroBatchSize, size: int, futures: list[Future[Any]]) -> None:
+        self._auto = auto
+        self._size = size
+        self._futures = futures
+        self._remaining = len(futures)
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        for future in futures:
+            future.add_done_callback(self._one_done)
+
+    def _one_done(self, _: Future[Any]) -> None:
+        with self._lock:
+            self._remaining -= 1
+            if self._remaining:
+                return
+        elapsed = time.monotonic() - self._started
+        if all(not f.cancelled() and f.exception() is None for f in self._futures):
+            self._auto.observe_batch(self._size, len(self._futures), elapsed)
+
+
 class Pipeline:
     """Runs a sequence of batch functions as a pipeline of micro-batches.
 
@@ -250,6 +274,8 @@ class Pipeline:
                 raise PipelineClosedError("cannot submit: the micro-batching pipeline is shut down")
             self._in_flight.update(micro_batches)
         self._observer.on_batch(len(items), len(micro_batches))
+        if auto is not None:
+            _BatchTimer(auto, size, futures)
         for mb in micro_batches:
             self._enqueue(0, mb, cause=None)
         return futures

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
@@ -29,8 +30,19 @@ def true_makespan(costs: Costs, batch: int, n: int) -> float:
     return predicted_makespan_s(fitted, THREADS, batch, n)
 
 
-def drive(policy: AutoMicroBatchSize, costs: Costs, batches: int, batch: int = 32) -> list[int]:
-    """Runs `batches` batches the way the pipeline reports them; returns the sizes chosen."""
+def batch_seconds(costs: Costs, batch: int, n: int, hidden_per_micro_batch_s: float) -> float:
+    return true_makespan(costs, batch, n) + hidden_per_micro_batch_s * math.ceil(batch / n)
+
+
+def drive(
+    policy: AutoMicroBatchSize,
+    costs: Costs,
+    batches: int,
+    batch: int = 32,
+    hidden_per_micro_batch_s: float = 0.0,
+) -> list[int]:
+    """Runs `batches` batches the way the pipeline reports them (every stage run, then the
+    batch's wall time, which may include a cost no stage run shows); returns the sizes."""
     chosen = []
     for _ in range(batches):
         size = policy.choose(batch, THREADS)
@@ -39,7 +51,17 @@ def drive(policy: AutoMicroBatchSize, costs: Costs, batches: int, batch: int = 3
             n = min(size, batch - offset)
             for stage, cost in costs.items():
                 policy.observe(stage, n, cost(n))
+        policy.observe_batch(
+            size, batch, batch_seconds(costs, batch, size, hidden_per_micro_batch_s)
+        )
     return chosen
+
+
+def settled(chosen: list[int]) -> tuple[int, float]:
+    """The size chosen most often and the share of batches it got (the rest are tries of
+    neighbouring sizes)."""
+    size, count = Counter(chosen).most_common(1)[0]
+    return size, count / len(chosen)
 
 
 def test_fit_recovers_a_line() -> None:
@@ -54,9 +76,42 @@ def test_settles_on_the_least_makespan_within_a_few_batches() -> None:
     assert 4 <= optimum <= 12  # neither extreme: the case is a real trade-off
     policy = AutoMicroBatchSize(1, 32, explore_every=8)
     chosen = drive(policy, costs, 24)
-    settled = [size for i, size in enumerate(chosen[3:], start=4) if i % 8]  # skip explorations
-    assert set(settled) == {optimum}, chosen
+    assert chosen[3] == optimum, chosen  # three batches to explore, then the model's size
+    assert settled(chosen[3:]) >= (optimum, 0.8), chosen
     assert all(1 <= s <= 32 for s in chosen)
+
+
+def test_hang_on_to_the_fit_when_small_sizes_make_many_runs() -> None:
+    # Regression: a window of the last 64 runs held only the chosen size once it was small
+    # (32 runs per batch), the fit vanished and the policy went back to exploring.
+    costs = {
+        "preprocess": lambda n: 0.003 * n,
+        "inference": lambda n: 0.0001 + 0.0001 * n,
+        "postprocess": lambda n: 0.00001 * n,
+    }
+    policy = AutoMicroBatchSize(1, 32)
+    chosen = drive(policy, costs, 60)
+    assert settled(chosen[4:]) >= (1, 0.8) and settled(chosen[4:])[0] <= 2, chosen
+    assert policy.costs() is not None
+
+
+def test_measured_batch_time_overrules_the_model() -> None:
+    # Each micro-batch also costs 10 ms that no stage run shows (e.g. threads competing for
+    # the same cores, bookkeeping): the model alone would pick too small a size.
+    costs, hidden = known_costs(0.004), 0.010
+    sizes = range(1, 33)
+    optimum = min(sizes, key=lambda n: batch_seconds(costs, 32, n, hidden))
+    model_only = min(sizes, key=lambda n: true_makespan(costs, 32, n))
+    assert batch_seconds(costs, 32, model_only, hidden) > 1.3 * batch_seconds(
+        costs, 32, optimum, hidden
+    )
+    policy = AutoMicroBatchSize(1, 32)
+    chosen = drive(policy, costs, 32, hidden_per_micro_batch_s=hidden)
+    size, share = settled(chosen[16:])
+    assert share >= 0.8, chosen
+    assert batch_seconds(costs, 32, size, hidden) <= 1.03 * batch_seconds(
+        costs, 32, optimum, hidden
+    ), chosen
 
 
 def test_never_worse_than_a_badly_chosen_fixed_size() -> None:
@@ -70,18 +125,15 @@ def test_never_worse_than_a_badly_chosen_fixed_size() -> None:
 
 
 def test_adapts_when_stage_costs_change() -> None:
-    policy = AutoMicroBatchSize(1, 32, window=32)
-    drive(policy, known_costs(0.008), 12)
-    before = policy.best(32, THREADS)
+    policy = AutoMicroBatchSize(1, 32)
+    before, _ = settled(drive(policy, known_costs(0.008), 24))
     slower_launch = known_costs(0.060)  # e.g. a busier device: fixed cost per call grows
-    drive(policy, slower_launch, 30)
-    after = policy.best(32, THREADS)
+    chosen = drive(policy, slower_launch, 40)
+    after, share = settled(chosen[-24:])
     optimum = min(range(1, 33), key=lambda n: true_makespan(slower_launch, 32, n))
-    assert before is not None and after is not None and after > before
-    assert math.isclose(
-        true_makespan(slower_launch, 32, after),
-        true_makespan(slower_launch, 32, optimum),
-        rel_tol=0.03,
+    assert after > before and share >= 0.8, chosen
+    assert true_makespan(slower_launch, 32, after) <= 1.03 * true_makespan(
+        slower_launch, 32, optimum
     )
 
 
