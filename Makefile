@@ -72,7 +72,7 @@ tune: $(MAR)
 	@echo "Serve it with: make serve MB_CONFIG=$(BUILD)/micro_batching.tuned.json"
 
 lint: venv
-	$(VENV)/bin/ruff check ts_microbatch handlers tests benchmarks examples
+	$(VENV)/bin/ruff check setup.py ts_microbatch handlers tests benchmarks examples
 	$(VENV)/bin/mypy
 
 clean:

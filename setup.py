@@ -1,10 +1,14 @@
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
     name="ts_microbatch",
     version="0.1.0",
-    description="Micro-batching for TorchServe handlers: pipelined stages, per-request errors, metrics",
-    long_description=open("README.md", encoding="utf-8").read(),
+    description=(
+        "Micro-batching for TorchServe handlers: pipelined stages, per-request errors, metrics"
+    ),
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["ts_microbatch", "ts_microbatch.*"]),
     package_data={"ts_microbatch": ["py.typed"]},
