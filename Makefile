@@ -18,7 +18,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv test test-unit mar serve stop ab bench tune lint clean
+.PHONY: help venv test test-unit mar serve stop ab bench tune lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -44,7 +44,16 @@ test: venv
 test-unit: venv
 	$(VENV)/bin/pytest tests/unit
 
-$(MAR): $(STAMP) handlers/micro_batching_handler.py $(MB_CONFIG) \
+# The .mar is rebuilt when the chosen MB_CONFIG or WEIGHTS change, not only when a file
+# gets newer: switching back to an older config must not serve the last one built.
+BUILD_ARGS := $(BUILD)/.build-args
+$(BUILD_ARGS): FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(abspath $(MB_CONFIG)) $(WEIGHTS)' | cmp -s - $@ || echo '$(abspath $(MB_CONFIG)) $(WEIGHTS)' > $@
+
+FORCE:
+
+$(MAR): $(STAMP) handlers/micro_batching_handler.py $(MB_CONFIG) $(BUILD_ARGS) \
         examples/image_classifier/*.py examples/image_classifier/model-config.yaml
 	$(PY) examples/image_classifier/build_mar.py --export-path model_store \
 	  --model-name $(MODEL_NAME) --micro-batching-json $(MB_CONFIG) $(if $(WEIGHTS),--weights $(WEIGHTS))
@@ -66,9 +75,13 @@ ab:
 bench: $(STAMP) ab
 	$(PY) benchmarks/benchmark-ab.py --config benchmarks/config.json $(if $(WEIGHTS),--weights $(WEIGHTS))
 
-tune: $(MAR)
+# CONFIRM=3 also benchmarks the 3 best on a real TorchServe and keeps the fastest there.
+CONFIRM ?= 0
+TUNE_ARGS ?=
+tune: $(MAR) $(if $(filter-out 0,$(CONFIRM)),ab)
 	$(PY) -m ts_microbatch.tune --mar $(MAR) --input $(BUILD)/kitten.jpg --batch-size $(BATCH_SIZE) \
-	  --out $(BUILD)/micro_batching.tuned.json
+	  --max-batch-delay $(MAX_BATCH_DELAY) --confirm $(CONFIRM) --confirm-out $(BUILD)/tune-confirm \
+	  --out $(BUILD)/micro_batching.tuned.json $(TUNE_ARGS)
 	@echo "Serve it with: make serve MB_CONFIG=$(BUILD)/micro_batching.tuned.json"
 
 lint: venv

@@ -35,6 +35,8 @@ CONFIG_KEYS = {
     "micro_batching",
     "metrics_mode",
     "mar",
+    "repeats",
+    "server_overhead",
 }
 SWEEP_KEYS = ("batch_size", "micro_batch_size", "max_batch_delay", "concurrency")
 INT_SWEEP_KEYS = ("batch_size", "max_batch_delay", "concurrency")
@@ -55,6 +57,8 @@ DEFAULTS: dict[str, Any] = {
     "micro_batching": None,
     "metrics_mode": "prometheus",
     "mar": None,
+    "repeats": 1,
+    "server_overhead": True,
 }
 HANDLERS = ("plain", "upstream", "ours")
 SCENARIOS = ("real", "accelerator", "mar")
@@ -75,7 +79,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
         )
     config = {**DEFAULTS, **raw}
     config["workers"] = int(config["workers"])  # the reference writes "workers": "1"
-    for key in INT_SWEEP_KEYS + ("requests", "workers", "warmup_requests"):
+    for key in INT_SWEEP_KEYS + ("requests", "workers", "warmup_requests", "repeats"):
         for value in as_list(config[key]):
             if (
                 isinstance(value, bool)
@@ -94,6 +98,10 @@ def load_config(path: str | Path) -> dict[str, Any]:
             raise BenchConfigError(
                 f"{path}: {name}: got {bad[0]!r}, expected some of {', '.join(allowed)}"
             )
+    if not isinstance(config["server_overhead"], bool):
+        raise BenchConfigError(
+            f"{path}: server_overhead: got {config['server_overhead']!r}, expected true or false"
+        )
     if config["metrics_mode"] not in METRICS_MODES:
         raise BenchConfigError(
             f"{path}: metrics_mode: got {config['metrics_mode']!r}, "
@@ -239,6 +247,23 @@ def parse_queue_times(ts_metrics_log: str) -> list[float]:
     return [float(ms) for ms in _QUEUE_TIME.findall(ts_metrics_log)]
 
 
+def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per scenario, handler and point: the run with the median throughput, with
+    ``runs``, the throughput of every run, and their relative spread (max - min) / median."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault((run["scenario"], run["handler"], point_tag(run)), []).append(run)
+    rows = []
+    for group in groups.values():
+        rates = sorted(r["requests_per_s"] for r in group)
+        middle = sorted(group, key=lambda r: r["requests_per_s"])[(len(group) - 1) // 2]
+        row = {k: v for k, v in middle.items() if k != "repeat"}
+        row["runs"] = [r["requests_per_s"] for r in group]
+        row["spread"] = (rates[-1] - rates[0]) / middle["requests_per_s"]
+        rows.append(row)
+    return rows
+
+
 def flatten_pipeline(pipeline: dict[str, Any]) -> dict[str, Any]:
     """ts_microbatch.scrape.summarize's result as result-row columns (and kept whole)."""
     row: dict[str, Any] = {
@@ -313,6 +338,16 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
         writer.writerows(rows)
 
 
+def _cell(column: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if column == "spread":
+            return f"{value:.0%}"
+        return f"{value:.3f}" if column == "efficiency" else f"{value:.1f}"
+    return str(value)
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     cols = [
         "scenario",
@@ -324,6 +359,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         "parallelism",
         "mean_micro_batch_size",
         "requests_per_s",
+        "spread",
         "p50_ms",
         "p90_ms",
         "p99_ms",
@@ -333,16 +369,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     ]
     lines = [" | ".join(cols), " | ".join("---" for _ in cols)]
     for row in rows:
-        cells = []
-        for c in cols:
-            v = row.get(c, "")
-            cells.append(
-                f"{v:.3f}"
-                if c == "efficiency" and isinstance(v, float)
-                else f"{v:.1f}"
-                if isinstance(v, float)
-                else str(v)
-            )
+        cells = [_cell(c, row.get(c)) for c in cols]
         lines.append(" | ".join(cells))
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -419,14 +420,15 @@ def ideal_for(scenario: str, handler: str, limits: dict[str, float], overhead: f
     return bench_lib.ideal_throughput(rates, shared_cpu=shared)
 
 
-def handlers_for(scenario: str, point: dict[str, Any], handlers: list[str]) -> list[str]:
-    """The runs at one point: the noop server-cost run first, then each handler. A user's
-    .mar runs alone; upstream has no "auto"."""
+def handlers_for(scenario: str, point: dict[str, Any], config: dict[str, Any]) -> list[str]:
+    """The runs at one point: the noop server-cost run first (unless turned off), then each
+    handler. A user's .mar runs alone; upstream has no "auto"."""
     if scenario == "mar":
         return ["mar"]
+    handlers = list(config["handlers"])
     if point["micro_batch_size"] == "auto":
         handlers = [h for h in handlers if h != "upstream"]
-    return ["noop"] + handlers
+    return (["noop"] if config["server_overhead"] else []) + handlers
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -444,6 +446,14 @@ def main() -> int:
     parser.add_argument(
         "--keep-logs", action="store_true", help="keep each server's logs in servers/"
     )
+    parser.add_argument(
+        "--export",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="only write the first scenario's model with our handler, at the first point, as "
+        "a model directory DIR (for python -m ts_microbatch.tune --mar DIR), and exit",
+    )
     args = parser.parse_args()
     if shutil.which("ab") is None:
         print(
@@ -456,13 +466,22 @@ def main() -> int:
     except bench_lib.BenchConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.export:
+        target = args.export.resolve()
+        scenario, point = config["scenarios"][0], bench_lib.sweep_points(config)[0]
+        with tempfile.TemporaryDirectory() as work:
+            package(target.parent, Path(work), target.name, scenario, "ours", config, point, None)
+        log(f"wrote the {scenario} model with our handler to {target}")
+        return 0
     out = Path(args.out or HERE / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     body_path = Path(config["input"]) if config.get("input") else out / "input.jpg"
     if not config.get("input"):
         body_path.write_bytes(prepare.make_jpeg(seed=0))
     log(f"input {body_path} ({body_path.stat().st_size} bytes); results in {out}")
-    rows = run_all(config, out, body_path, args.weights)
+    runs = run_all(config, out, body_path, args.weights)
+    bench_lib.write_csv(runs, out / "runs.csv")
+    rows = bench_lib.medians(runs)
     bench_lib.write_csv(rows, out / "results.csv")
     for scenario in config["scenarios"]:
         scenario_rows = [r for r in rows if r["scenario"] == scenario]
@@ -479,19 +498,22 @@ def main() -> int:
 def run_all(
     config: dict[str, Any], out: Path, body_path: Path, weights: str | None
 ) -> list[dict[str, Any]]:
-    """Every scenario, point and handler; results.json is rewritten after each point."""
+    """Every scenario, point and handler, ``repeats`` times round-robin (so slow phases of a
+    shared machine hit every config alike); one row per run. results.json is rewritten
+    after each point with the runs so far and their medians."""
     body = body_path.read_bytes()
     points = bench_lib.sweep_points(config)
     plan = [
-        (scenario, point, handler)
+        (repeat, scenario, point, handler)
+        for repeat in range(1, config["repeats"] + 1)
         for scenario in config["scenarios"]
         for point in points
-        for handler in handlers_for(scenario, point, config["handlers"])
+        for handler in handlers_for(scenario, point, config)
     ]
     rows: list[dict[str, Any]] = []
     cache: dict[str, Any] = {}
     results: dict[str, dict[str, Any]] = {}
-    for step, (scenario, point, handler) in enumerate(plan, start=1):
+    for step, (repeat, scenario, point, handler) in enumerate(plan, start=1):
         limits = stage_limits(scenario, point, config, body, cache)
         name = f"{scenario}-{handler}-{bench_lib.point_tag(point)}"
         shown = {k: v for k, v in point.items() if k != "micro_batching"}
@@ -500,14 +522,14 @@ def run_all(
         work = out / "work" / scenario
         package(out / "store", work, name, scenario, handler, config, point, weights)
         result = measure(
-            out / "servers" / name,
+            out / "servers" / f"{name}-r{repeat}",
             out / "store",
             name,
             body_path,
             config,
             point,
             label,
-            out / "metrics" / f"{name}.prom",
+            out / "metrics" / f"{name}-r{repeat}.prom",
         )
         log(
             f"{label}: {result['requests_per_s']:.1f} req/s, p99 {result['p99_ms']:.0f} ms, "
@@ -516,16 +538,19 @@ def run_all(
         if "pipeline" in result and result["pipeline"]["micro_batches"]:
             log(f"  /metrics: {format_summary(result['pipeline'])}")
         results[handler] = result
-        if step < len(plan) and plan[step][:2] == (scenario, point):
+        if step < len(plan) and plan[step][:3] == (repeat, scenario, point):
             continue  # more handlers at this point
         overhead = results.pop("noop", {}).get("requests_per_s")
         for run_handler, run in results.items():
-            ideal = ideal_for(scenario, run_handler, limits, overhead) if limits else None
+            ideal = (
+                ideal_for(scenario, run_handler, limits, overhead) if limits and overhead else None
+            )
             rows.append(
                 {
                     "scenario": scenario,
                     "handler": run_handler,
                     **point,
+                    "repeat": repeat,
                     **run,
                     "server_overhead_requests_per_s": overhead,
                     "stage_limits": limits,
@@ -540,7 +565,8 @@ def run_all(
                     "machine": bench_lib.machine_info(),
                     "config": config,
                     "stage_limits": cache,
-                    "results": rows,
+                    "results": bench_lib.medians(rows),
+                    "runs": rows,
                 },
                 indent=2,
                 default=str,

@@ -9,7 +9,11 @@ combination of micro_batch_size and preprocess/postprocess threads (inference th
 ``--inference-threads``), showing progress. It prints a table ranked by throughput, with
 the time per batch, and writes the best combination as micro_batching.json. The handler
 must use ts_microbatch (MicroBatchingMixin, or ``self.handle = MicroBatching(self)``).
-Confirm the winner on a real TorchServe with benchmarks/benchmark-ab.py.
+
+With ``--confirm K`` the K best combinations are then served one after the other by a real
+TorchServe on loopback and driven by benchmarks/benchmark-ab.py (apache bench) at the same
+batch size; the one it measures fastest is written instead, and both rankings are printed.
+In-process runs leave out the frontend, which shares the cores, so the two can disagree.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import importlib.util
 import itertools
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -177,6 +182,88 @@ def tune(
     return sorted(trials, key=lambda t: -t.requests_per_s)
 
 
+BENCHMARK_TOOL = Path(__file__).resolve().parents[1] / "benchmarks" / "benchmark-ab.py"
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A trial as the benchmark measured it on a real TorchServe."""
+
+    trial: Trial
+    config: dict[str, Any]
+    requests_per_s: float
+    p99_ms: float
+    errors: int
+
+
+def confirm(
+    ranked: list[Trial], base: MicroBatchingConfig, args: argparse.Namespace, workdir: Path
+) -> list[Confirmed]:
+    """Benchmarks the ``args.confirm`` best trials on a real TorchServe; fastest first."""
+    tool = args.benchmark_tool
+    if not tool.exists():
+        raise SystemExit(
+            f"--confirm runs {tool}, which is not there: pass --benchmark-tool with the path "
+            "of benchmarks/benchmark-ab.py from the ts_microbatch repository"
+        )
+    top = ranked[: args.confirm]
+    configs = [t.as_config(base) for t in top]
+    concurrency = args.concurrency or 2 * args.batch_size
+    bench_config = {
+        "scenarios": ["mar"],
+        "mar": str(args.mar.resolve()),
+        "input": str(args.input.resolve()),
+        "micro_batching": configs,
+        "batch_size": args.batch_size,
+        "max_batch_delay": args.max_batch_delay,
+        "concurrency": concurrency,
+        "requests": max(args.requests, concurrency),
+        "warmup_requests": max(100, concurrency),
+        "repeats": args.confirm_repeats,
+    }
+    config_path = workdir / "confirm.json"
+    config_path.write_text(json.dumps(bench_config, indent=2))
+    out = args.confirm_out or workdir / "confirm"
+    print(f"\nConfirming the {len(top)} best on TorchServe with {tool} (results in {out})")
+    cmd = [sys.executable, str(tool), "--config", str(config_path), "--out", str(out)]
+    if subprocess.run(cmd).returncode != 0:
+        raise SystemExit(f"the benchmark failed: {' '.join(cmd)}")
+    rows = json.loads((Path(out) / "results.json").read_text())["results"]  # the medians
+    confirmed = []
+    for trial, config in zip(top, configs):
+        row = next(r for r in rows if r["micro_batching"] == config)
+        confirmed.append(
+            Confirmed(trial, config, row["requests_per_s"], row["p99_ms"], row["errors"])
+        )
+    return sorted(confirmed, key=lambda c: -c.requests_per_s)
+
+
+def threads_of(parallelism: dict[str, int]) -> str:
+    return f"{parallelism['preprocess']}/{parallelism['inference']}/{parallelism['postprocess']}"
+
+
+def print_ranking(ranked: list[Trial]) -> None:
+    print("\nrank | micro_batch_size | threads pre/inf/post | requests/s | ms per batch")
+    for rank, t in enumerate(ranked, start=1):
+        print(
+            f"{rank:4} | {t.micro_batch_size:16} | {threads_of(t.parallelism):>20} |"
+            f" {t.requests_per_s:10.1f} | {t.batch_ms:.1f}"
+        )
+
+
+def print_confirmed(confirmed: list[Confirmed], ranked: list[Trial]) -> None:
+    print(
+        "\nOn TorchServe:\nrank | in-process rank | micro_batch_size | threads pre/inf/post |"
+        " requests/s | p99 ms | errors"
+    )
+    for rank, c in enumerate(confirmed, start=1):
+        print(
+            f"{rank:4} | {ranked.index(c.trial) + 1:15} | {c.trial.micro_batch_size:16} |"
+            f" {threads_of(c.trial.parallelism):>20} | {c.requests_per_s:10.1f} |"
+            f" {c.p99_ms:6.0f} | {c.errors}"
+        )
+
+
 def ints(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",")]
@@ -207,11 +294,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inference-threads", type=ints, default=[1])
     parser.add_argument("--repeats", type=int, default=3, help="batches measured per combination")
     parser.add_argument("--out", type=Path, default=Path("micro_batching.json"))
+    confirming = parser.add_argument_group("confirming on a real TorchServe")
+    confirming.add_argument(
+        "--confirm", type=int, default=0, metavar="K", help="benchmark the K best (default 0: no)"
+    )
+    confirming.add_argument("--requests", type=int, default=1000, help="measured per config")
+    confirming.add_argument(
+        "--concurrency", type=int, default=0, help="parallel clients (default 2 x batch size)"
+    )
+    confirming.add_argument("--max-batch-delay", type=int, default=50, help="milliseconds")
+    confirming.add_argument(
+        "--confirm-repeats",
+        type=int,
+        default=3,
+        help="runs per config, round-robin; the median counts (default 3)",
+    )
+    confirming.add_argument("--benchmark-tool", type=Path, default=BENCHMARK_TOOL)
+    confirming.add_argument(
+        "--confirm-out", type=Path, default=None, help="keep the benchmark's results here"
+    )
     args = parser.parse_args(argv)
     sizes = [s for s in args.micro_batch_sizes if s <= args.batch_size] or [args.batch_size]
     rows = [{"body": args.input.read_bytes()}] * args.batch_size
     with tempfile.TemporaryDirectory(prefix="ts-microbatch-tune-") as scratch:
-        model_dir = model_dir_of(args.mar, Path(scratch))
+        model_dir = model_dir_of(args.mar, Path(scratch) / "model")
         context = make_context(model_dir, args.batch_size)
         base = load_config(model_dir, context.model_yaml_config)
         _, mb = load_handler(model_dir, context)
@@ -226,15 +332,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         finally:
             mb.shutdown()
-    print("\nrank | micro_batch_size | threads pre/inf/post | requests/s | ms per batch")
-    for rank, t in enumerate(ranked, start=1):
-        p = t.parallelism
-        threads = f"{p['preprocess']}/{p['inference']}/{p['postprocess']}"
-        print(
-            f"{rank:4} | {t.micro_batch_size:16} | {threads:>20} |"
-            f" {t.requests_per_s:10.1f} | {t.batch_ms:.1f}"
-        )
-    args.out.write_text(json.dumps(ranked[0].as_config(base), indent=4) + "\n")
+        print_ranking(ranked)
+        best = ranked[0].as_config(base)
+        if args.confirm:
+            confirmed = confirm(ranked, base, args, Path(scratch))
+            print_confirmed(confirmed, ranked)
+            best = confirmed[0].config
+    args.out.write_text(json.dumps(best, indent=4) + "\n")
     print(f"\nWrote the best config to {args.out}")
     return 0
 

@@ -81,3 +81,94 @@ def test_tuner_refuses_a_handler_without_micro_batching(tmp_path: Path) -> None:
     )
     with pytest.raises(SystemExit, match="does not use ts_microbatch"):
         main(["--mar", str(work / "plain"), "--input", str(handler), "--batch-size", "2"])
+
+
+FAKE_BENCHMARK = '''
+import json, sys
+from pathlib import Path
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+config = json.loads(Path(args["--config"]).read_text())
+assert config["scenarios"] == ["mar"] and Path(config["mar"]).exists(), config
+out = Path(args["--out"]); out.mkdir(parents=True, exist_ok=True)
+# Measures the configs in the reverse of the tuner's order: the last one sent is fastest.
+rows = [
+    {"micro_batching": c, "requests_per_s": 100.0 + i, "p99_ms": 50.0, "errors": 0}
+    for i, c in enumerate(config["micro_batching"])
+]
+(out / "results.json").write_text(json.dumps({"results": rows}))
+print("fake benchmark ran", len(rows), "configs")
+'''
+
+
+def test_confirm_keeps_what_the_benchmark_measures_fastest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    tool = tmp_path / "fake_benchmark.py"
+    tool.write_text(FAKE_BENCHMARK)
+    out = tmp_path / "micro_batching.json"
+    argv = [
+        "--mar",
+        str(mar),
+        "--input",
+        str(Path(ROOT, "examples/text_classifier/sample.txt")),
+        "--batch-size",
+        "8",
+        "--micro-batch-sizes",
+        "1,2,8",
+        "--threads",
+        "1",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+        "--confirm",
+        "2",
+        "--benchmark-tool",
+        str(tool),
+    ]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    in_process = [
+        line.split("|")
+        for line in printed.split("On TorchServe")[0].splitlines()
+        if line[:4].strip().isdigit() and " | " in line
+    ]
+    second_in_process = int(in_process[1][1])
+    assert json.loads(out.read_text())["micro_batch_size"] == second_in_process
+    on_server = printed.split("On TorchServe")[1].splitlines()[2].split("|")
+    assert int(on_server[1]) == 2 and float(on_server[4]) == 101.0  # in-process rank 2 won
+    with pytest.raises(SystemExit, match="--benchmark-tool"):
+        main(argv[:-1] + [str(tmp_path / "missing.py")])
+
+
+def test_benchmark_serves_a_mar_with_each_micro_batching_config(tmp_path: Path) -> None:
+    bench_ab = load_module("benchmarks/benchmark-ab.py", "ts_microbatch_benchmark_ab")
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    config_path = tmp_path / "bench.json"
+    settings = {"micro_batch_size": 3, "parallelism": {"preprocess": 2}, "timeout_s": 9}
+    config_path.write_text(
+        json.dumps(
+            {
+                "scenarios": ["mar"],
+                "mar": str(mar),
+                "input": "x",
+                "micro_batching": [settings],
+                "batch_size": 12,
+            }
+        )
+    )
+    config = bench_ab.bench_lib.load_config(config_path)
+    point = bench_ab.bench_lib.sweep_points(config)[0]
+    assert bench_ab.handlers_for("mar", point, config) == ["mar"]
+    store = tmp_path / "store"
+    bench_ab.package(store, tmp_path / "bench-work", "m1", "mar", "mar", config, point, None)
+    model = store / "m1"
+    manifest = json.loads((model / "MAR-INF" / "MANIFEST.json").read_text())
+    assert manifest["model"]["modelName"] == "m1"
+    yaml_config = bench_ab.yaml.safe_load((model / manifest["model"]["configFile"]).read_text())
+    assert yaml_config["batchSize"] == 12 and yaml_config["micro_batching"] == settings
+    # What the handler will load: the point's settings, whichever file it reads.
+    loaded = load_config(model, yaml_config)
+    assert (loaded.micro_batch_size, loaded.parallelism.preprocess, loaded.timeout_s) == (3, 2, 9)
+    assert json.loads((model / "micro_batching.json").read_text()) == settings
