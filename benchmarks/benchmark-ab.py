@@ -21,7 +21,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,139 +30,15 @@ sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "examples/image_classifier")]
 
 import bench_lib  # noqa: E402
 import prepare  # noqa: E402
-import yaml  # noqa: E402
+from bench_limits import ideal_for, stage_limits  # noqa: E402
+from bench_packaging import package  # noqa: E402
 
-from ts_microbatch.config import CONFIG_FILE_NAME, MicroBatchingConfig  # noqa: E402
 from ts_microbatch.scrape import format_summary, summarize  # noqa: E402
 from ts_microbatch.server import TorchServe  # noqa: E402
-from ts_microbatch.tune import model_dir_of  # noqa: E402
-
-HANDLER_FILES = {
-    "plain": "image_classifier",
-    "upstream": str(HERE / "handlers/upstream_mb_handler.py"),
-    "ours": str(ROOT / "handlers/micro_batching_handler.py"),
-    "noop": str(HERE / "handlers/noop_handler.py"),
-}
 
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-# -- packaging ---------------------------------------------------------------------------
-
-
-def model_yaml(config: dict[str, Any], point: dict[str, Any], handler: str) -> dict[str, Any]:
-    """model-config.yaml for one run: the frontend settings and the micro-batching config
-    (upstream's handler reads only micro_batch_size and parallelism from it)."""
-    settings = point["micro_batching"]
-    if handler == "upstream":
-        effective = MicroBatchingConfig.from_mapping(settings)
-        settings = {
-            "micro_batch_size": effective.micro_batch_size,
-            "parallelism": effective.parallelism.as_dict(),
-        }
-    model: dict[str, Any] = {
-        "minWorkers": config["workers"],
-        "maxWorkers": config["workers"],
-        "batchSize": point["batch_size"],
-        "maxBatchDelay": point["max_batch_delay"],
-        "responseTimeout": config["response_timeout"],
-        "micro_batching": settings,
-    }
-    if handler == "ours":
-        model["handler"] = {"decoder": config["decoder"]}
-    return model
-
-
-def package(
-    store: Path,
-    work: Path,
-    name: str,
-    scenario: str,
-    handler: str,
-    config: dict[str, Any],
-    point: dict[str, Any],
-    weights: str | None,
-) -> str:
-    """An unarchived model directory in the store (no zip: large weights pack slowly)."""
-    import torch
-
-    work.mkdir(parents=True, exist_ok=True)
-    store.mkdir(parents=True, exist_ok=True)
-    if scenario == "mar":
-        return package_mar(store, work, name, config, point)
-    extra = [prepare.write_labels(str(work))]
-    if scenario == "real":
-        model_file = ROOT / "examples/image_classifier/model.py"
-        serialized = work / "resnet18.pth"
-        if not serialized.exists():  # made once per run; untrained unless --weights
-            serialized = Path(prepare.write_weights(str(work), weights))
-    else:
-        model_file = HERE / "models/sim_accelerator.py"
-        serialized = work / "sim.pth"
-        torch.save({"scale": torch.ones(1)}, serialized)
-        cost = work / "sim_accelerator.json"
-        cost.write_text(json.dumps(config["accelerator"]))
-        extra.append(str(cost))
-    yaml_path = work / f"{name}.yaml"
-    yaml_path.write_text(yaml.safe_dump(model_yaml(config, point, handler), sort_keys=False))
-    cmd = [
-        str(Path(sys.executable).with_name("torch-model-archiver")),
-        "--force",
-        "--model-name",
-        name,
-        "--version",
-        "1.0",
-        "--handler",
-        HANDLER_FILES[handler],
-        "--config-file",
-        str(yaml_path),
-        "--export-path",
-        str(store),
-        "--archive-format",
-        "no-archive",
-    ]
-    if handler != "noop":
-        cmd += [
-            "--model-file",
-            str(model_file),
-            "--serialized-file",
-            str(serialized),
-            "--extra-files",
-            ",".join(extra),
-        ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"torch-model-archiver failed for {name}:\n{proc.stdout}{proc.stderr}")
-    return name
-
-
-def package_mar(
-    store: Path, work: Path, name: str, config: dict[str, Any], point: dict[str, Any]
-) -> str:
-    """The user's .mar (or model directory) as a model directory in the store, with this
-    point's micro-batching config in both micro_batching.json and model-config.yaml (where
-    the YAML's section would otherwise win) and the point's frontend settings."""
-    source = Path(config["mar"])
-    if not source.is_dir():
-        if not (work / "mar").exists():  # unpacked once per run
-            model_dir_of(source, work / "mar")
-        source = work / "mar"
-    target = store / name
-    shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(source, target)
-    manifest_path = target / "MAR-INF" / "MANIFEST.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["model"]["modelName"] = name
-    config_file = manifest["model"].setdefault("configFile", "model-config.yaml")
-    yaml_path = target / config_file
-    model = yaml.safe_load(yaml_path.read_text()) if yaml_path.exists() else None
-    model = {**(model or {}), **model_yaml(config, point, "mar")}
-    yaml_path.write_text(yaml.safe_dump(model, sort_keys=False))
-    (target / CONFIG_FILE_NAME).write_text(json.dumps(point["micro_batching"], indent=4))
-    manifest_path.write_text(json.dumps(manifest, indent=2))
-    return name
 
 
 # -- one measurement -----------------------------------------------------------------------
@@ -321,105 +196,6 @@ def settled_scrape(server: TorchServe, timeout_s: float = 10.0) -> str:
         time.sleep(0.25)  # the frontend has no "metrics flushed" event to wait on
 
 
-# -- stage limits, measured in-process -----------------------------------------------------
-
-
-def preprocess_rate(
-    decoder: str, threads: int, micro_batch_size: int, body: bytes, seconds: float = 3.0
-) -> float:
-    """Images/s the handler's preprocess reaches on this machine with `threads` threads."""
-    import torch
-
-    sys.path.insert(0, str(ROOT / "handlers"))
-    from micro_batching_handler import MicroBatchingHandler
-
-    handler = MicroBatchingHandler()
-    handler.decoder = decoder
-    handler.device = torch.device("cpu")
-    rows = [{"body": body}] * micro_batch_size
-    handler.preprocess(rows)
-    done = [0] * threads
-    deadline = time.perf_counter() + seconds
-
-    def loop(i: int) -> None:
-        while time.perf_counter() < deadline:
-            handler.preprocess(rows)
-            done[i] += micro_batch_size
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(loop, range(threads)))
-    return sum(done) / (time.perf_counter() - start)
-
-
-def inference_rate(
-    scenario: str, config: dict[str, Any], micro_batch_size: int, threads: int, seconds: float = 3.0
-) -> float:
-    if scenario == "accelerator":
-        cost = config["accelerator"]
-        # Sleeps overlap across threads: a device with `threads` streams, by construction.
-        return (
-            threads
-            * micro_batch_size
-            * 1000.0
-            / (cost["fixed_ms"] + cost["per_item_ms"] * micro_batch_size)
-        )
-    import torch
-    from torchvision.models import resnet18
-
-    model = resnet18(weights=None).eval()
-    x = torch.randn(micro_batch_size, 3, 224, 224)
-    with torch.inference_mode():
-        model(x)
-        n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            model(x)
-            n += micro_batch_size
-    return n / (time.perf_counter() - start)
-
-
-def stage_limits(
-    scenario: str,
-    point: dict[str, Any],
-    config: dict[str, Any],
-    body: bytes,
-    cache: dict[str, Any],
-) -> dict[str, float] | None:
-    """In-process stage rates for the point's micro-batch size and threads (None for a
-    user's .mar, whose stages are unknown here). For "auto" the largest size it may pick."""
-    if scenario == "mar":
-        return None
-    effective = MicroBatchingConfig.from_mapping(point["micro_batching"])
-    size = point["micro_batch_size"]
-    if size == "auto":
-        size = min(point["batch_size"], effective.max_micro_batch_size)
-    threads = effective.parallelism
-    key = f"{scenario}-mbs{size}-threads{point['parallelism']}"
-    if key not in cache:
-        log(f"measuring stage limits for {key} in-process")
-        cache[key] = {
-            "preprocess_ours": preprocess_rate(config["decoder"], threads.preprocess, size, body),
-            "preprocess_pil": preprocess_rate("pil", threads.preprocess, size, body),
-            "inference": inference_rate(scenario, config, size, threads.inference),
-        }
-        log("  " + ", ".join(f"{k} {v:.0f}/s" for k, v in cache[key].items()))
-    limits: dict[str, float] = cache[key]
-    return limits
-
-
-def ideal_for(scenario: str, handler: str, limits: dict[str, float], overhead: float) -> float:
-    rates = {
-        "server": overhead,
-        "inference": limits["inference"],
-        "preprocess": limits["preprocess_ours" if handler == "ours" else "preprocess_pil"],
-    }
-    # On this machine's cores the server's own work (frontend, ab, IPC: the noop run) and
-    # preprocessing compete, and so does inference when it runs on the CPU: their
-    # per-request times add. The simulated device's sleep does not.
-    shared = ("server", "preprocess") + (("inference",) if scenario == "real" else ())
-    return bench_lib.ideal_throughput(rates, shared_cpu=shared)
-
-
 def handlers_for(scenario: str, point: dict[str, Any], config: dict[str, Any]) -> list[str]:
     """The runs at one point: the noop server-cost run first (unless turned off), then each
     handler. A user's .mar runs alone; upstream has no "auto"."""
@@ -514,7 +290,7 @@ def run_all(
     cache: dict[str, Any] = {}
     results: dict[str, dict[str, Any]] = {}
     for step, (repeat, scenario, point, handler) in enumerate(plan, start=1):
-        limits = stage_limits(scenario, point, config, body, cache)
+        limits = stage_limits(scenario, point, config, body, cache, log)
         name = f"{scenario}-{handler}-{bench_lib.point_tag(point)}"
         shown = {k: v for k, v in point.items() if k != "micro_batching"}
         label = f"[{step}/{len(plan)}] {scenario} {handler} {shown}"

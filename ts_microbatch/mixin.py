@@ -10,12 +10,16 @@ pipeline; ``handle`` runs batches through it.
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 from .config import MicroBatchingConfig, load_config
 from .metrics import PipelineObserver
 from .micro_batching import MicroBatching
 from .torchserve_metrics import TorchServeMetricsObserver
+
+logger = logging.getLogger(__name__)
 
 
 class MicroBatchingMixin:
@@ -38,6 +42,8 @@ class MicroBatchingMixin:
 
     def initialize(self, context: Any) -> None:
         config = self.micro_batching_config(context)
+        # In the model log, so what a worker actually runs with is never a guess.
+        logger.info("micro-batching config: %s", json.dumps(config.as_dict(), sort_keys=True))
         super().initialize(context)  # type: ignore[misc]
         if self.micro_batching is not None:
             self.micro_batching.shutdown()

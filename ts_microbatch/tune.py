@@ -276,7 +276,7 @@ def ints(text: str) -> list[int]:
     return values
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ts_microbatch.tune", description=__doc__.split("\n\n")[0]
     )
@@ -313,7 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     confirming.add_argument(
         "--confirm-out", type=Path, default=None, help="keep the benchmark's results here"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     sizes = [s for s in args.micro_batch_sizes if s <= args.batch_size] or [args.batch_size]
     rows = [{"body": args.input.read_bytes()}] * args.batch_size
     with tempfile.TemporaryDirectory(prefix="ts-microbatch-tune-") as scratch:

@@ -83,7 +83,7 @@ def test_tuner_refuses_a_handler_without_micro_batching(tmp_path: Path) -> None:
         main(["--mar", str(work / "plain"), "--input", str(handler), "--batch-size", "2"])
 
 
-FAKE_BENCHMARK = '''
+FAKE_BENCHMARK = """
 import json, sys
 from pathlib import Path
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
@@ -97,7 +97,7 @@ rows = [
 ]
 (out / "results.json").write_text(json.dumps({"results": rows}))
 print("fake benchmark ran", len(rows), "configs")
-'''
+"""
 
 
 def test_confirm_keeps_what_the_benchmark_measures_fastest(
@@ -144,6 +144,7 @@ def test_confirm_keeps_what_the_benchmark_measures_fastest(
 
 def test_benchmark_serves_a_mar_with_each_micro_batching_config(tmp_path: Path) -> None:
     bench_ab = load_module("benchmarks/benchmark-ab.py", "ts_microbatch_benchmark_ab")
+    packaging = load_module("benchmarks/bench_packaging.py", "bench_packaging")
     mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
     config_path = tmp_path / "bench.json"
     settings = {"micro_batch_size": 3, "parallelism": {"preprocess": 2}, "timeout_s": 9}
@@ -162,11 +163,11 @@ def test_benchmark_serves_a_mar_with_each_micro_batching_config(tmp_path: Path) 
     point = bench_ab.bench_lib.sweep_points(config)[0]
     assert bench_ab.handlers_for("mar", point, config) == ["mar"]
     store = tmp_path / "store"
-    bench_ab.package(store, tmp_path / "bench-work", "m1", "mar", "mar", config, point, None)
+    packaging.package(store, tmp_path / "bench-work", "m1", "mar", "mar", config, point, None)
     model = store / "m1"
     manifest = json.loads((model / "MAR-INF" / "MANIFEST.json").read_text())
     assert manifest["model"]["modelName"] == "m1"
-    yaml_config = bench_ab.yaml.safe_load((model / manifest["model"]["configFile"]).read_text())
+    yaml_config = packaging.yaml.safe_load((model / manifest["model"]["configFile"]).read_text())
     assert yaml_config["batchSize"] == 12 and yaml_config["micro_batching"] == settings
     # What the handler will load: the point's settings, whichever file it reads.
     loaded = load_config(model, yaml_config)
