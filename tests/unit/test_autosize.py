@@ -178,3 +178,16 @@ def test_auto_config_errors(mapping: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         MicroBatchingConfig.from_mapping(mapping)
     assert message in str(info.value)
+
+
+def test_adapts_when_the_load_changes_the_batch_size() -> None:
+    # Under light load TorchServe hands over smaller batches: the size follows them down.
+    costs = known_costs()
+    policy = AutoMicroBatchSize(1, 32)
+    drive(policy, costs, 24, batch=32)
+    chosen = drive(policy, costs, 24, batch=6)
+    assert max(chosen) <= 6
+    size, share = settled(chosen[-16:])
+    optimum = min(range(1, 7), key=lambda n: true_makespan(costs, 6, n))
+    assert share >= 0.8, chosen
+    assert true_makespan(costs, 6, size) <= 1.03 * true_makespan(costs, 6, optimum), chosen
