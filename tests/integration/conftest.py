@@ -15,6 +15,13 @@ build = load_module("examples/image_classifier/build_mar.py", "ts_microbatch_exa
 MODEL = "resnet-18_mb"
 BAD_MODEL = "resnet-18_badcfg"
 BAD_CONFIG = {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 0}}
+AUTO_MODEL = "resnet-18_auto"
+AUTO_CONFIG = {
+    "micro_batch_size": "auto",
+    "min_micro_batch_size": 2,
+    "max_micro_batch_size": 6,
+    "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 1},
+}
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +42,16 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         work_dir=work / "bad",
         archive_format="zip-store",
         micro_batching_json=bad_json,
+        model_config=no_mb_yaml,
+    )
+    auto_json = work / "auto.json"
+    auto_json.write_text(json.dumps(AUTO_CONFIG))
+    build.build_mar(
+        store,
+        model_name=AUTO_MODEL,
+        work_dir=work / "auto",
+        archive_format="zip-store",
+        micro_batching_json=auto_json,
         model_config=no_mb_yaml,
     )
     return store

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.handlers.conftest import bomb_png, make_jpeg
-from tests.integration.conftest import BAD_MODEL, MODEL
+from tests.integration.conftest import AUTO_MODEL, BAD_MODEL, MODEL
 from ts_microbatch.scrape import summarize
 from ts_microbatch.server import Response, TorchServe
 
@@ -191,3 +191,39 @@ def test_prometheus_endpoint_shows_pipeline_metrics_after_traffic(
     assert summary["micro_batches"] >= summary["batches"] >= 1, summary
     assert summary["errors"].get("400", 0) >= 1, summary
     assert "MicroBatchQueueSeconds_bucket" in text and "MicroBatchesPerBatch_count" in text
+
+
+def test_auto_micro_batch_size_answers_every_request_within_its_bounds(
+    server: TorchServe,
+) -> None:
+    resp = server.register(f"{AUTO_MODEL}.mar", batch_size=16, max_batch_delay_ms=50)
+    assert resp.status == 200, resp.body
+    try:
+        images = [make_jpeg(600 + i, size=(320, 240)) for i in range(31)]
+        reference = [server.predict(AUTO_MODEL, img).json() for img in images]
+        for _ in range(3):  # batches of up to 16 while "auto" explores and settles
+            responses = parallel(server, images + [b"not an image"], name=AUTO_MODEL)
+            assert [r.status for r in responses] == [200] * 31 + [400]
+            for got, want in zip(responses, reference):
+                assert list(got.json().values()) == pytest.approx(list(want.values()), abs=1e-5)
+        text = server.scrape_metrics()
+        summary = summarize(text, model_name=AUTO_MODEL)
+        assert summary["micro_batches"] > summary["batches"] >= 3, summary
+        # Every micro-batch within max_micro_batch_size (6): all in the histogram's
+        # "<= 7.5" bucket. (Below min is allowed: a batch's remainder.)
+        count = next(
+            line
+            for line in text.splitlines()
+            if line.startswith("MicroBatchSize_count") and AUTO_MODEL in line
+        )
+        in_bucket = next(
+            line
+            for line in text.splitlines()
+            if line.startswith("MicroBatchSize_bucket")
+            and AUTO_MODEL in line
+            and 'le="7.5"' in line
+        )
+        assert float(in_bucket.rsplit(" ", 1)[1]) == float(count.rsplit(" ", 1)[1])
+        assert '"micro_batch_size": "auto"' in server.log()
+    finally:
+        assert server.unregister(AUTO_MODEL).status == 200
