@@ -76,6 +76,7 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
     ``mean_batch_size``, ``mean_micro_batch_size``, ``micro_batches_per_batch``,
     ``stage_ms`` and ``stage_wait_ms`` (per stage, mean per micro-batch) and ``errors``
     (requests answered with an error, by status code). Values with nothing to average are NaN.
+    Micro-batches re-run to isolate a failing request count again in the sizes.
     """
     a, b = parse_prometheus(after), parse_prometheus(before)
     model = {"ModelName": model_name} if model_name else {}
@@ -83,6 +84,10 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
 
     def delta(name: str, **labels: str) -> float:
         return _delta(a, b, name, **labels)
+
+    def mean_ms(histogram: str, stage: str) -> float:
+        seconds = delta(f"{histogram}_sum", Stage=stage, **model)
+        return 1000 * _ratio(seconds, delta(f"{histogram}_count", Stage=stage, **model))
 
     requests = delta("ts_inference_requests_total", **frontend)
     batches = delta(f"{MICRO_BATCHES_PER_BATCH}_count", **model)
@@ -109,22 +114,8 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
         "micro_batches_per_batch": _ratio(
             delta(f"{MICRO_BATCHES_PER_BATCH}_sum", **model), batches
         ),
-        "stage_ms": {
-            stage: 1000
-            * _ratio(
-                delta(f"{STAGE_TIME}_sum", Stage=stage, **model),
-                delta(f"{STAGE_TIME}_count", Stage=stage, **model),
-            )
-            for stage in STAGES
-        },
-        "stage_wait_ms": {
-            stage: 1000
-            * _ratio(
-                delta(f"{QUEUE_TIME}_sum", Stage=stage, **model),
-                delta(f"{QUEUE_TIME}_count", Stage=stage, **model),
-            )
-            for stage in STAGES
-        },
+        "stage_ms": {stage: mean_ms(STAGE_TIME, stage) for stage in STAGES},
+        "stage_wait_ms": {stage: mean_ms(QUEUE_TIME, stage) for stage in STAGES},
         "errors": {code: n for code, n in errors.items() if n},
     }
 
