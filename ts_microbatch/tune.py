@@ -199,7 +199,8 @@ class Confirmed:
 def confirm(
     ranked: list[Trial], base: MicroBatchingConfig, args: argparse.Namespace, workdir: Path
 ) -> list[Confirmed]:
-    """Benchmarks the ``args.confirm`` best trials on a real TorchServe; fastest first."""
+    """Benchmarks the ``args.confirm`` best trials on a real TorchServe; fastest first,
+    those with errors last."""
     tool = args.benchmark_tool
     if not tool.exists():
         raise SystemExit(
@@ -224,7 +225,10 @@ def confirm(
     config_path = workdir / "confirm.json"
     config_path.write_text(json.dumps(bench_config, indent=2))
     out = args.confirm_out or workdir / "confirm"
-    print(f"\nConfirming the {len(top)} best on TorchServe with {tool} (results in {out})")
+    print(
+        f"\nConfirming the {len(top)} best on TorchServe with {tool} (results in {out})",
+        flush=True,  # before the benchmark's own output
+    )
     cmd = [sys.executable, str(tool), "--config", str(config_path), "--out", str(out)]
     if subprocess.run(cmd).returncode != 0:
         raise SystemExit(f"the benchmark failed: {' '.join(cmd)}")
@@ -235,7 +239,8 @@ def confirm(
         confirmed.append(
             Confirmed(trial, config, row["requests_per_s"], row["p99_ms"], row["errors"])
         )
-    return sorted(confirmed, key=lambda c: -c.requests_per_s)
+    # A config that answered any request with an error loses to every one that did not.
+    return sorted(confirmed, key=lambda c: (c.errors > 0, -c.requests_per_s))
 
 
 def threads_of(parallelism: dict[str, int]) -> str:
