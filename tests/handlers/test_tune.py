@@ -90,9 +90,10 @@ args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 config = json.loads(Path(args["--config"]).read_text())
 assert config["scenarios"] == ["mar"] and Path(config["mar"]).exists(), config
 out = Path(args["--out"]); out.mkdir(parents=True, exist_ok=True)
-# Measures the configs in the reverse of the tuner's order: the last one sent is fastest.
+# Measures the configs in the reverse of the tuner's order: the last one sent is fastest;
+# the third, when there is one, answers 3 requests with errors.
 rows = [
-    {"micro_batching": c, "requests_per_s": 100.0 + i, "p99_ms": 50.0, "errors": 0}
+    {"micro_batching": c, "requests_per_s": 100.0 + i, "p99_ms": 50.0, "errors": 3 * (i == 2)}
     for i, c in enumerate(config["micro_batching"])
 ]
 (out / "results.json").write_text(json.dumps({"results": rows}))
@@ -127,17 +128,26 @@ def test_confirm_keeps_what_the_benchmark_measures_fastest(
         "--benchmark-tool",
         str(tool),
     ]
-    assert main(argv) == 0
-    printed = capsys.readouterr().out
-    in_process = [
-        line.split("|")
-        for line in printed.split("On TorchServe")[0].splitlines()
-        if line[:4].strip().isdigit() and " | " in line
-    ]
-    second_in_process = int(in_process[1][1])
+
+    def run(confirm: int) -> tuple[int, list[list[str]]]:
+        """The in-process rank-2 size, and the rows of the on-TorchServe table."""
+        assert main(argv[:-3] + [str(confirm)] + argv[-2:]) == 0
+        in_process, on_server = capsys.readouterr().out.split("On TorchServe")
+        ranked = [
+            line.split("|")
+            for line in in_process.splitlines()
+            if line[:4].strip().isdigit() and " | " in line
+        ]
+        rows = [line.split("|") for line in on_server.splitlines()[2 : 2 + confirm]]
+        return int(ranked[1][1]), rows
+
+    second_in_process, rows = run(2)
     assert json.loads(out.read_text())["micro_batch_size"] == second_in_process
-    on_server = printed.split("On TorchServe")[1].splitlines()[2].split("|")
-    assert int(on_server[1]) == 2 and float(on_server[4]) == 101.0  # in-process rank 2 won
+    assert int(rows[0][1]) == 2 and float(rows[0][4]) == 101.0  # in-process rank 2 won
+    # With three, the third is fastest but answered with errors: rank 2 still wins.
+    second_in_process, rows = run(3)
+    assert json.loads(out.read_text())["micro_batch_size"] == second_in_process
+    assert int(rows[0][1]) == 2 and (int(rows[-1][1]), int(rows[-1][6])) == (3, 3)
     with pytest.raises(SystemExit, match="--benchmark-tool"):
         main(argv[:-1] + [str(tmp_path / "missing.py")])
 
