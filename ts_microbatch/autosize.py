@@ -134,7 +134,8 @@ class AutoMicroBatchSize:
         self._stage_runs: dict[str, dict[int, _Average]] = {}
         self._per_request: dict[int, _Average] = {}
         self._largest_batches: list[int] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the measurements
+        self._choosing = threading.Lock()  # one choice at a time: it moves the climb state
         self._batches = 0
         self._up = True  # the direction of the next neighbour to try
         self._trying: int | None = None  # the neighbour being tried
@@ -203,17 +204,18 @@ class AutoMicroBatchSize:
     def choose(self, batch: int, threads: Mapping[str, int]) -> int:
         """The size for the next batch of ``batch`` requests."""
         lo, hi = self._bounds(batch)
-        with self._lock:
-            self._batches += 1
-        proposed = self.best(batch, threads)
-        measured = self.measured(batch)
-        if proposed is None:
-            size = self._least_tried((lo, hi, round(math.sqrt(lo * hi))))
-        elif proposed not in measured:
-            size = proposed
-        else:
-            size = self._climb(_smallest_near_best(measured), batch)
-        self.last_size = size
+        with self._choosing:
+            with self._lock:
+                self._batches += 1
+            proposed = self.best(batch, threads)
+            measured = self.measured(batch)
+            if proposed is None:
+                size = self._least_tried((lo, hi, round(math.sqrt(lo * hi))))
+            elif proposed not in measured:
+                size = proposed
+            else:
+                size = self._climb(_smallest_near_best(measured), batch)
+            self.last_size = size
         return size
 
     def _climb(self, best: int, batch: int) -> int:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import wait
 
 import pytest
 
 from tests.unit.fakes import FakeHandler, expected
-from ts_microbatch import ConfigError, MicroBatching, MicroBatchingConfig
+from ts_microbatch import ConfigError, MicroBatching, MicroBatchingConfig, Pipeline
 from ts_microbatch.autosize import AutoMicroBatchSize, StageCost, fit_cost, predicted_makespan_s
 
 THREADS = {"preprocess": 2, "inference": 1, "postprocess": 1}
@@ -191,3 +193,39 @@ def test_adapts_when_the_load_changes_the_batch_size() -> None:
     optimum = min(range(1, 7), key=lambda n: true_makespan(costs, 6, n))
     assert share >= 0.8, chosen
     assert true_makespan(costs, 6, size) <= 1.03 * true_makespan(costs, 6, optimum), chosen
+
+
+def test_batches_submitted_from_many_threads_with_auto() -> None:
+    # Pipeline.submit may be called from several threads: every answer stays right and
+    # every micro-batch within the bounds while the size is chosen concurrently.
+    handler = FakeHandler(jitter_s=0.0005)
+    pipeline = Pipeline(
+        {
+            n: (lambda b, n=n: getattr(handler, n)(b))
+            for n in ("preprocess", "inference", "postprocess")
+        },
+        parallelism={"preprocess": 2, "inference": 1, "postprocess": 2},
+    )
+    pipeline.auto_micro_batch_size = AutoMicroBatchSize(2, 5)
+    errors: list[BaseException] = []
+
+    def client(offset: int) -> None:
+        try:
+            for i in range(15):
+                items = list(range(offset + 100 * i, offset + 100 * i + 12))
+                futures = pipeline.submit(items)
+                done, pending = wait(futures, timeout=10)
+                assert not pending, "requests never answered"
+                assert [f.result() for f in futures] == expected(items)
+        except BaseException as exc:  # reported below, on the test's thread
+            errors.append(exc)
+
+    with pipeline:
+        threads = [threading.Thread(target=client, args=(10_000 * t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a client hung"
+    assert not errors, errors[0]
+    assert {len(call) for call in handler.calls["preprocess"]} <= set(range(1, 6))
