@@ -31,29 +31,20 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = tmp_path_factory.mktemp("model_store")
     work = tmp_path_factory.mktemp("build")
     build.build_mar(store, model_name=MODEL, work_dir=work / "good", archive_format="zip-store")
-    bad_json = work / "bad.json"
-    bad_json.write_text(json.dumps(BAD_CONFIG))
     no_mb_yaml = work / "model-config.yaml"
-    # Only the JSON is bad; the YAML section would otherwise override the bad key.
+    # No micro_batching section: the YAML would otherwise win over the JSON's keys.
     no_mb_yaml.write_text("minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 50\n")
-    build.build_mar(
-        store,
-        model_name=BAD_MODEL,
-        work_dir=work / "bad",
-        archive_format="zip-store",
-        micro_batching_json=bad_json,
-        model_config=no_mb_yaml,
-    )
-    auto_json = work / "auto.json"
-    auto_json.write_text(json.dumps(AUTO_CONFIG))
-    build.build_mar(
-        store,
-        model_name=AUTO_MODEL,
-        work_dir=work / "auto",
-        archive_format="zip-store",
-        micro_batching_json=auto_json,
-        model_config=no_mb_yaml,
-    )
+    for name, config in ((BAD_MODEL, BAD_CONFIG), (AUTO_MODEL, AUTO_CONFIG)):
+        config_json = work / f"{name}.json"
+        config_json.write_text(json.dumps(config))
+        build.build_mar(
+            store,
+            model_name=name,
+            work_dir=work / name,
+            archive_format="zip-store",
+            micro_batching_json=config_json,
+            model_config=no_mb_yaml,
+        )
     return store
 
 
