@@ -18,11 +18,12 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv test test-unit mar serve stop ab bench tune lint clean FORCE
+.PHONY: help venv test test-unit mar serve stop metrics ab bench tune lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
 	@echo "make stop    stop TorchServe"
+	@echo "make metrics while it runs: per-stage times and micro-batch sizes every 10 s"
 	@echo "make test    set up and run every test"
 	@echo "make mar     build $(MAR)"
 	@echo "make bench   run the default benchmark comparison"
@@ -67,6 +68,11 @@ serve: $(MAR)
 
 stop:
 	$(PY) -m ts_microbatch.serve stop
+
+# While `make serve` runs: per-stage times, micro-batch sizes and errors every 10 s.
+metrics:
+	$(PY) -m ts_microbatch.scrape http://127.0.0.1:$(METRICS_PORT)/metrics --model $(MODEL_NAME) \
+	  --interval 10
 
 ab:
 	@command -v ab >/dev/null || { apt-get update -qq && apt-get install -y -qq apache2-utils; }

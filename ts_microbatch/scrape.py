@@ -6,12 +6,23 @@ wait before each stage, mean micro-batch size, micro-batches per frontend batch 
 by status code, next to TorchServe's own request count and queue time. Histograms and
 counters only grow, so the difference of two scrapes is the traffic between them; a worker
 restart resets them, and then the ``after`` scrape alone is summarized.
+
+From a shell, against a running TorchServe's metrics address::
+
+    python -m ts_microbatch.scrape http://127.0.0.1:8082/metrics --model resnet-18_mb \
+        --interval 10
+
+prints one summary line for every 10 s of traffic (``--count N`` stops after N lines).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
+import sys
+import time
+import urllib.request
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -122,6 +133,8 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
 
 def format_summary(summary: dict[str, Any]) -> str:
     """One line for a log: per-stage times, sizes and errors."""
+    if not summary["micro_batches"]:
+        return "no micro-batches"
     ran, waited = summary["stage_ms"], summary["stage_wait_ms"]
     stages = ", ".join(
         f"{stage} {ran[stage]:.1f} ms (waited {waited[stage]:.1f})" for stage in STAGES
@@ -132,3 +145,46 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['micro_batches_per_batch']:.1f} per batch of {summary['mean_batch_size']:.1f}; "
         f"errors {errors}"
     )
+
+
+def fetch(url: str, timeout_s: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        text: str = resp.read().decode()
+        return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ts_microbatch.scrape",
+        description="Per-stage times, micro-batch sizes and errors from TorchServe's /metrics.",
+    )
+    parser.add_argument("url", help="the metrics address's /metrics URL")
+    parser.add_argument("--model", default=None, help="one model's metrics (default: all)")
+    parser.add_argument(
+        "--interval", type=float, default=0.0, help="seconds between lines (0: once, in total)"
+    )
+    parser.add_argument("--count", type=int, default=0, help="stop after N lines (0: never)")
+    args = parser.parse_args(argv)
+    try:
+        before = "" if args.interval <= 0 else fetch(args.url)
+        printed = 0
+        while True:
+            time.sleep(max(args.interval, 0.0))
+            after = fetch(args.url)
+            summary = summarize(after, before, args.model)
+            stamp = time.strftime("%H:%M:%S")
+            print(f"[{stamp}] {summary['requests']:.0f} requests; {format_summary(summary)}")
+            sys.stdout.flush()
+            printed += 1
+            if args.interval <= 0 or printed == args.count:
+                return 0
+            before = after
+    except OSError as err:
+        print(f"error: cannot read {args.url}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

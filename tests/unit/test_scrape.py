@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from ts_microbatch.scrape import format_summary, parse_prometheus, summarize, total
+from ts_microbatch.scrape import format_summary, main, parse_prometheus, summarize, total
 
 
 def scrape(scale: float, model: str = "m") -> str:
@@ -76,3 +78,35 @@ def test_summary_filters_by_model_and_survives_a_restart() -> None:
     empty = summarize("", "", "m")
     assert empty["requests"] == 0 and math.isnan(empty["mean_micro_batch_size"])
     assert empty["errors"] == {}
+
+
+def test_command_line_prints_a_line_per_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    scrapes = iter([scrape(1), scrape(3), scrape(6)])
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = next(scrapes).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Metrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        assert main([url, "--model", "m", "--interval", "0.01", "--count", "2"]) == 0
+    finally:
+        server.shutdown()
+        thread.join(10)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert "128 requests;" in lines[0] and "2x400" in lines[0]  # scrape 3 minus scrape 1
+    assert "192 requests;" in lines[1] and "3x400" in lines[1]  # scrape 6 minus scrape 3
+    assert main(["http://127.0.0.1:9/metrics"]) == 2  # nothing listens on port 9
+    assert "cannot read" in capsys.readouterr().err
+    assert format_summary(summarize("", "", "m")) == "no micro-batches"
