@@ -89,6 +89,10 @@ def start(args: argparse.Namespace) -> int:
         f"{server.management_url}, metrics {server.metrics_url}"
     )
     print(f"Try: curl{auth} -T {args.input} {server.inference_url}/predictions/{model_name}")
+    print(
+        "Pipeline metrics: python -m ts_microbatch.scrape "
+        f"{server.metrics_url}/metrics --model {model_name} --interval 10  (or: make metrics)"
+    )
     print("Stop it with: make stop")
     return 0 if answer.status == 200 else 1
 
