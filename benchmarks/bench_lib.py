@@ -38,8 +38,8 @@ CONFIG_KEYS = {
     "repeats",
     "server_overhead",
 }
-SWEEP_KEYS = ("batch_size", "micro_batch_size", "max_batch_delay", "concurrency")
-INT_SWEEP_KEYS = ("batch_size", "max_batch_delay", "concurrency")
+SWEEP_KEYS = ("batch_size", "micro_batch_size", "max_batch_delay", "concurrency", "workers")
+INT_SWEEP_KEYS = ("batch_size", "max_batch_delay", "concurrency", "workers")
 DEFAULTS: dict[str, Any] = {
     "requests": 1000,
     "concurrency": 64,
@@ -78,8 +78,10 @@ def load_config(path: str | Path) -> dict[str, Any]:
             f"{path}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(CONFIG_KEYS))}"
         )
     config = {**DEFAULTS, **raw}
-    config["workers"] = int(config["workers"])  # the reference writes "workers": "1"
-    for key in INT_SWEEP_KEYS + ("requests", "workers", "warmup_requests", "repeats"):
+    # The reference writes "workers": "1".
+    workers = config["workers"]
+    config["workers"] = [_int(w) for w in workers] if isinstance(workers, list) else _int(workers)
+    for key in INT_SWEEP_KEYS + ("requests", "warmup_requests", "repeats"):
         for value in as_list(config[key]):
             if (
                 isinstance(value, bool)
@@ -123,6 +125,11 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
+def _int(value: Any) -> Any:
+    """An integer written as a string becomes the integer; anything else is left to check."""
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+
+
 def _micro_batching_settings(config: dict[str, Any]) -> list[Any]:
     """The micro-batching configs to measure: the explicit list, or every combination of
     the micro_batch_size and parallelism values."""
@@ -161,11 +168,12 @@ def sweep_points(config: dict[str, Any]) -> list[dict[str, Any]]:
     A point has the swept values, ``micro_batch_size`` and ``parallelism`` ("pre/inf/post")
     as the pipeline will run them, and ``micro_batching``, the settings to package."""
     points = []
-    for batch_size, settings, delay, concurrency in itertools.product(
+    for batch_size, settings, delay, concurrency, workers in itertools.product(
         as_list(config["batch_size"]),
         config["micro_batching"],
         as_list(config["max_batch_delay"]),
         as_list(config["concurrency"]),
+        as_list(config["workers"]),
     ):
         effective = MicroBatchingConfig.from_mapping(settings)
         points.append(
@@ -174,6 +182,7 @@ def sweep_points(config: dict[str, Any]) -> list[dict[str, Any]]:
                 "micro_batch_size": effective.micro_batch_size,
                 "max_batch_delay": delay,
                 "concurrency": concurrency,
+                "workers": workers,
                 "parallelism": "/".join(str(n) for n in effective.parallelism.as_dict().values()),
                 "micro_batching": settings,
             }
@@ -356,6 +365,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         "micro_batch_size",
         "max_batch_delay",
         "concurrency",
+        "workers",
         "parallelism",
         "mean_micro_batch_size",
         "requests_per_s",

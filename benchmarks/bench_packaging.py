@@ -37,8 +37,8 @@ def model_yaml(config: dict[str, Any], point: dict[str, Any], handler: str) -> d
             "parallelism": effective.parallelism.as_dict(),
         }
     model: dict[str, Any] = {
-        "minWorkers": config["workers"],
-        "maxWorkers": config["workers"],
+        "minWorkers": point["workers"],
+        "maxWorkers": point["workers"],
         "batchSize": point["batch_size"],
         "maxBatchDelay": point["max_batch_delay"],
         "responseTimeout": config["response_timeout"],

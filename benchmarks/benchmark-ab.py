@@ -123,7 +123,7 @@ def measure(
             model,
             batch_size=point["batch_size"],
             max_batch_delay_ms=point["max_batch_delay"],
-            initial_workers=config["workers"],
+            initial_workers=point["workers"],
             response_timeout_s=config["response_timeout"],
         )
         if resp.status != 200:

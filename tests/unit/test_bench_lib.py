@@ -113,6 +113,7 @@ def test_config_defaults_sweeps_and_errors(tmp_path: Path) -> None:
         "micro_batch_size": 2,
         "max_batch_delay": 50,
         "concurrency": 64,
+        "workers": 1,
         "parallelism": "2/1/2",
         "micro_batching": {
             "micro_batch_size": 2,
@@ -168,6 +169,11 @@ def test_auto_parallelism_sweeps_and_explicit_micro_batching_configs(tmp_path: P
     points = bench.sweep_points(bench.load_config(path))
     assert [p["micro_batching"] for p in points] == explicit * 2
     assert len({bench.point_tag(p) for p in points}) == 4  # names stay apart
+    path.write_text(json.dumps({"workers": ["1", 2]}))  # the reference writes "1"
+    assert [p["workers"] for p in bench.sweep_points(bench.load_config(path))] == [1, 2]
+    path.write_text(json.dumps({"workers": [1, "two"]}))
+    with pytest.raises(bench.BenchConfigError, match="workers: got 'two'"):
+        bench.load_config(path)
     path.write_text(json.dumps({"micro_batching": [{"parallelism": {"inference": 0}}]}))
     with pytest.raises(
         bench.BenchConfigError, match=r"micro_batching\[0\]: .*parallelism.inference: got 0"
