@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Regenerates benchmarks/results/: the default comparison and the four sweeps, in one go.
+# Regenerates benchmarks/results/: the default comparison, the sweeps, and auto against the
+# tuner's best (several hours on a 2-core machine; each step also runs alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 $PY benchmarks/benchmark-ab.py --config benchmarks/config.json --out benchmarks/results/default
-for sweep in batch_sweep concurrency_sweep delay_sweep real_batch_sweep; do
+for sweep in batch_sweep concurrency_sweep delay_sweep real_batch_sweep real_batch64_recheck \
+             auto_sweep workers_sweep; do
   $PY benchmarks/benchmark-ab.py --config "benchmarks/configs/$sweep.json" --out "benchmarks/results/$sweep"
 done
+benchmarks/auto_vs_tuned.sh
