@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates benchmarks/results/: the default comparison, the sweeps, and auto against the
-# tuner's best (several hours on a 2-core machine; each step also runs alone).
+# tuner's best. Long: each step also runs alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
