@@ -187,9 +187,10 @@ BENCHMARK_TOOL = Path(__file__).resolve().parents[1] / "benchmarks" / "benchmark
 
 @dataclass(frozen=True)
 class Confirmed:
-    """A trial as the benchmark measured it on a real TorchServe."""
+    """A config as the benchmark measured it on a real TorchServe; ``trial`` is None for
+    ``"auto"``, which has no in-process measurement."""
 
-    trial: Trial
+    trial: Trial | None
     config: dict[str, Any]
     requests_per_s: float
     p99_ms: float
@@ -207,8 +208,11 @@ def confirm(
             f"--confirm runs {tool}, which is not there: pass --benchmark-tool with the path "
             "of benchmarks/benchmark-ab.py from the ts_microbatch repository"
         )
-    top = ranked[: args.confirm]
-    configs = [t.as_config(base) for t in top]
+    top: list[Trial | None] = list(ranked[: args.confirm])
+    configs = [t.as_config(base) for t in ranked[: args.confirm]]
+    if args.with_auto:  # "auto" with the best threads, measured against the fixed sizes
+        top.append(None)
+        configs.append(dict(configs[0], micro_batch_size="auto"))
     concurrency = args.concurrency or 2 * args.batch_size
     bench_config = {
         "scenarios": ["mar"],
@@ -226,7 +230,7 @@ def confirm(
     config_path.write_text(json.dumps(bench_config, indent=2))
     out = args.confirm_out or workdir / "confirm"
     print(
-        f"\nConfirming the {len(top)} best on TorchServe with {tool} (results in {out})",
+        f"\nConfirming {len(top)} configs on TorchServe with {tool} (results in {out})",
         flush=True,  # before the benchmark's own output
     )
     cmd = [sys.executable, str(tool), "--config", str(config_path), "--out", str(out)]
@@ -262,9 +266,11 @@ def print_confirmed(confirmed: list[Confirmed], ranked: list[Trial]) -> None:
         " requests/s | p99 ms | errors"
     )
     for rank, c in enumerate(confirmed, start=1):
+        in_process = "-" if c.trial is None else str(ranked.index(c.trial) + 1)
+        parallelism = c.config["parallelism"]
         print(
-            f"{rank:4} | {ranked.index(c.trial) + 1:15} | {c.trial.micro_batch_size:16} |"
-            f" {threads_of(c.trial.parallelism):>20} | {c.requests_per_s:10.1f} |"
+            f"{rank:4} | {in_process:>15} | {c.config['micro_batch_size']!s:>16} |"
+            f" {threads_of(parallelism):>20} | {c.requests_per_s:10.1f} |"
             f" {c.p99_ms:6.0f} | {c.errors}"
         )
 
@@ -313,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=3,
         help="runs per config, round-robin; the median counts (default 3)",
+    )
+    confirming.add_argument(
+        "--with-auto",
+        action="store_true",
+        help='also benchmark "auto" with the best threads; written if it measures fastest',
     )
     confirming.add_argument("--benchmark-tool", type=Path, default=BENCHMARK_TOOL)
     confirming.add_argument(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, load_module
-from ts_microbatch import load_config
+from ts_microbatch import MicroBatchingConfig, load_config
 from ts_microbatch.tune import main
 
 text_build = load_module("examples/text_classifier/build_mar.py", "ts_microbatch_text_build_mar")
@@ -148,6 +148,12 @@ def test_confirm_keeps_what_the_benchmark_measures_fastest(
     second_in_process, rows = run(3)
     assert json.loads(out.read_text())["micro_batch_size"] == second_in_process
     assert int(rows[0][1]) == 2 and (int(rows[-1][1]), int(rows[-1][6])) == (3, 3)
+    # --with-auto adds "auto" with the best threads; here it measures fastest and is written.
+    assert main(argv[:-3] + ["1", "--with-auto"] + argv[-2:]) == 0
+    written = json.loads(out.read_text())
+    assert MicroBatchingConfig.from_mapping(written).micro_batch_size == "auto"
+    on_server = capsys.readouterr().out.split("On TorchServe")[1].splitlines()[2].split("|")
+    assert on_server[1].strip() == "-" and on_server[2].strip() == "auto"
     with pytest.raises(SystemExit, match="--benchmark-tool"):
         main(argv[:-1] + [str(tmp_path / "missing.py")])
 
