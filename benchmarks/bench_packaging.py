@@ -60,12 +60,12 @@ def package(
     weights: str | None,
 ) -> str:
     """An unarchived model directory in the store (no zip: large weights pack slowly)."""
-    import torch
-
     work.mkdir(parents=True, exist_ok=True)
     store.mkdir(parents=True, exist_ok=True)
     if scenario == "mar":
         return package_mar(store, work, name, config, point)
+    import torch
+
     extra = [prepare.write_labels(str(work))]
     if scenario == "real":
         model_file = ROOT / "examples/image_classifier/model.py"

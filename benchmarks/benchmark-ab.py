@@ -131,7 +131,7 @@ def measure(
                 f"registering {model} failed: {resp.status} {resp.body!r}\n{server.log()[-3000:]}"
             )
         url = f"{server.inference_url}/predictions/{model}"
-        token = server._token("inference")
+        token = server.token("inference")
         if config["warmup_requests"]:
             run_ab(
                 url,
@@ -142,8 +142,10 @@ def measure(
                 server_dir / "warmup.csv",
                 f"{label} warm-up",
             )
-        logs = {name: len(server.log(name)) for name in ("model_metrics.log", "ts_metrics.log")}
-        before = settled_scrape(server) if mode == "prometheus" else ""
+        if mode == "prometheus":
+            before = settled_scrape(server)
+        else:  # where the measured run's lines will start
+            logs = {name: len(server.log(name)) for name in ("model_metrics.log", "ts_metrics.log")}
         summary, latency = run_ab(
             url,
             body,

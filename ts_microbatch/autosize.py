@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -133,7 +134,7 @@ class AutoMicroBatchSize:
         self._smoothing = smoothing
         self._stage_runs: dict[str, dict[int, _Average]] = {}
         self._per_request: dict[int, _Average] = {}
-        self._largest_batches: list[int] = []
+        self._batch_sizes: deque[int] = deque(maxlen=memory_batches)
         self._lock = threading.Lock()  # guards the measurements
         self._choosing = threading.Lock()  # one choice at a time: it moves the climb state
         self._batches = 0
@@ -145,25 +146,23 @@ class AutoMicroBatchSize:
     def observe(self, stage: str, size: int, run_s: float) -> None:
         """Records that ``stage`` took ``run_s`` seconds for ``size`` requests."""
         with self._lock:
-            runs = self._stage_runs.setdefault(stage, {})
-            if size in runs:
-                runs[size].add(run_s, self._batches, self._smoothing)
-            else:
-                runs[size] = _Average(run_s, 1, self._batches)
+            self._feed(self._stage_runs.setdefault(stage, {}), size, run_s)
 
     def observe_batch(self, size: int, requests: int, seconds: float) -> None:
         """Records that a batch of ``requests`` split at ``size`` took ``seconds`` in all."""
         with self._lock:
             # Only near-full batches compare sizes fairly: a batch of 3 costs more per
             # request than a batch of 32 whatever the size.
-            self._largest_batches = (self._largest_batches + [requests])[-self._memory :]
-            if requests < max(self._largest_batches) / 2:
-                return
-            per_request = seconds / requests
-            if size in self._per_request:
-                self._per_request[size].add(per_request, self._batches, self._smoothing)
-            else:
-                self._per_request[size] = _Average(per_request, 1, self._batches)
+            self._batch_sizes.append(requests)
+            if requests >= max(self._batch_sizes) / 2:
+                self._feed(self._per_request, size, seconds / requests)
+
+    def _feed(self, averages: MutableMapping[int, _Average], size: int, value: float) -> None:
+        """Adds ``value`` to the moving average kept for ``size``; the caller holds the lock."""
+        if size in averages:
+            averages[size].add(value, self._batches, self._smoothing)
+        else:
+            averages[size] = _Average(value, 1, self._batches)
 
     def _recent(self, averages: Mapping[int, _Average]) -> dict[int, _Average]:
         return {n: a for n, a in averages.items() if self._batches - a.last_batch < self._memory}
@@ -197,9 +196,10 @@ class AutoMicroBatchSize:
 
     def measured(self, batch: int) -> dict[int, float]:
         """Recent mean seconds per request for each size tried (sizes <= ``batch``)."""
+        _, hi = self._bounds(batch)
         with self._lock:
             recent = self._recent(self._per_request)
-        return {n: a.value for n, a in recent.items() if n <= max(self._bounds(batch))}
+        return {n: a.value for n, a in recent.items() if n <= hi}
 
     def choose(self, batch: int, threads: Mapping[str, int]) -> int:
         """The size for the next batch of ``batch`` requests."""

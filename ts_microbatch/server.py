@@ -104,7 +104,8 @@ class TorchServe:
     # -- addresses and files -----------------------------------------------------------
 
     def _url(self, which: int) -> str:
-        assert self.ports is not None  # set in __post_init__
+        if self.ports is None:  # only before __post_init__ has chosen them
+            raise TorchServeError("the server's ports are not chosen yet")
         return f"http://{LOOPBACK}:{self.ports[which]}"
 
     @property
@@ -235,7 +236,8 @@ class TorchServe:
 
     # -- HTTP ----------------------------------------------------------------------------
 
-    def _token(self, kind: str) -> str | None:
+    def token(self, kind: str) -> str | None:
+        """The ``"inference"`` or ``"management"`` key, None with token authorization off."""
         if not self.token_auth:
             return None
         key_file = self.workdir / "key_file.json"
@@ -259,7 +261,7 @@ class TorchServe:
         """One HTTP request; any status comes back as a Response, network errors raise OSError."""
         headers = dict(headers or {})
         kind = "management" if url.startswith(self.management_url) else "inference"
-        token = self._token(kind)
+        token = self.token(kind)
         if token:
             headers["Authorization"] = f"Bearer {token}"
         req = urllib.request.Request(url, data=body, method=method, headers=headers)

@@ -61,6 +61,7 @@ class TorchServeMetricsObserver(PipelineObserver):
                 value,
                 unit,
                 None,
+                # A new list each call: TorchServe appends ModelName and Level to it.
                 [self._dimension(k, v) for k, v in dims.items()],
                 self._histogram if histogram else self._counter,
             )

@@ -21,7 +21,8 @@ def build_mar(export_path: str, work_dir: Path = ROOT / "build" / "text_mb") -> 
 
     # By path, under its own name: another "model" module may be imported already.
     spec = importlib.util.spec_from_file_location("text_classifier_model", HERE / "model.py")
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {HERE / 'model.py'}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     TextClassifier = module.TextClassifier  # noqa: N806
