@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from .batch import Batch, RequestFailure
 from .config import MicroBatchingConfig, Parallelism, load_config
+from .context import BatchContext
 from .errors import (
     ConfigError,
     InvalidInputError,
     MicroBatchingError,
     PayloadTooLargeError,
     PipelineClosedError,
+    PipelineStalledError,
     RequestError,
     RequestTimeoutError,
     StageOutputError,
@@ -21,6 +24,8 @@ from .status import error_status, status_code_for
 from .torchserve_metrics import TorchServeMetricsObserver
 
 __all__ = [
+    "Batch",
+    "BatchContext",
     "ConfigError",
     "InvalidInputError",
     "MicroBatchInfo",
@@ -32,9 +37,11 @@ __all__ = [
     "PayloadTooLargeError",
     "Pipeline",
     "PipelineClosedError",
+    "PipelineStalledError",
     "PipelineObserver",
     "PipelineStats",
     "RequestError",
+    "RequestFailure",
     "RequestTimeoutError",
     "StageOutputError",
     "TorchServeMetricsObserver",

@@ -138,7 +138,7 @@ class AutoMicroBatchSize:
         self._lock = threading.Lock()  # guards the measurements
         self._choosing = threading.Lock()  # one choice at a time: it moves the climb state
         self._batches = 0
-        self._up = True  # the direction of the next neighbour to try
+        self._direction = 0  # index in _DIRECTIONS of the next neighbour to try
         self._trying: int | None = None  # the neighbour being tried
         self._next_try = explore_every
         self.last_size = min_size
@@ -220,25 +220,21 @@ class AutoMicroBatchSize:
 
     def _climb(self, best: int, batch: int) -> int:
         """``best``, or every ``explore_every`` batches a neighbour of it. A neighbour that
-        measured better becomes ``best`` and the next one the same way is tried at once."""
+        measured better becomes ``best`` and the next one the same way is tried at once;
+        one that lost turns the search to the next direction."""
         if self._trying is not None:
             if best == self._trying:  # it won: keep going that way now
                 self._next_try = self._batches
             else:
-                self._up = not self._up
+                self._direction = (self._direction + 1) % len(_DIRECTIONS)
             self._trying = None
         if self._batches < self._next_try:
             return best
         self._next_try = self._batches + self._explore_every
         lo, hi = self._bounds(batch)
-        # The neighbours that matter split the batch into one micro-batch fewer or more.
-        count = math.ceil(batch / best)
-        if self._up:
-            size = min(hi, math.ceil(batch / max(1, count - 1)))
-        else:
-            size = max(lo, math.ceil(batch / (count + 1)))
-        if size == best:  # at a bound: the other way next time
-            self._up = not self._up
+        size = min(hi, max(lo, _neighbour(best, batch, _DIRECTIONS[self._direction])))
+        if size == best:  # at a bound: another way next time
+            self._direction = (self._direction + 1) % len(_DIRECTIONS)
             return best
         self._trying = size
         return size
@@ -252,3 +248,18 @@ class AutoMicroBatchSize:
             runs = next(iter(self._stage_runs.values()), {})
             tried = {n: a.count for n, a in runs.items()}
         return min(sorted(set(candidates)), key=lambda n: tried.get(n, 0))
+
+
+# The neighbours of a size: one micro-batch fewer or more (balanced splits), and one
+# request larger or smaller (an uneven split: 4+2 can beat 3+3 when the small micro-batch
+# overtakes the large one on a second thread).
+_DIRECTIONS = ("fewer", "more", "larger", "smaller")
+
+
+def _neighbour(best: int, batch: int, direction: str) -> int:
+    count = math.ceil(batch / best)
+    if direction == "fewer":
+        return math.ceil(batch / max(1, count - 1))
+    if direction == "more":
+        return math.ceil(batch / (count + 1))
+    return best + 1 if direction == "larger" else best - 1

@@ -5,6 +5,7 @@ The tree::
     MicroBatchingError                      base of everything raised here
     ├── ConfigError (ValueError)            bad micro_batching config; names the key
     ├── PipelineClosedError (RuntimeError)  work submitted to, or stranded by, a shut-down pipeline
+    ├── PipelineStalledError (RuntimeError) a stage's threads are all stuck in calls that timed out
     ├── StageOutputError                    a stage returned the wrong number of outputs
     ├── RequestTimeoutError (TimeoutError)  a request was not answered within ``timeout_s``
     └── RequestError                        one request is bad on its own; carries an HTTP status
@@ -28,6 +29,10 @@ class ConfigError(MicroBatchingError, ValueError):
 
 class PipelineClosedError(MicroBatchingError, RuntimeError):
     """The pipeline was shut down before the work could be done."""
+
+
+class PipelineStalledError(MicroBatchingError, RuntimeError):
+    """Every thread of a stage is stuck in a call whose requests timed out; new work is refused."""
 
 
 class StageOutputError(MicroBatchingError):

@@ -3,28 +3,55 @@
 It replaces a handler's ``handle``: TorchServe calls it with a batch and a context, it runs
 the handler's preprocess, inference and postprocess as a pipeline of micro-batches, and it
 answers every request: with its output, or with its own error status and a JSON body.
+
+Which status a failed request gets (``ts_microbatch.status`` maps the exception): a
+``RequestError`` carries its own; any other error is a 500, except that an error in the
+first stage that bisection pinned on one request alone, while other requests of the same
+batch got through that stage, is that request's input: 400 with the message. An error
+every request hits alike (a broken handler) stays a 500.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
 from .autosize import AutoMicroBatchSize
+from .batch import Batch
 from .config import STAGES, MicroBatchingConfig, Parallelism
-from .errors import RequestTimeoutError
+from .context import BatchContext
+from .errors import ConfigError, PipelineStalledError
 from .metrics import PipelineObserver
-from .pipeline import MicroBatchInfo, Pipeline, PipelineStats, _set_future
+from .pipeline import MicroBatchInfo, Pipeline, PipelineStats
 from .status import error_status
 
 logger = logging.getLogger(__name__)
 
 HANDLER_METHODS = STAGES
+
+ASYNC_WORKER_MESSAGE = (
+    "asyncCommunication: true in model-config.yaml starts TorchServe's asynchronous worker, "
+    "which awaits handle() and sends one request per call; ts_microbatch's handle() is "
+    "synchronous and batches requests itself. Remove asyncCommunication (or set it to false) "
+    "and set batchSize/maxBatchDelay for the model instead."
+)
+
+
+def check_not_async_worker(model_yaml_config: Any = None) -> None:
+    """Raises ConfigError if this process is TorchServe's asynchronous worker.
+
+    The worker is started with ``--async`` when the model's config has
+    ``asyncCommunication: true``; either sign is enough.
+    """
+    if "--async" in sys.argv or (model_yaml_config or {}).get("asyncCommunication") is True:
+        raise ConfigError(ASYNC_WORKER_MESSAGE)
 
 
 class MicroBatching:
@@ -52,6 +79,7 @@ class MicroBatching:
         config: MicroBatchingConfig | None = None,
         observer: PipelineObserver | None = None,
     ) -> None:
+        check_not_async_worker()
         self.handler = parent_handler
         config = config or MicroBatchingConfig()
         if micro_batch_size is not None:
@@ -80,6 +108,7 @@ class MicroBatching:
             max_queued_micro_batches=config.max_queued_micro_batches,
             isolate_failures=config.isolate_failures,
             join_timeout_s=config.join_timeout_s,
+            stall_timeout_s=config.timeout_s,
             observer=self._observer,
         )
         self._apply_size(pipeline, config.micro_batch_size, config)
@@ -147,39 +176,59 @@ class MicroBatching:
         """Queues a batch; returns one future per request, resolved with its output or error."""
         return self._pipeline.submit(data)
 
-    def handle(self, data: Sequence[Any]) -> list[Any]:
+    def handle(self, data: Sequence[Any], context: Any = None) -> list[Any]:
         """Runs a batch through the pipeline; returns one output per request, in order.
 
         A request that failed gets a JSON error body instead of its output, and its status
-        is set on the handler's context (``context.set_response_status(code, phrase, idx)``).
+        is set on ``context`` (the handler's ``context`` when None) when the batch has one
+        item per request. When it does not (a request envelope such as TorchServe's
+        ``json`` flattened several instances per request), no per-request status is set:
+        an index would name the wrong request, and the error body stays in the output.
         """
         if len(data) == 0:
             return []
-        futures = self.submit(data)
-        timeout_s = self._config.timeout_s
-        _, late = wait(futures, timeout=timeout_s)
-        for future in late:
-            _set_future(
-                future, error=RequestTimeoutError(f"no answer within timeout_s={timeout_s}")
+        live = context if context is not None else getattr(self.handler, "context", None)
+        view = BatchContext(live) if live is not None else None
+        try:
+            batch = self._pipeline.submit_batch(data, view)
+        except PipelineStalledError as stalled:
+            # Answer at once: waiting would only turn this into TorchServe's timeout.
+            logger.error("batch of %d refused: %s", len(data), stalled)
+            return [self._error_response(view, None, idx, stalled) for idx in range(len(data))]
+        batch.wait(self._config.timeout_s)
+        aligned = view is not None and view.request_count in (None, len(data))
+        if view is not None and not aligned:
+            logger.debug(
+                "%d items for %d requests: per-request statuses are not set",
+                len(data),
+                view.request_count,
             )
-        context = getattr(self.handler, "context", None)
         outputs: list[Any] = []
-        for idx, future in enumerate(futures):
+        for idx, future in enumerate(batch.futures):
             try:
                 outputs.append(future.result())
             except BaseException as exc:  # a request's own failure, to be answered
-                outputs.append(self._error_response(context, idx, exc))
+                outputs.append(self._error_response(view if aligned else None, batch, idx, exc))
         return outputs
 
-    def _error_response(self, context: Any, idx: int, exc: BaseException) -> dict[str, Any]:
-        request_id = (
-            context.get_request_id(idx)
-            if context is not None and hasattr(context, "get_request_id")
-            else None
+    @staticmethod
+    def _is_bad_input(batch: Batch | None, idx: int) -> bool:
+        failure = batch.failure(idx) if batch is not None else None
+        return (
+            failure is not None
+            and failure.isolated
+            and failure.stage_index == 0
+            and batch is not None
+            and batch.first_stage_passed
         )
-        status = error_status(exc, request_id)
-        if context is not None:
-            context.set_response_status(status.code, status.phrase, idx)
+
+    def _error_response(
+        self, view: BatchContext | None, batch: Batch | None, idx: int, exc: BaseException
+    ) -> dict[str, Any]:
+        request_id = view.get_request_id(idx) if view is not None else None
+        status = error_status(exc, request_id, bad_input=self._is_bad_input(batch, idx))
+        if view is not None:
+            view.set_response_status(status.code, status.phrase, idx)
         self._observer.on_request_error(status.code)
         return status.body
 
@@ -189,6 +238,8 @@ class MicroBatching:
         start = time.time()
         handler = self.handler
         handler.context = context
+        if _in_event_loop():
+            raise ConfigError(ASYNC_WORKER_MESSAGE)
         if os.environ.get("ENABLE_TORCH_PROFILER"):
             output, _ = handler._infer_with_profiler(data=data)
         elif handler._is_describe():
@@ -196,7 +247,7 @@ class MicroBatching:
         elif handler._is_explain():
             output = handler.explain_handle(handler.preprocess(data), data)
         else:
-            output = self.handle(data)
+            output = self.handle(data, context)
         metrics = getattr(context, "metrics", None)
         if metrics is not None:
             metrics.add_time("HandlerTime", round((time.time() - start) * 1000, 2), None, "ms")
@@ -213,13 +264,21 @@ class MicroBatching:
         info = self.current_micro_batch()
         return None if info is None else info.micro_batch_idx
 
+    def current_context(self) -> Any:
+        """The context of the batch the current micro-batch belongs to; None outside a stage.
+
+        Stage code should read request ids, headers and statuses through it rather than
+        ``self.context``, which is the latest batch's: a micro-batch of an earlier batch may
+        still be running."""
+        info = self.current_micro_batch()
+        return None if info is None else info.context
+
     def current_request_ids(self) -> list[str | None]:
         """The TorchServe request ids of the current micro-batch's requests, in order."""
         info = self.current_micro_batch()
-        context = getattr(self.handler, "context", None)
-        if info is None or context is None:
+        if info is None or info.context is None:
             return []
-        return [context.get_request_id(i) for i in info.request_indices]
+        return [info.context.get_request_id(i) for i in info.request_indices]
 
     def stats(self) -> PipelineStats:
         return self._pipeline.stats()
@@ -235,3 +294,11 @@ class MicroBatching:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown(wait=True)
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

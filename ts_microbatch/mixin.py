@@ -16,7 +16,7 @@ from typing import Any
 
 from .config import MicroBatchingConfig, load_config
 from .metrics import PipelineObserver
-from .micro_batching import MicroBatching
+from .micro_batching import MicroBatching, check_not_async_worker
 from .torchserve_metrics import TorchServeMetricsObserver
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ class MicroBatchingMixin:
         return TorchServeMetricsObserver(context.metrics)
 
     def initialize(self, context: Any) -> None:
+        check_not_async_worker(getattr(context, "model_yaml_config", None))
         config = self.micro_batching_config(context)
         # In the model log, so what a worker actually runs with is never a guess.
         logger.info("micro-batching config: %s", json.dumps(config.as_dict(), sort_keys=True))

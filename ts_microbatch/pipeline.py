@@ -3,27 +3,42 @@
 A batch is split into micro-batches; each micro-batch flows through the stages in order,
 every stage served by its own threads, so that stage k of one micro-batch overlaps stage
 k+1 of the previous one. Every request carries a ``concurrent.futures.Future`` that is
-resolved in ``_finish`` and nowhere else.
+resolved in ``_finish`` and nowhere else (or by its batch's timeout).
 
-When a stage raises for a micro-batch of n > 1 requests and ``isolate_failures`` is on,
-the micro-batch is split in halves that start over from the first stage, until the
-requests that fail on their own are alone; the others get their normal answers. One bad
-request among n costs about 2*log2(n) extra stage calls, not n.
+Failures: a micro-batch that fails in a stage is re-run in halves to find the requests to
+blame, at a bounded cost (``ts_microbatch.isolation``).
+
+Stale work: a micro-batch whose requests are all answered already (its batch timed out,
+or its futures were cancelled) is dropped before each stage instead of running ahead of
+newer batches. A stage call that has run longer than ``stall_timeout_s`` for requests that
+are all answered is *abandoned*: its thread is left to finish on its own and a new thread
+takes its place, up to as many abandoned threads as the stage has threads. Past that the
+stage is stalled, and new batches are refused at once with PipelineStalledError instead of
+queuing behind it, until a stuck call returns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 from ._queue import Signal, StageQueue
 from .autosize import AutoMicroBatchSize
-from .errors import ConfigError, PipelineClosedError, RequestError, StageOutputError
+from .batch import Batch, RequestFailure, _MicroBatch, _set_future
+from .errors import (
+    ConfigError,
+    PipelineClosedError,
+    PipelineStalledError,
+    RequestError,
+    StageOutputError,
+)
+from .isolation import Fail, Isolator, Outcome
 from .metrics import PipelineObserver
 
 logger = logging.getLogger(__name__)
@@ -38,6 +53,7 @@ class MicroBatchInfo(NamedTuple):
     offset: int  # index of its first request in the full batch
     size: int  # number of requests in it
     attempt: int  # 0 on the first run, n when re-run n times to isolate a failure
+    context: Any = None  # the context its batch was submitted with; never another batch's
 
     @property
     def request_indices(self) -> range:
@@ -52,59 +68,8 @@ class PipelineStats(NamedTuple):
     parallelism: dict[str, int]
     threads_alive: dict[str, int]
     queued: dict[str, int]
-    micro_batches_in_flight: int
-
-
-class _MicroBatch:
-    __slots__ = ("index", "offset", "items", "futures", "payload", "attempt", "enqueued_at")
-
-    def __init__(
-        self,
-        index: int,
-        offset: int,
-        items: Sequence[Any],
-        futures: list[Future[Any]],
-        attempt: int,
-    ) -> None:
-        self.index = index
-        self.offset = offset
-        self.items = items
-        self.futures = futures
-        self.payload: Any = list(items)
-        self.attempt = attempt
-        self.enqueued_at = time.monotonic()
-
-    def halves(self) -> tuple[_MicroBatch, _MicroBatch]:
-        mid = len(self.items) // 2
-        return (
-            _MicroBatch(
-                self.index, self.offset, self.items[:mid], self.futures[:mid], self.attempt + 1
-            ),
-            _MicroBatch(
-                self.index,
-                self.offset + mid,
-                self.items[mid:],
-                self.futures[mid:],
-                self.attempt + 1,
-            ),
-        )
-
-    def info(self) -> MicroBatchInfo:
-        return MicroBatchInfo(self.index, self.offset, len(self.items), self.attempt)
-
-
-def _set_future(
-    future: Future[Any], result: Any = None, error: BaseException | None = None
-) -> None:
-    # A future may already be done: handle() fails the ones that time out, and a caller may
-    # cancel. The late outcome is dropped rather than raising in a worker thread.
-    try:
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
-    except InvalidStateError:
-        pass
+    batches_in_flight: int
+    abandoned_threads: dict[str, int]  # stuck in calls that timed out, replaced
 
 
 def _check_positive_int(value: Any, key: str) -> int:
@@ -113,28 +78,21 @@ def _check_positive_int(value: Any, key: str) -> int:
     return value
 
 
-class _BatchTimer:
-    """Reports a batch's wall time to the automatic size once its last future resolves
-    (batches with a failed request are left out: retries would skew them)."""
+def _report_batch_time(auto: AutoMicroBatchSize, size: int) -> Callable[[Batch], None]:
+    """The automatic size learns each batch's wall time; batches with a failed request are
+    left out (retries would skew them)."""
 
-    def __init__(self, auto: AutoMicroBatchSize, size: int, futures: list[Future[Any]]) -> None:
-        self._auto = auto
-        self._size = size
-        self._futures = futures
-        self._remaining = len(futures)
-        self._lock = threading.Lock()
-        self._started = time.monotonic()
-        for future in futures:
-            future.add_done_callback(self._one_done)
+    def report(batch: Batch) -> None:
+        if all(not f.cancelled() and f.exception() is None for f in batch.futures):
+            auto.observe_batch(size, len(batch), time.monotonic() - batch.created_at)
 
-    def _one_done(self, _: Future[Any]) -> None:
-        with self._lock:
-            self._remaining -= 1
-            if self._remaining:
-                return
-        elapsed = time.monotonic() - self._started
-        if all(not f.cancelled() and f.exception() is None for f in self._futures):
-            self._auto.observe_batch(self._size, len(self._futures), elapsed)
+    return report
+
+
+class _Call(NamedTuple):
+    stage: int
+    mb: _MicroBatch
+    started: float
 
 
 class Pipeline:
@@ -148,7 +106,9 @@ class Pipeline:
         micro_batch_size: requests per micro-batch.
         max_queued_micro_batches: capacity of each queue between two stages.
         isolate_failures: re-run a failed micro-batch in halves to find the bad requests.
-        join_timeout_s: how long shutdown waits for each stage's threads.
+        join_timeout_s: how long shutdown waits for queued work and then for the threads.
+        stall_timeout_s: a stage call running longer than this for requests that are all
+            answered is abandoned (see the module docstring); None never abandons one.
         observer: receives stage timings; see ``ts_microbatch.metrics``.
     """
 
@@ -161,12 +121,13 @@ class Pipeline:
         max_queued_micro_batches: int = 4,
         isolate_failures: bool = True,
         join_timeout_s: float = 30.0,
+        stall_timeout_s: float | None = None,
         observer: PipelineObserver | None = None,
     ) -> None:
         if not stages:
             raise ConfigError("stages: got none, expected at least one stage")
         self._names = list(stages)
-        self._fns = dict(stages)
+        self._fns = [stages[name] for name in self._names]
         self._auto: AutoMicroBatchSize | None = None
         self.micro_batch_size = micro_batch_size
         _check_positive_int(max_queued_micro_batches, "micro_batching.max_queued_micro_batches")
@@ -175,16 +136,21 @@ class Pipeline:
         self._queues: list[StageQueue[_MicroBatch]] = [StageQueue[_MicroBatch](None)] + [
             StageQueue[_MicroBatch](max_queued_micro_batches) for _ in self._names[1:]
         ]
-        self._isolate_failures = isolate_failures
+        self._isolator = Isolator(isolate_failures)
         self._join_timeout_s = join_timeout_s
+        self._stall_timeout_s = stall_timeout_s
         self._observer = observer or PipelineObserver()
         self._local = threading.local()
         self._lock = threading.Lock()  # guards the fields below
+        self._idle = threading.Condition(self._lock)  # notified when no batch is in flight
         self._targets = {name: 0 for name in self._names}
         self._workers: dict[str, list[threading.Thread]] = {name: [] for name in self._names}
         self._thread_ids = {name: itertools.count() for name in self._names}
-        self._in_flight: set[_MicroBatch] = set()
+        self._calls: dict[threading.Thread, _Call] = {}  # stage calls running now
+        self._abandoned: dict[threading.Thread, str] = {}  # replaced while stuck, by stage
+        self._batches: set[Batch] = set()  # submitted, not yet fully answered
         self._closed = False
+        self._cancelling = False
         self._stopped = threading.Event()
         self.set_parallelism({name: 1 for name in self._names} | dict(parallelism or {}))
 
@@ -223,7 +189,7 @@ class Pipeline:
             ConfigError: an unknown stage or a count that is not an integer >= 1.
         """
         for name, threads in parallelism.items():
-            if name not in self._fns:
+            if name not in self._names:
                 raise ConfigError(
                     f"micro_batching.parallelism.{name}: unknown stage; "
                     f"stages are {', '.join(self._names)}"
@@ -242,15 +208,17 @@ class Pipeline:
             # Retire signals take no queue capacity, so scaling down never waits on a full queue.
             self._queues[self._names.index(name)].retire(-delta)
         for _ in range(delta):
-            stage = self._names.index(name)
-            thread = threading.Thread(
-                target=self._work,
-                args=(stage,),
-                name=f"ts-microbatch-{name}-{next(self._thread_ids[name])}",
-                daemon=True,  # a TorchServe worker is killed, not asked, to stop
-            )
-            self._workers[name].append(thread)
-            thread.start()
+            self._start_thread_locked(name)
+
+    def _start_thread_locked(self, name: str) -> None:
+        thread = threading.Thread(
+            target=self._work,
+            args=(self._names.index(name),),
+            name=f"ts-microbatch-{name}-{next(self._thread_ids[name])}",
+            daemon=True,  # a TorchServe worker is killed, not asked, to stop
+        )
+        self._workers[name].append(thread)
+        thread.start()
 
     # -- running ---------------------------------------------------------------------
 
@@ -259,26 +227,43 @@ class Pipeline:
 
         Raises:
             PipelineClosedError: the pipeline is shut down.
+            PipelineStalledError: a stage's threads are all stuck in calls that timed out.
         """
+        return self.submit_batch(items).futures
+
+    def submit_batch(self, items: Sequence[Any], context: Any = None) -> Batch:
+        """Queues a batch that carries ``context`` to its stage calls; returns the Batch.
+
+        Raises:
+            PipelineClosedError: the pipeline is shut down.
+            PipelineStalledError: a stage's threads are all stuck in calls that timed out.
+        """
+        self._check_stalled()
         auto = self._auto
         size = auto.choose(len(items), self.parallelism) if auto else self._micro_batch_size
-        futures: list[Future[Any]] = [Future() for _ in items]
+        batch = Batch(len(items), context, on_timeout=self._check_stalled_quietly)
         micro_batches = [
-            _MicroBatch(
-                index, offset, items[offset : offset + size], futures[offset : offset + size], 0
-            )
+            _MicroBatch(batch, index, offset, items[offset : offset + size])
             for index, offset in enumerate(range(0, len(items), size))
         ]
+        batch.micro_batches = len(micro_batches)
         with self._lock:
             if self._closed:
                 raise PipelineClosedError("cannot submit: the micro-batching pipeline is shut down")
-            self._in_flight.update(micro_batches)
+            self._batches.add(batch)
+        batch.when_answered(self._batch_answered)
         self._observer.on_batch(len(items), len(micro_batches))
         if auto is not None:
-            _BatchTimer(auto, size, futures)
+            batch.when_answered(_report_batch_time(auto, size))
         for mb in micro_batches:
-            self._enqueue(0, mb, cause=None)
-        return futures
+            self._enqueue(0, mb)
+        return batch
+
+    def _batch_answered(self, batch: Batch) -> None:
+        with self._lock:
+            self._batches.discard(batch)
+            if not self._batches:
+                self._idle.notify_all()
 
     def current_micro_batch(self) -> MicroBatchInfo | None:
         """The micro-batch the calling stage thread is working on; None outside stage calls."""
@@ -287,27 +272,39 @@ class Pipeline:
 
     def stats(self) -> PipelineStats:
         with self._lock:
+            abandoned = {name: 0 for name in self._names}
+            for name in self._abandoned.values():
+                abandoned[name] += 1
             return PipelineStats(
                 micro_batch_size=self.micro_batch_size,
                 parallelism=dict(self._targets),
                 threads_alive={n: sum(t.is_alive() for t in ts) for n, ts in self._workers.items()},
                 queued={n: len(q) for n, q in zip(self._names, self._queues)},
-                micro_batches_in_flight=len(self._in_flight),
+                batches_in_flight=len(self._batches),
+                abandoned_threads=abandoned,
             )
 
-    def _enqueue(self, stage: int, mb: _MicroBatch, cause: BaseException | None) -> None:
+    def _enqueue(self, stage: int, mb: _MicroBatch) -> None:
         mb.enqueued_at = time.monotonic()
         try:
+            if self._cancelling:
+                raise PipelineClosedError(
+                    "the pipeline shut down before this request was processed"
+                )
             self._queues[stage].put(mb)
         except PipelineClosedError as closed:
-            closed.__cause__ = cause
-            self._finish(mb, error=closed)
+            self._fail_unrun(mb, closed)
+
+    def _fail_unrun(self, mb: _MicroBatch, error: BaseException) -> None:
+        self._finish(mb, error=error)
+        self._apply(self._isolator.dropped(mb))
 
     def _work(self, stage: int) -> None:
         name = self._names[stage]
         queue = self._queues[stage]
+        me = threading.current_thread()
         try:
-            while True:
+            while me not in self._abandoned:
                 mb = queue.get()
                 if isinstance(mb, Signal):
                     return
@@ -320,39 +317,49 @@ class Pipeline:
                     self._finish(mb, error=exc)
         finally:
             with self._lock:
-                self._workers[name].remove(threading.current_thread())
+                self._workers[name].remove(me)
+                if self._abandoned.pop(me, None) is not None:
+                    logger.warning("abandoned thread %s returned and exits", me.name)
 
     def _process(self, stage: int, mb: _MicroBatch) -> None:
+        if mb.answered():
+            # Its batch timed out or was cancelled: running it would delay newer batches.
+            self._apply(self._isolator.dropped(mb))
+            return
         name = self._names[stage]
         last = stage == len(self._names) - 1
+        me = threading.current_thread()
         started = time.monotonic()
-        self._local.info = mb.info()
+        with self._lock:
+            self._calls[me] = _Call(stage, mb, started)
+        self._local.info = MicroBatchInfo(
+            mb.index, mb.offset, len(mb), mb.attempt, mb.batch.context
+        )
         try:
-            output = self._fns[name](mb.payload)
+            output = self._fns[stage](mb.payload)
             if last:
-                output = self._check_outputs(name, output, len(mb.items))
+                output = self._check_outputs(name, output, len(mb))
         except BaseException as exc:
             self._observer.on_stage(
-                name,
-                len(mb.items),
-                started - mb.enqueued_at,
-                time.monotonic() - started,
-                failed=True,
+                name, len(mb), started - mb.enqueued_at, time.monotonic() - started, failed=True
             )
-            self._on_stage_error(name, mb, exc)
+            self._on_stage_error(stage, mb, exc)
             return
         finally:
             self._local.info = None
+            with self._lock:
+                del self._calls[me]
         run_s = time.monotonic() - started
-        self._observer.on_stage(name, len(mb.items), started - mb.enqueued_at, run_s, failed=False)
+        self._observer.on_stage(name, len(mb), started - mb.enqueued_at, run_s, failed=False)
         auto = self._auto
         if auto is not None:
-            auto.observe(name, len(mb.items), run_s)
+            auto.observe(name, len(mb), run_s)
+        self._apply(self._isolator.passed(mb, stage))
         if last:
             self._finish(mb, outputs=output)
         else:
             mb.payload = output
-            self._enqueue(stage + 1, mb, cause=None)
+            self._enqueue(stage + 1, mb)
 
     @staticmethod
     def _check_outputs(name: str, output: Any, expected: int) -> list[Any]:
@@ -367,42 +374,59 @@ class Pipeline:
             )
         return output
 
-    def _on_stage_error(self, name: str, mb: _MicroBatch, exc: BaseException) -> None:
-        if self._isolate_failures and len(mb.items) > 1:
+    def _on_stage_error(self, stage: int, mb: _MicroBatch, exc: BaseException) -> None:
+        name = self._names[stage]
+        outcome = self._isolator.failed(mb, stage, exc)
+        if outcome.rerun:
             logger.warning(
                 "stage %s failed for %d requests at offset %d (%s: %s); "
                 "re-running them in halves to isolate the failing ones",
                 name,
-                len(mb.items),
+                len(mb),
                 mb.offset,
                 type(exc).__name__,
                 exc,
             )
-            halves = mb.halves()
-            with self._lock:
-                self._in_flight.discard(mb)
-                self._in_flight.update(halves)
-            for half in halves:
-                self._enqueue(0, half, cause=exc)
-            return
-        if isinstance(exc, RequestError):
-            logger.info("request %d rejected in %s: %s", mb.offset, name, exc)
+        self._apply(outcome)
+
+    def _apply(self, outcome: Outcome) -> None:
+        for fail in outcome.fail:
+            self._fail_in_stage(fail)
+        if outcome.fail_batch is not None:
+            # Judged systemic for the whole batch: its pieces still queued are answered now
+            # and will be dropped as stale.
+            whole = outcome.fail_batch
+            batch = whole.mb.batch
+            rest = _MicroBatch(batch, whole.mb.index, 0, [None] * len(batch))
+            self._fail_in_stage(whole._replace(mb=rest), log=False)
+        for mb in outcome.rerun:
+            self._enqueue(0, mb)
+
+    def _fail_in_stage(self, fail: Fail, log: bool = True) -> None:
+        mb, error = fail.mb, fail.error
+        name = self._names[fail.stage]
+        if not log:
+            pass
+        elif isinstance(error, RequestError) and fail.isolated:
+            logger.info("request %d rejected in %s: %s", mb.offset, name, error)
         else:
             logger.error(
                 "stage %s failed for requests %d..%d",
                 name,
                 mb.offset,
-                mb.offset + len(mb.items) - 1,
-                exc_info=exc,
+                mb.offset + len(mb) - 1,
+                exc_info=error,
             )
-        self._finish(mb, error=exc)
+        failure = RequestFailure(name, fail.stage, fail.isolated)
+        for index, future in enumerate(mb.futures, start=mb.offset):
+            if not future.done():
+                mb.batch.record_failure(index, failure)
+        self._finish(mb, error=error)
 
     def _finish(
         self, mb: _MicroBatch, outputs: list[Any] | None = None, error: BaseException | None = None
     ) -> None:
         """Resolves every future of ``mb``: the one place a request gets its outcome."""
-        with self._lock:
-            self._in_flight.discard(mb)
         if error is None and outputs is not None:
             for future, output in zip(mb.futures, outputs):
                 _set_future(future, result=output)
@@ -410,15 +434,62 @@ class Pipeline:
             for future in mb.futures:
                 _set_future(future, error=error or PipelineClosedError("micro-batch lost"))
 
+    # -- stuck stage calls -----------------------------------------------------------
+
+    def _check_stalled_quietly(self) -> None:
+        with contextlib.suppress(PipelineStalledError):  # reported to the next submit
+            self._check_stalled()
+
+    def _check_stalled(self) -> None:
+        """Abandons stuck calls (replacing their threads while the budget lasts); raises
+        PipelineStalledError if a stage has no thread left that is not stuck."""
+        stall_s = self._stall_timeout_s
+        if stall_s is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            stuck = {
+                thread: call
+                for thread, call in self._calls.items()
+                if now - call.started > stall_s and call.mb.answered()
+            }
+            if not stuck:
+                return
+            for thread, call in stuck.items():
+                name = self._names[call.stage]
+                if thread in self._abandoned:
+                    continue
+                if sum(n == name for n in self._abandoned.values()) >= self._targets[name]:
+                    continue  # budget spent: it stays, and serves again if it ever returns
+                self._abandoned[thread] = name
+                self._start_thread_locked(name)
+                logger.error(
+                    "stage %s: thread %s has been in one call for %.1f s for requests that "
+                    "timed out; abandoned it and started another thread",
+                    name,
+                    thread.name,
+                    now - call.started,
+                )
+            for name, threads in self._workers.items():
+                if not any(t not in self._abandoned and t not in stuck for t in threads):
+                    raise PipelineStalledError(
+                        f"stage {name}: all {len(threads)} threads are stuck in calls that ran "
+                        f"past the timeout (stall_timeout_s={stall_s}); refusing new batches "
+                        "until one returns"
+                    )
+
     # -- shutting down ---------------------------------------------------------------
 
     def shutdown(self, wait: bool = True, *, cancel_pending: bool = False) -> None:
         """Stops the stage threads; idempotent.
 
-        Queued micro-batches are finished first unless ``cancel_pending``, in which case
-        their requests fail with PipelineClosedError. Work submitted afterwards raises
-        PipelineClosedError. Requests still unanswered once the threads are stopped (a stage
-        stuck past ``join_timeout_s``) fail with PipelineClosedError.
+        The contract: work submitted afterwards raises PipelineClosedError. Unless
+        ``cancel_pending``, every batch already submitted is finished first, re-runs that
+        isolate a failure included; the queues close only once no batch is in flight, or
+        after ``join_timeout_s``. With ``cancel_pending``, queued micro-batches and later
+        re-runs fail with PipelineClosedError, and calls already running finish. Requests
+        still unanswered once the threads are stopped (a stage stuck past
+        ``join_timeout_s``) fail with PipelineClosedError.
 
         Args:
             wait: block until the threads have stopped.
@@ -427,11 +498,12 @@ class Pipeline:
         with self._lock:
             first = not self._closed
             self._closed = True
+            self._cancelling = self._cancelling or cancel_pending
         if first and cancel_pending:
             closed = PipelineClosedError("the pipeline shut down before this request was processed")
             for queue in self._queues:
                 for mb in queue.drain():
-                    self._finish(mb, error=closed)
+                    self._fail_unrun(mb, closed)
         if first and wait:
             self._stop_stages()
         elif first:
@@ -447,31 +519,29 @@ class Pipeline:
 
     def _stop_stages(self) -> None:
         me = threading.current_thread()
-        # Close stage by stage, so that what a stage drains still finds the next one open.
-        for name, queue in zip(self._names, self._queues):
+        deadline = time.monotonic() + self._join_timeout_s
+        with self._idle:
+            # Re-runs go back to the first queue, so no queue may close while work is in flight.
+            while self._batches and self._idle.wait(max(0.0, deadline - time.monotonic())):
+                pass
+            threads = [t for ts in self._workers.values() for t in ts if t is not me]
+        for queue in self._queues:
             queue.close()
-            with self._lock:
-                threads = [t for t in self._workers[name] if t is not me]
-            deadline = time.monotonic() + self._join_timeout_s
-            for thread in threads:
-                thread.join(max(0.0, deadline - time.monotonic()))
-            stragglers = [t.name for t in threads if t.is_alive()]
-            if stragglers:
-                logger.warning(
-                    "stage %s threads still running %.1f s after shutdown: %s",
-                    name,
-                    self._join_timeout_s,
-                    ", ".join(stragglers),
-                )
-        with self._lock:
-            stranded = list(self._in_flight)
-        for mb in stranded:
-            self._finish(
-                mb,
-                error=PipelineClosedError(
-                    "the pipeline shut down before this request was answered"
-                ),
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stragglers = [t.name for t in threads if t.is_alive()]
+        if stragglers:
+            logger.warning(
+                "threads still running %.1f s after shutdown began: %s",
+                self._join_timeout_s,
+                ", ".join(stragglers),
             )
+        with self._lock:
+            stranded = list(self._batches)
+        error = PipelineClosedError("the pipeline shut down before this request was answered")
+        for batch in stranded:
+            for future in batch.futures:
+                _set_future(future, error=error)
         self._stopped.set()
 
     def __enter__(self) -> Pipeline:

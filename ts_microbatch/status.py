@@ -10,7 +10,7 @@ import http
 import json
 from typing import Any, NamedTuple
 
-from .errors import PipelineClosedError, RequestError, RequestTimeoutError
+from .errors import PipelineClosedError, PipelineStalledError, RequestError, RequestTimeoutError
 
 # Errors raised by common decoders that mean "this input is bad", named by qualified class
 # name so that the core needs neither PIL nor torch to recognise them.
@@ -47,7 +47,7 @@ def status_code_for(exc: BaseException) -> int:
         return error_code
     if isinstance(exc, RequestTimeoutError):
         return 504
-    if isinstance(exc, PipelineClosedError):
+    if isinstance(exc, (PipelineClosedError, PipelineStalledError)):
         return 503
     if isinstance(exc, MemoryError):
         return 507
@@ -62,9 +62,17 @@ def status_code_for(exc: BaseException) -> int:
     return 500
 
 
-def error_status(exc: BaseException, request_id: str | None = None) -> ErrorStatus:
-    """The status, reason phrase and JSON body for a request that failed with ``exc``."""
+def error_status(
+    exc: BaseException, request_id: str | None = None, *, bad_input: bool = False
+) -> ErrorStatus:
+    """The status, reason phrase and JSON body for a request that failed with ``exc``.
+
+    ``bad_input``: the failure is known to be this request's input (see
+    ``ts_microbatch.micro_batching``), so an error that would be a 500 is a 400.
+    """
     code = status_code_for(exc)
+    if bad_input and code == 500:
+        code = 400
     try:
         phrase = http.HTTPStatus(code).phrase
     except ValueError:

@@ -152,25 +152,32 @@ def test_bad_config_fails_initialize_naming_the_key(
         module.MicroBatchingHandler().initialize(make_context(model_dir, 1, yaml_config))
 
 
-def test_batches_from_parallel_callers_each_get_their_own_predictions(
+def test_two_batches_in_the_pipeline_at_once_each_get_their_own_predictions(
     handler: Any, model_dir: Path
 ) -> None:
-    """Two batches at once (as with two TorchServe workers sharing nothing but the handler)."""
-    rows = jpeg_rows(4, first_seed=100)
-    reference = handler.handle(rows, make_context(model_dir, 4))
+    """Two batches in one pipeline at the same time, each with its own context.
+
+    TorchServe workers are processes and never share a handler; inside one worker two
+    batches overlap when a timed-out batch's micro-batches still run as the next arrives.
+    The two batches hold different images, so rows mixed up between them would show."""
+    rows = [jpeg_rows(4, first_seed=100), jpeg_rows(4, first_seed=200)]
+    contexts = [make_context(model_dir, 4), make_context(model_dir, 4)]
+    reference = [handler.handle(r, make_context(model_dir, 4)) for r in rows]
     results: list[Any] = [None, None]
+    barrier = threading.Barrier(2)
 
     def call(i: int) -> None:
-        # handle() sets handler.context; the shared pipeline must not mix up the rows.
-        results[i] = handler.micro_batching.handle(rows)
+        barrier.wait(60)
+        results[i] = handler.micro_batching.handle(rows[i], contexts[i])
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    for r in results:
-        assert_same_predictions(r, reference)
+    for got, want, context in zip(results, reference, contexts):
+        assert_same_predictions(got, want)
+        assert statuses(context, 4) == [200] * 4
 
 
 def test_context_is_fresh_per_batch(handler: Any, model_dir: Path) -> None:

@@ -166,9 +166,12 @@ def test_unregister_under_load_loses_at_most_the_running_batch(server: TorchServ
     load = threading.Thread(target=send_all)
     load.start()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # unregister while requests are queued
-        if server.describe(name)["jobQueueStatus"]["pendingRequests"] > 0:
-            break
+    pending = 0
+    while not pending and time.monotonic() < deadline:  # unregister while requests are queued
+        pending = server.describe(name)["jobQueueStatus"]["pendingRequests"]
+        if not pending:
+            load.join(0.01)  # a short bounded pause between polls, not a busy loop
+    assert pending > 0, "no request was ever queued: the scenario did not happen"
     assert server.unregister(name).status == 200
     load.join(120)
     assert not load.is_alive(), "requests hung past their own timeout"

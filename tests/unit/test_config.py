@@ -118,6 +118,10 @@ def test_yaml_errors_name_the_section() -> None:
 
 
 def test_shipped_config_is_valid() -> None:
-    root = Path(__file__).resolve().parents[2]
-    config = load_config(root / "configs")
-    assert config.micro_batch_size >= 1
+    path = Path(__file__).resolve().parents[2] / "configs" / "micro_batching.json"
+    raw = json.loads(path.read_text(encoding="utf-8"))  # fails if the file is missing
+    config = load_config(path.parent)
+    assert (
+        config.micro_batch_size == raw["micro_batch_size"] != MicroBatchingConfig().micro_batch_size
+    )
+    assert config.parallelism.as_dict() == raw["parallelism"]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.fakes import Bad, FakeHandler, expected
+from tests.unit.fakes import FakeHandler, expected
 from ts_microbatch import ConfigError, MicroBatching, MicroBatchingConfig, PipelineClosedError
 
 
@@ -78,17 +78,21 @@ def test_bad_settings_raise_config_errors_not_asserts() -> None:
         MicroBatching(FakeTorchServeHandler(), parallelism={"inference": 0})
 
 
-def test_call_answers_each_request_with_its_own_status() -> None:
+@pytest.mark.parametrize(("stage", "code"), [("preprocess", 400), ("inference", 500)])
+def test_call_answers_each_request_with_its_own_status(stage: str, code: int) -> None:
+    # A plain exception pinned on one request in the first stage, while the rest of the
+    # batch got through it, is that request's input (400); in a later stage it is a 500.
     handler = FakeTorchServeHandler()
-    handler.fail_on["preprocess"] = {3}
+    handler.fail_on[stage] = {3}
     context = FakeContext(8)
     with MicroBatching(handler, micro_batch_size=4) as mb:
         out = mb(list(range(8)), context)
-    assert context.statuses == {3: (500, "Internal Server Error")}
+    phrase = {400: "Bad Request", 500: "Internal Server Error"}[code]
+    assert context.statuses == {3: (code, phrase)}
     assert out[3] == {
-        "code": 500,
+        "code": code,
         "type": "Bad",
-        "message": "preprocess rejects [3]",
+        "message": f"{stage} rejects [3]",
         "request_id": "req-3",
     }
     assert [o for i, o in enumerate(out) if i != 3] == expected([0, 1, 2, 4, 5, 6, 7])
@@ -178,4 +182,4 @@ def test_every_request_of_a_failing_batch_gets_an_error_and_bad_is_isolated() ->
         context = FakeContext(32)
         out = mb(list(range(32)), context)
     assert list(context.statuses) == [7]
-    assert isinstance(Bad("x"), Exception) and out[7]["type"] == "Bad"
+    assert context.statuses[7][0] == 500 and out[7]["type"] == "Bad"

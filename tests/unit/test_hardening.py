@@ -1,0 +1,251 @@
+"""Regression tests for the defects of the hardening review, each named after its bug.
+
+Every test first proves its scenario happened (the stage was blocked, the batch timed
+out, the call was stuck) before asserting the outcome; none depends on timing beyond the
+configured timeouts, which only decide *that* a batch times out, never how fast.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from tests.unit.fakes import Bad, FakeHandler, expected
+from tests.unit.test_micro_batching import FakeTorchServeHandler
+from tests.unit.test_pipeline import WAIT_S, make_pipeline, outcomes
+from ts_microbatch import (
+    InvalidInputError,
+    MicroBatching,
+    MicroBatchingConfig,
+    Pipeline,
+    PipelineClosedError,
+    PipelineObserver,
+    PipelineStalledError,
+    RequestTimeoutError,
+)
+
+
+class CallCounter(PipelineObserver):
+    """Counts finished calls of one stage; the pipeline reports a call after unregistering it."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.finished = 0
+        self._changed = threading.Condition()
+
+    def on_stage(self, stage: str, size: int, queue_wait_s: float, run_s: float, **_: Any) -> None:
+        if stage == self.stage:
+            with self._changed:
+                self.finished += 1
+                self._changed.notify_all()
+
+    def wait_for(self, count: int) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self.finished >= count, WAIT_S)
+
+
+class Gate:
+    """Blocks the calls of a stage that contain ``blocked_item`` until opened."""
+
+    def __init__(self, blocked_item: int) -> None:
+        self.blocked_item = blocked_item
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+
+    def __call__(self, items: list[int]) -> None:
+        if self.blocked_item in items:
+            self.entered.set()
+            assert self.opened.wait(WAIT_S), "gate never opened"
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+def gated(handler: FakeHandler, stage: str, gate: Gate) -> None:
+    original = getattr(handler, stage)
+
+    def run(batch: list[Any]) -> Any:
+        gate([x // 10 if stage != "preprocess" else x for x in batch])
+        return original(batch)
+
+    setattr(handler, stage, run)
+
+
+def test_hang_timed_out_batch_runs_ahead_of_the_next_one() -> None:
+    # Batch 1 times out while its first micro-batch is stuck in inference and the other
+    # seven wait behind it; once the stage frees up they must be dropped, not run.
+    handler = FakeHandler()
+    gate = Gate(blocked_item=0)
+    gated(handler, "inference", gate)
+    with make_pipeline(handler, micro_batch_size=1) as p:
+        first = p.submit_batch(list(range(8)))
+        assert gate.entered.wait(WAIT_S)
+        assert first.wait(timeout_s=0.05) is False
+        assert all(isinstance(f.exception(), RequestTimeoutError) for f in first.futures)
+        gate.open()
+        second = p.submit_batch(list(range(100, 108)))
+        assert second.wait(WAIT_S)
+        assert [f.result() for f in second.futures] == expected(list(range(100, 108)))
+    inferred = [x for call in handler.calls["inference"] for x in call]
+    assert [x for x in inferred if x < 100] == [0], "stale micro-batches of batch 1 ran"
+
+
+def test_hang_stage_stuck_forever_refuses_new_batches_promptly() -> None:
+    # One inference thread stuck for good: the first timeout abandons it and starts a
+    # replacement (the budget is one per thread), so batch 2 is served. When the
+    # replacement is stuck too, batch 3 is refused at once instead of queuing.
+    handler = FakeHandler()
+    gate_a, gate_b = Gate(blocked_item=0), Gate(blocked_item=100)
+    original = handler.inference
+
+    def inference(batch: list[int]) -> list[int]:
+        gate_a([x // 10 for x in batch])
+        gate_b([x // 10 for x in batch])
+        return original(batch)
+
+    handler.inference = inference  # type: ignore[method-assign]
+    counter = CallCounter("inference")
+    p = make_pipeline(handler, micro_batch_size=4, stall_timeout_s=0.01, observer=counter)
+    try:
+        first = p.submit_batch([0, 1, 2, 3])
+        assert gate_a.entered.wait(WAIT_S)
+        assert first.wait(timeout_s=0.05) is False
+        served = p.submit_batch([10, 11])
+        assert served.wait(WAIT_S) and p.stats().abandoned_threads["inference"] == 1
+        assert [f.result() for f in served.futures] == expected([10, 11])
+        stuck_too = p.submit_batch([100])
+        assert gate_b.entered.wait(WAIT_S)
+        assert stuck_too.wait(timeout_s=0.05) is False
+        with pytest.raises(PipelineStalledError, match="stage inference: all 2 threads"):
+            p.submit_batch([200])
+        assert p.stats().batches_in_flight == 0  # nothing queues behind the stuck stage
+        gate_a.open()
+        gate_b.open()
+        assert counter.wait_for(3)  # batch 2's call and both stuck calls have returned
+        # The abandoned thread exits when its call returns; the other serves again.
+        recovered = p.submit_batch([300, 301])
+        assert recovered.wait(WAIT_S)
+        assert [f.result() for f in recovered.futures] == expected([300, 301])
+    finally:
+        gate_a.open()
+        gate_b.open()
+        p.shutdown()
+
+
+def test_hang_stale_micro_batch_reads_the_next_batch_context() -> None:
+    # TorchServe reuses one Context and overwrites its request ids for each batch. A call
+    # of batch 1 still running after batch 1 timed out must see batch 1's ids.
+    class TorchServeLikeContext:
+        request_ids: dict[int, str] = {}
+
+        def get_request_id(self, idx: int = 0) -> str | None:
+            return self.request_ids.get(idx)
+
+        def get_request_header(self, idx: int, key: str) -> str | None:
+            return None
+
+        def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
+            pass
+
+    handler = FakeTorchServeHandler()
+    gate = Gate(blocked_item=1)
+    seen: dict[str, list[str | None]] = {}
+    recorded = threading.Event()
+    mb = MicroBatching(
+        handler,
+        config=MicroBatchingConfig.from_mapping(
+            {"micro_batch_size": 2, "timeout_s": 0.05, "parallelism": {"preprocess": 2}}
+        ),
+    )
+    original = handler.preprocess
+
+    def preprocess(data: list[int]) -> list[int]:
+        gate(data)
+        if 1 in data:
+            seen["stale"] = mb.current_request_ids()
+            seen["context"] = [mb.current_context().get_request_id(i) for i in range(2)]
+            recorded.set()
+        return original(data)
+
+    handler.preprocess = preprocess  # type: ignore[method-assign]
+    context = TorchServeLikeContext()
+    with mb:
+        context.request_ids = {0: "batch1-a", 1: "batch1-b"}
+        out = mb([0, 1], context)
+        assert gate.entered.is_set() and [o["code"] for o in out] == [504, 504]
+        context.request_ids = {0: "batch2-a", 1: "batch2-b"}
+        assert mb([5, 6], context) == expected([5, 6])
+        gate.open()
+        assert recorded.wait(WAIT_S)
+    assert seen["stale"] == ["batch1-a", "batch1-b"]
+    assert seen["context"] == ["batch1-a", "batch1-b"]
+
+
+@pytest.mark.parametrize(("batch", "micro_batch_size", "max_calls"), [(32, 32, 5), (32, 4, 16)])
+def test_hang_systemic_failure_multiplies_the_load(
+    batch: int, micro_batch_size: int, max_calls: int
+) -> None:
+    # Before: 63 inference calls and 192 preprocessed items for 32 requests at size 32.
+    handler = FakeHandler()
+    handler.always_fail = {"inference"}
+    with make_pipeline(handler, micro_batch_size=micro_batch_size) as p:
+        results = outcomes(p.submit(list(range(batch))))
+    assert all(isinstance(r, RuntimeError) for r in results)
+    micro_batches = batch // micro_batch_size
+    assert micro_batches <= len(handler.calls["inference"]) <= max_calls
+    assert sum(len(c) for c in handler.calls["preprocess"]) <= 3 * batch  # was 6x
+
+
+@pytest.mark.parametrize("bad", [{0}, {13}, {31}, {3, 20}, {16, 17}])
+def test_one_or_two_bad_requests_are_still_isolated_exactly(bad: set[int]) -> None:
+    handler = FakeHandler()
+    handler.fail_on["inference"] = bad
+    with make_pipeline(handler, micro_batch_size=32) as p:
+        results = outcomes(p.submit(list(range(32))))
+    for item, result in enumerate(results):
+        assert isinstance(result, Bad) if item in bad else result == expected([item])[0]
+    if len(bad) == 1:
+        # 1 call, then 2 per level of 5 halvings: 2*log2(32) extra calls.
+        assert len(handler.calls["inference"]) == 1 + 2 * 5
+
+
+def test_hang_graceful_shutdown_drops_reruns() -> None:
+    # A failed micro-batch's halves are queued again after shutdown began; they used to
+    # get 503. Graceful shutdown finishes them.
+    handler = FakeHandler()
+    handler.fail_on["inference"] = {5}
+    gate = Gate(blocked_item=5)
+    gated(handler, "inference", gate)
+    p = make_pipeline(handler, micro_batch_size=8)
+    futures = p.submit(list(range(8)))
+    assert gate.entered.wait(WAIT_S)  # the micro-batch with the bad request is running
+    p.shutdown(wait=False)
+    with pytest.raises(PipelineClosedError):
+        p.submit([1])
+    gate.open()
+    results = outcomes(futures)
+    p.shutdown(wait=True)
+    assert isinstance(results[5], Bad)
+    assert [r for i, r in enumerate(results) if i != 5] == expected([0, 1, 2, 3, 4, 6, 7])
+    assert len(handler.calls["inference"]) > 1  # the re-runs happened after shutdown began
+
+
+def test_declared_bad_inputs_are_isolated_exactly_however_many() -> None:
+    # Three bad requests in one micro-batch look systemic to the probe; RequestError says
+    # they are each request's own, so every one is bisected down and the rest are served.
+    bad = {1, 2, 3, 9, 14}
+    pipeline = Pipeline(
+        {"decode": lambda items: [_decode(x, bad) for x in items]}, micro_batch_size=16
+    )
+    with pipeline:
+        results = outcomes(pipeline.submit(list(range(16))))
+    for item, result in enumerate(results):
+        assert isinstance(result, InvalidInputError) if item in bad else result == item
+
+
+def _decode(item: int, bad: set[int]) -> int:
+    if item in bad:
+        raise InvalidInputError(f"request {item} is not an image")
+    return item
