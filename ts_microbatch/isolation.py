@@ -5,7 +5,7 @@ stage. What happens next depends on both halves' outcomes in that stage:
 
 * one half fails, the other passes: the failing half is split again, so one bad request
   among n costs about 2*log2(n) extra stage calls;
-* every micro-batch of the batch (two or more) fails its first run in the same stage
+* every micro-batch of the batch (four or more) fails its first run in the same stage
   with the same exception type: the failure is judged **systemic** at once, and every
   request of the batch not yet answered fails with that error. A broken stage so costs
   one call per micro-batch, plus the few halves already running;
@@ -18,12 +18,12 @@ stage. What happens next depends on both halves' outcomes in that stage:
   about one call per micro-batch plus four for the first one, instead of 2n - 1.
   Otherwise bisection goes on in the probe and in the held half as usual.
 
-An error the handler declares to be one request's (a ``RequestError``, or a
-``PredictionException`` with a 4xx code) never leads to a systemic verdict: it is always
-bisected down to the request. For other errors, a request is isolated exactly when its
-micro-batch holds at most two failing requests and some micro-batch of its batch gets
-through; otherwise the verdict can be systemic, and requests that would have succeeded
-fail with the others.
+An error that means bad input (a ``RequestError``, a ``PredictionException`` with a 4xx
+code, or a decoder error ``ts_microbatch.status`` maps to 4xx) never leads to a systemic
+verdict: it is always bisected down to the request. For other errors, a request is
+isolated exactly when its micro-batch holds at most two failing requests and fewer than
+all of four or more micro-batches of its batch fail; otherwise the verdict can be
+systemic, and requests that would have succeeded fail with the others.
 
 Every decision is returned as an ``Outcome`` for the pipeline to carry out; this module
 starts no threads and resolves no futures.
@@ -35,15 +35,17 @@ import threading
 from typing import NamedTuple
 
 from .batch import Batch, _MicroBatch
-from .errors import RequestError
+from .status import status_code_for
+
+# Below this many micro-batches, "every one failed" is weak evidence (two micro-batches
+# with one bad request each fail both), so the probe decides instead.
+MIN_MICRO_BATCHES_FOR_BATCH_VERDICT = 4
 
 
 def declared_per_request(error: BaseException) -> bool:
-    """True for errors a handler raises to reject one request's input."""
-    if isinstance(error, RequestError):
-        return True
-    code = getattr(error, "error_code", None)  # ts.utils.util.PredictionException
-    return type(error).__name__ == "PredictionException" and isinstance(code, int) and code < 500
+    """True for errors that mean "this request's input is bad": a RequestError, a 4xx
+    PredictionException, or a decoder error known to mean bad input (status.py)."""
+    return status_code_for(error) < 500
 
 
 class Fail(NamedTuple):
@@ -139,7 +141,10 @@ class Isolator:
     def _every_first_run_failed(batch: Batch, stage: int, error: BaseException) -> bool:
         key = (stage, type(error))
         batch.first_run_failures[key] = batch.first_run_failures.get(key, 0) + 1
-        return batch.micro_batches >= 2 and batch.first_run_failures[key] == batch.micro_batches
+        total = batch.micro_batches
+        return (
+            total >= MIN_MICRO_BATCHES_FOR_BATCH_VERDICT and batch.first_run_failures[key] == total
+        )
 
     def _report(self, mb: _MicroBatch, error: BaseException | None) -> Outcome:
         """Gives ``mb``'s split its outcome: failed alike (``error``) or anything else."""

@@ -1,0 +1,207 @@
+"""Through TorchServe's own machinery, not an imitation of it.
+
+TorchServe's ``TsModelLoader`` loads the handler (and a request envelope) from a model
+directory laid out as a .mar extracts; ``Service.predict`` runs a batch exactly as the
+worker does, with the one Context it keeps for the model; the binary response is decoded
+the way the frontend reads it, so each request's status and body are what a client gets.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import struct
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ts
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+from ts.model_loader import TsModelLoader
+
+from tests.handlers.conftest import make_jpeg
+
+# TorchServe's own ImageClassifier with upstream's micro-batching example body; only the
+# import names ts_microbatch.
+DROP_IN_HANDLER = """
+from ts.torch_handler.image_classifier import ImageClassifier
+
+from ts_microbatch import MicroBatching
+
+
+class DropInHandler(ImageClassifier):
+    def __init__(self):
+        mb_handle = MicroBatching(self)
+        self.handle = mb_handle
+
+    def initialize(self, ctx):
+        super().initialize(ctx)
+        section = ctx.model_yaml_config.get("micro_batching", {})
+        self.handle.micro_batch_size = section.get("micro_batch_size", 1)
+        parallelism = section.get("parallelism", None)
+        if parallelism:
+            self.handle.parallelism = parallelism
+"""
+
+MODEL_CONFIG = """
+micro_batching:
+  micro_batch_size: 4
+  parallelism:
+    preprocess: 2
+    inference: 1
+    postprocess: 1
+"""
+
+
+@pytest.fixture(scope="module")
+def extracted_mar(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("drop_in_mar")
+    for name in ("model.py", "resnet18.pth", "index_to_name.json"):
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, directory / name)
+    (directory / "drop_in_handler.py").write_text(DROP_IN_HANDLER, encoding="utf-8")
+    (directory / "model-config.yaml").write_text(MODEL_CONFIG, encoding="utf-8")
+    (directory / "MAR-INF").mkdir()
+    manifest = {
+        "model": {
+            "modelName": "drop_in",
+            "serializedFile": "resnet18.pth",
+            "modelFile": "model.py",
+            "handler": "drop_in_handler.py",
+            "configFile": "model-config.yaml",
+        }
+    }
+    (directory / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return directory
+
+
+def load_service(directory: Path, envelope: str | None = None) -> Any:
+    """As the backend worker loads a model: TorchServe's default metrics cache, its loader."""
+    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    metrics.initialize_cache()
+    sys.path.insert(0, str(directory))
+    try:
+        service = TsModelLoader().load(
+            "drop_in",
+            str(directory),
+            "drop_in_handler.py",
+            None,
+            8,
+            envelope,
+            metrics_cache=metrics,
+        )
+    finally:
+        sys.path.remove(str(directory))
+    service.set_cl_socket(None)
+    return service
+
+
+@pytest.fixture(scope="module")
+def service(extracted_mar: Path) -> Iterator[Any]:
+    service = load_service(extracted_mar)
+    yield service
+    service._entry_point.shutdown()
+
+
+def request(i: int, body: Any, content_type: str = "image/jpeg") -> dict[str, Any]:
+    return {
+        "requestId": f"req-{i}".encode(),
+        "parameters": [{"name": "body", "value": body, "contentType": content_type}],
+    }
+
+
+def decode(message: bytes) -> tuple[int, list[tuple[str, int, bytes]]]:
+    """Reads a predict response as TorchServe's frontend does: (batch code, per request
+    (request id, HTTP status, body))."""
+    offset = 0
+
+    def integer() -> int:
+        nonlocal offset
+        (value,) = struct.unpack_from("!i", message, offset)
+        offset += 4
+        return int(value)
+
+    def chunk(length: int) -> bytes:
+        nonlocal offset
+        offset += length
+        return bytes(message[offset - length : offset])
+
+    code = integer()
+    chunk(integer())  # batch message
+    answers = []
+    while (length := integer()) != -1:
+        request_id = chunk(length).decode()
+        chunk(integer())  # content type
+        status = integer()
+        chunk(integer())  # reason phrase
+        for _ in range(integer()):  # response headers
+            chunk(integer())
+            chunk(integer())
+        answers.append((request_id, status, chunk(integer())))
+    return code, answers
+
+
+def good_jpegs(n: int, first_seed: int = 40) -> list[bytes]:
+    return [make_jpeg(first_seed + i, size=(320, 240)) for i in range(n)]
+
+
+def test_hang_stock_handler_bad_inputs_got_500_instead_of_400(service: Any) -> None:
+    # Before: an empty body 500 (TypeError), a truncated JPEG 500 (OSError), a JPEG
+    # header without data 500. Isolated in the first stage while the rest of the batch
+    # got through it, each is that request's input: 400 with the message.
+    jpeg = good_jpegs(1)[0]
+    bodies = good_jpegs(5)
+    bad = {5: b"", 6: jpeg[: len(jpeg) // 2], 7: jpeg[:200]}
+    batch = [request(i, b) for i, b in enumerate(bodies)]
+    batch += [request(i, body) for i, body in bad.items()]
+    code, answers = decode(service.predict(batch))
+    assert code == 200
+    assert [a[0] for a in answers] == [f"req-{i}" for i in range(8)]
+    assert [a[1] for a in answers] == [200] * 5 + [400] * 3
+    for _, _, body in answers[5:]:
+        error = json.loads(body)
+        assert error["code"] == 400 and error["message"] and error["request_id"]
+    assert all(len(json.loads(body)) == 5 for _, _, body in answers[:5])  # top-5 classes
+
+
+def test_stock_handler_failing_every_request_alike_is_a_500(service: Any) -> None:
+    # Nothing in the batch got through preprocess: the handler, not the input, is at fault.
+    # (Truncated JPEGs raise a plain OSError; an error type known to mean bad input, such
+    # as PIL's UnidentifiedImageError, is a 400 whatever the rest of the batch did.)
+    jpeg = good_jpegs(1)[0]
+    code, answers = decode(service.predict([request(i, jpeg[:-300]) for i in range(3)]))
+    assert code == 200 and [a[1] for a in answers] == [500, 500, 500]
+
+
+def test_hang_json_envelope_status_landed_on_another_request(extracted_mar: Path) -> None:
+    # TorchServe's json envelope flattens the instances of several requests into one list.
+    # A failure at flattened index i used to set the status of request i (here request 2,
+    # which is fine); an index past the number of requests raised IndexError: 503 for all.
+    service = load_service(extracted_mar, envelope="json")
+    try:
+        good = [base64.b64encode(b).decode() for b in good_jpegs(4, first_seed=70)]
+        bad = base64.b64encode(b"not an image at all").decode()
+
+        def body(*instances: str) -> dict[str, Any]:
+            # As the worker's protocol reader hands it over: application/json already parsed.
+            return json.loads(json.dumps({"instances": [{"data": {"b64": x}} for x in instances]}))
+
+        batch = [
+            request(0, body(good[0], good[1]), "application/json"),
+            request(1, body(bad), "application/json"),  # flattened index 2
+            request(2, body(good[2]), "application/json"),
+            request(3, body(good[3], bad), "application/json"),  # flattened index 5 > 3
+        ]
+        code, answers = decode(service.predict(batch))
+        assert code == 200
+        assert [a[1] for a in answers] == [200, 200, 200, 200]  # no status on a wrong request
+        predictions = [json.loads(b)["predictions"] for _, _, b in answers]
+        assert [len(p) for p in predictions] == [2, 1, 1, 2]
+        assert predictions[1][0]["code"] == 400 and predictions[3][1]["code"] == 400
+        for instance in predictions[0] + predictions[2] + predictions[3][:1]:
+            assert "code" not in instance and len(instance) == 5
+    finally:
+        service._entry_point.__self__._handle_fn.shutdown()
