@@ -115,7 +115,13 @@ class Batch:
         Requests still unanswered at the timeout fail with RequestTimeoutError, and their
         micro-batches are dropped before their next stage.
         """
-        _, late = wait(self.futures, timeout=timeout_s)
+        wait(self.futures, timeout=timeout_s)
+        return self.expire(timeout_s)
+
+    def expire(self, timeout_s: float | None) -> bool:
+        """Fails the requests not answered yet with RequestTimeoutError (after the caller
+        waited ``timeout_s``); returns True if there were none."""
+        late = [f for f in self.futures if not f.done()]
         if not late:
             return True
         error = RequestTimeoutError(f"no answer within timeout_s={timeout_s}")

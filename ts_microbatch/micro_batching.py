@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -27,7 +26,7 @@ from .autosize import AutoMicroBatchSize
 from .batch import Batch
 from .config import STAGES, MicroBatchingConfig, Parallelism
 from .context import BatchContext
-from .errors import ConfigError, PipelineStalledError
+from .errors import PipelineStalledError
 from .metrics import PipelineObserver
 from .pipeline import MicroBatchInfo, Pipeline, PipelineStats
 from .status import error_status
@@ -35,23 +34,6 @@ from .status import error_status
 logger = logging.getLogger(__name__)
 
 HANDLER_METHODS = STAGES
-
-ASYNC_WORKER_MESSAGE = (
-    "asyncCommunication: true in model-config.yaml starts TorchServe's asynchronous worker, "
-    "which awaits handle() and sends one request per call; ts_microbatch's handle() is "
-    "synchronous and batches requests itself. Remove asyncCommunication (or set it to false) "
-    "and set batchSize/maxBatchDelay for the model instead."
-)
-
-
-def check_not_async_worker(model_yaml_config: Any = None) -> None:
-    """Raises ConfigError if this process is TorchServe's asynchronous worker.
-
-    The worker is started with ``--async`` when the model's config has
-    ``asyncCommunication: true``; either sign is enough.
-    """
-    if "--async" in sys.argv or (model_yaml_config or {}).get("asyncCommunication") is True:
-        raise ConfigError(ASYNC_WORKER_MESSAGE)
 
 
 class MicroBatching:
@@ -79,7 +61,6 @@ class MicroBatching:
         config: MicroBatchingConfig | None = None,
         observer: PipelineObserver | None = None,
     ) -> None:
-        check_not_async_worker()
         self.handler = parent_handler
         config = config or MicroBatchingConfig()
         if micro_batch_size is not None:
@@ -185,17 +166,47 @@ class MicroBatching:
         ``json`` flattened several instances per request), no per-request status is set:
         an index would name the wrong request, and the error body stays in the output.
         """
-        if len(data) == 0:
-            return []
+        view, batch, refused = self._submit(data, context)
+        if batch is not None:
+            batch.wait(self._config.timeout_s)
+        return self._answers(data, view, batch, refused)
+
+    async def handle_async(self, data: Sequence[Any], context: Any = None) -> list[Any]:
+        """``handle`` for TorchServe's asynchronous worker (``asyncCommunication: true``):
+        awaits the pipeline instead of blocking the worker's event loop."""
+        view, batch, refused = self._submit(data, context)
+        if batch is not None:
+            await asyncio.wait(
+                [asyncio.wrap_future(f) for f in batch.futures], timeout=self._config.timeout_s
+            )
+            batch.expire(self._config.timeout_s)
+        return self._answers(data, view, batch, refused)
+
+    def _submit(
+        self, data: Sequence[Any], context: Any
+    ) -> tuple[BatchContext | None, Batch | None, PipelineStalledError | None]:
         live = context if context is not None else getattr(self.handler, "context", None)
         view = BatchContext(live) if live is not None else None
+        if len(data) == 0:
+            return view, None, None
         try:
-            batch = self._pipeline.submit_batch(data, view)
+            return view, self._pipeline.submit_batch(data, view), None
         except PipelineStalledError as stalled:
-            # Answer at once: waiting would only turn this into TorchServe's timeout.
+            # Answered at once: waiting would only turn this into TorchServe's timeout.
             logger.error("batch of %d refused: %s", len(data), stalled)
-            return [self._error_response(view, None, idx, stalled) for idx in range(len(data))]
-        batch.wait(self._config.timeout_s)
+            return view, None, stalled
+
+    def _answers(
+        self,
+        data: Sequence[Any],
+        view: BatchContext | None,
+        batch: Batch | None,
+        refused: PipelineStalledError | None,
+    ) -> list[Any]:
+        if refused is not None:
+            return [self._error_response(view, None, idx, refused) for idx in range(len(data))]
+        if batch is None:
+            return []
         aligned = view is not None and view.request_count in (None, len(data))
         if view is not None and not aligned:
             logger.debug(
@@ -232,26 +243,47 @@ class MicroBatching:
         self._observer.on_request_error(status.code)
         return status.body
 
-    def __call__(self, data: Sequence[Any], context: Any) -> list[Any]:
+    def __call__(self, data: Sequence[Any], context: Any) -> Any:
         """Replaces ``BaseHandler.handle``: describe, explain and profiler paths as upstream,
-        micro-batched inference otherwise, and the ``HandlerTime`` metric."""
+        micro-batched inference otherwise, and the ``HandlerTime`` metric.
+
+        In TorchServe's asynchronous worker (called from its event loop) it returns a
+        coroutine, which that worker awaits; otherwise the list of answers."""
+        if _in_event_loop():
+            return self._call_async(data, context)
         start = time.time()
+        output = self._special(data, context)
+        if output is None:
+            output = self.handle(data, context)
+        self._add_handler_time(context, start)
+        return output
+
+    async def _call_async(self, data: Sequence[Any], context: Any) -> list[Any]:
+        start = time.time()
+        output = self._special(data, context)
+        if output is None:
+            output = await self.handle_async(data, context)
+        self._add_handler_time(context, start)
+        return output
+
+    def _special(self, data: Sequence[Any], context: Any) -> list[Any] | None:
+        """Upstream's profiler, describe and explain paths; None for plain inference."""
         handler = self.handler
         handler.context = context
-        if _in_event_loop():
-            raise ConfigError(ASYNC_WORKER_MESSAGE)
         if os.environ.get("ENABLE_TORCH_PROFILER"):
             output, _ = handler._infer_with_profiler(data=data)
-        elif handler._is_describe():
-            output = [handler.describe_handle()]
-        elif handler._is_explain():
-            output = handler.explain_handle(handler.preprocess(data), data)
-        else:
-            output = self.handle(data, context)
+            return output  # type: ignore[no-any-return]
+        if handler._is_describe():
+            return [handler.describe_handle()]
+        if handler._is_explain():
+            return handler.explain_handle(handler.preprocess(data), data)  # type: ignore[no-any-return]
+        return None
+
+    @staticmethod
+    def _add_handler_time(context: Any, start: float) -> None:
         metrics = getattr(context, "metrics", None)
         if metrics is not None:
             metrics.add_time("HandlerTime", round((time.time() - start) * 1000, 2), None, "ms")
-        return output  # type: ignore[no-any-return]
 
     # -- helpers for stages ----------------------------------------------------------
 

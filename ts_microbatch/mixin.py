@@ -16,7 +16,7 @@ from typing import Any
 
 from .config import MicroBatchingConfig, load_config
 from .metrics import PipelineObserver
-from .micro_batching import MicroBatching, check_not_async_worker
+from .micro_batching import MicroBatching
 from .torchserve_metrics import TorchServeMetricsObserver
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class MicroBatchingMixin:
         return TorchServeMetricsObserver(context.metrics)
 
     def initialize(self, context: Any) -> None:
-        check_not_async_worker(getattr(context, "model_yaml_config", None))
+        warn_if_async_batches_break(context)
         config = self.micro_batching_config(context)
         # In the model log, so what a worker actually runs with is never a guess.
         logger.info("micro-batching config: %s", json.dumps(config.as_dict(), sort_keys=True))
@@ -52,7 +52,29 @@ class MicroBatchingMixin:
             self, config=config, observer=self.micro_batching_observer(context)
         )
 
-    def handle(self, data: list[Any], context: Any) -> list[Any]:
+    def handle(self, data: list[Any], context: Any) -> Any:
         if self.micro_batching is None:
             raise RuntimeError("handle() called before initialize(): the pipeline is not started")
         return self.micro_batching(data, context)
+
+
+def warn_if_async_batches_break(context: Any) -> None:
+    """Logs why an asynchronous worker with batchSize > 1 will fail, before it does.
+
+    With ``asyncCommunication: true`` TorchServe 0.12's frontend (``AsyncBatchAggregator``)
+    removes jobs from the map it is iterating when it polls more than one request, and the
+    worker dies with a ConcurrentModificationException. Failing the load here would not
+    help: the asynchronous frontend does not fail a registration whose worker dies at load,
+    it retries forever. So this is a warning, naming the fix.
+    """
+    yaml_config = getattr(context, "model_yaml_config", None) or {}
+    batch_size = (getattr(context, "system_properties", None) or {}).get("batch_size", 1)
+    if yaml_config.get("asyncCommunication") is True and (batch_size or 1) > 1:
+        logger.error(
+            "asyncCommunication: true with batchSize %s: TorchServe 0.12's asynchronous "
+            "frontend fails on batches of more than one request "
+            "(ConcurrentModificationException in AsyncBatchAggregator). Set batchSize: 1 "
+            "(requests are still awaited concurrently and share the pipeline), or remove "
+            "asyncCommunication to let the frontend batch.",
+            batch_size,
+        )
