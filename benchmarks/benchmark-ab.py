@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,10 @@ def measure(
             server_dir / "percentiles.csv",
             label,
         )
+        samples = sample_responses(server, model, body.read_bytes())
+        samples_path = scrape_path.parent.parent / "samples" / f"{scrape_path.stem}.json"
+        samples_path.parent.mkdir(parents=True, exist_ok=True)
+        samples_path.write_text(json.dumps(samples, indent=2) + "\n")
         if mode == "prometheus":
             after = settled_scrape(server)
             scrape_path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,10 +183,29 @@ def measure(
         "server_handler_ms": bench_lib.summarize([ms for ms, _ in handler_times]),
         "server_queue_ms": bench_lib.summarize(queue_times),
         "mean_batch_size": sum(batch_sizes) / len(batch_sizes) if batch_sizes else float("nan"),
+        "sample_lengths": sorted({s["length"] for s in samples}),
     }
     if pipeline is not None:
         result.update(bench_lib.flatten_pipeline(pipeline))
     return result
+
+
+def sample_responses(server: TorchServe, model: str, body: bytes) -> list[dict[str, Any]]:
+    """Sample answers kept with each run: 2 sent alone (micro-batches of 1) and 8 at once.
+
+    ab counts a response whose length differs from the first one's as failed. The same
+    image gives last-bit-different probabilities in micro-batches of 1-3 and of 4 or more
+    (oneDNN chooses kernels by batch size; benchmarks/response_lengths.py measures it), so
+    JSON bodies differ by a byte or two; these samples show it run by run."""
+
+    def one(_: int) -> dict[str, Any]:
+        resp = server.predict(model, body)
+        return {"status": resp.status, "length": len(resp.body), "body": resp.body.decode()}
+
+    alone = [one(i) for i in range(2)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        together = list(pool.map(one, range(8)))
+    return alone + together
 
 
 def settled_scrape(server: TorchServe, timeout_s: float = 10.0) -> str:
