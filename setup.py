@@ -25,6 +25,8 @@ setup(
         "numpy>=1.24",
         # the ts backend imports psutil in its metrics collector
         "psutil>=5.9",
+        # tooling only (ts_microbatch.scrape reads /metrics); never imported in a worker
+        "prometheus_client>=0.17",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout>=2.3", "requests>=2.31", "matplotlib>=3.7"],

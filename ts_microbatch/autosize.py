@@ -42,6 +42,8 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from .errors import ConfigError
 
 TOLERANCE = 1.02  # sizes within 2% of the best count as equal; the smallest wins
@@ -63,14 +65,14 @@ def fit_cost(
     """Weighted least-squares line through (size, seconds); None without two distinct sizes."""
     if len({n for n, _ in samples}) < 2:
         return None
-    w = weights or [1.0] * len(samples)
-    total = sum(w)
-    mean_n = sum(wi * n for wi, (n, _) in zip(w, samples)) / total
-    mean_t = sum(wi * t for wi, (_, t) in zip(w, samples)) / total
-    var = sum(wi * (n - mean_n) ** 2 for wi, (n, _) in zip(w, samples))
-    slope = sum(wi * (n - mean_n) * (t - mean_t) for wi, (n, t) in zip(w, samples)) / var
-    slope = max(slope, 0.0)  # noise can tilt it below zero; cost never falls with size
-    return StageCost(max(mean_t - slope * mean_n, 0.0), slope)
+    sizes = np.array([n for n, _ in samples], dtype=float)
+    seconds = np.array([t for _, t in samples], dtype=float)
+    w = np.array(weights if weights is not None else [1.0] * len(samples), dtype=float)
+    # polyfit weighs residuals, not squared residuals: sqrt gives weighted least squares.
+    slope, intercept = np.polyfit(sizes, seconds, 1, w=np.sqrt(w))
+    if slope < 0:  # noise can tilt it below zero; cost never falls with size
+        slope, intercept = 0.0, float(np.average(seconds, weights=w))
+    return StageCost(max(float(intercept), 0.0), float(slope))
 
 
 def predicted_makespan_s(

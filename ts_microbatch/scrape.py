@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 import time
 import urllib.request
@@ -35,10 +34,6 @@ from .torchserve_metrics import (
     STAGE_TIME,
 )
 
-# name{label="value",...} value   (TorchServe writes a trailing comma inside the braces)
-_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
 
 class Sample(NamedTuple):
     """One line of a Prometheus text scrape."""
@@ -49,15 +44,15 @@ class Sample(NamedTuple):
 
 
 def parse_prometheus(text: str) -> list[Sample]:
-    """Every sample of a Prometheus text-format scrape; comments and blank lines skipped."""
-    samples = []
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is None or line.startswith("#"):
-            continue
-        name, labels, value = match.groups()
-        samples.append(Sample(name, dict(_LABEL.findall(labels or "")), float(value)))
-    return samples
+    """Every sample of a Prometheus text-format scrape, read by prometheus_client's parser
+    (which accepts the trailing comma TorchServe writes inside label braces)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [
+        Sample(sample.name, dict(sample.labels), float(sample.value))
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
 
 
 def total(samples: Iterable[Sample], name: str, **labels: str) -> float:

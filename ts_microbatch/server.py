@@ -70,6 +70,10 @@ class Response:
         return json.loads(self.body)
 
 
+class _PortTakenError(Exception):
+    """TorchServe could not bind one of its ports."""
+
+
 class TorchServeError(RuntimeError):
     """TorchServe did not start, or answered the management API with an error."""
 
@@ -98,8 +102,14 @@ class TorchServe:
     def __post_init__(self) -> None:
         self.model_store = Path(self.model_store).resolve()
         self.workdir = Path(self.workdir).resolve()
+        # Ports picked here may be taken by another process before TorchServe binds them
+        # (free_port closes its socket): start() then picks new ones and tries again.
+        self._auto_ports = self.ports is None
         if self.ports is None:
             self.ports = (free_port(), free_port(), free_port())
+        # TorchServe also listens for gRPC, on 7070 and 7071 unless told otherwise: two
+        # servers on one machine would collide there.
+        self._grpc_ports = (free_port(), free_port())
 
     # -- addresses and files -----------------------------------------------------------
 
@@ -139,6 +149,8 @@ class TorchServe:
                 "inference_address": self.inference_url,
                 "management_address": self.management_url,
                 "metrics_address": self.metrics_url,
+                "grpc_inference_port": str(self._grpc_ports[0]),
+                "grpc_management_port": str(self._grpc_ports[1]),
                 "model_store": str(self.model_store),
                 "enable_model_api": "true",
                 "disable_token_authorization": "false" if self.token_auth else "true",
@@ -157,12 +169,29 @@ class TorchServe:
 
     # -- process -------------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 180.0) -> TorchServe:
+    def start(self, timeout_s: float = 180.0, bind_attempts: int = 3) -> TorchServe:
         """Starts TorchServe and waits until /ping answers.
+
+        With ports chosen automatically, a port taken by another process in the meantime
+        (TorchServe exits with "Address already in use") means new ports and another try,
+        up to ``bind_attempts`` in all.
 
         Raises:
             TorchServeError: Java is missing, the process exited, or /ping never answered.
         """
+        attempts_left = bind_attempts
+        while True:
+            try:
+                return self._start_once(timeout_s)
+            except _PortTakenError as exc:
+                attempts_left -= 1
+                if not self._auto_ports or attempts_left <= 0:
+                    raise TorchServeError(str(exc)) from exc
+                logger.warning("%s; retrying on new ports", exc)
+                self.ports = (free_port(), free_port(), free_port())
+                self._grpc_ports = (free_port(), free_port())
+
+    def _start_once(self, timeout_s: float) -> TorchServe:
         problem = java_problem()
         if problem:
             raise TorchServeError(problem)
@@ -185,7 +214,8 @@ class TorchServe:
             "--model-store",
             str(self.model_store),
         ]
-        out = open(self.log_dir / "torchserve.out", "ab")  # noqa: SIM115 - owned by the child
+        # A new file per start: an earlier attempt's output must not be read as this one's.
+        out = open(self.log_dir / "torchserve.out", "wb")  # noqa: SIM115 - owned by the child
         self.process = subprocess.Popen(
             cmd,
             cwd=self.workdir,
@@ -199,8 +229,14 @@ class TorchServe:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.stop()
+                output = (self.log_dir / "torchserve.out").read_text(errors="replace")
+                if "Address already in use" in output:
+                    raise _PortTakenError(
+                        f"a port of {self.ports} was taken before TorchServe bound it"
+                    )
                 raise TorchServeError(
-                    f"TorchServe exited with {self.process.returncode}; see "
+                    f"TorchServe exited: {output.strip()[-500:]!r}; see "
                     f"{self.log_dir / 'torchserve.out'}"
                 )
             try:

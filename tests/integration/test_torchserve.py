@@ -24,14 +24,16 @@ def model(server: TorchServe) -> str:
     return MODEL
 
 
-def parallel(server: TorchServe, bodies: list[bytes], name: str = MODEL) -> list[Response]:
+def parallel(
+    server: TorchServe, bodies: list[bytes], name: str = MODEL, timeout_s: float = 180
+) -> list[Response]:
     """Sends every body at once from its own thread, released together by a barrier."""
     barrier = threading.Barrier(len(bodies))
 
     def send(body: bytes) -> Response:
         barrier.wait(timeout=60)
         try:
-            return server.predict(name, body, timeout_s=180)
+            return server.predict(name, body, timeout_s=timeout_s)
         except OSError as exc:  # a dropped connection is an answer too, for the scale test
             return Response(-1, str(exc).encode())
 
@@ -109,7 +111,11 @@ def test_invalid_micro_batching_config_fails_registration_naming_the_key(
     assert server.request("GET", f"{server.management_url}/models/{BAD_MODEL}").status == 404
 
 
-def test_scaling_under_load_answers_every_request(server: TorchServe) -> None:
+def test_scaling_1_4_1_under_load_loses_only_what_torchserve_drops(server: TorchServe) -> None:
+    """Scaling up answers every request. Scaling down, TorchServe 0.12 stops the removed
+    workers without finishing the batch each is running (pytorch/serve#1101): those
+    requests get no answer, at most one batch per removed worker; everything else is
+    answered. Lost requests are cut off by a bounded client timeout, not waited for."""
     name = "resnet-scale"
     resp = server.register(
         f"{MODEL}.mar", model_name=name, batch_size=BATCH_SIZE, max_batch_delay_ms=20
@@ -117,22 +123,27 @@ def test_scaling_under_load_answers_every_request(server: TorchServe) -> None:
     assert resp.status == 200, resp.body
     images = [make_jpeg(200 + i, size=(320, 240)) for i in range(24)]
 
-    def scale_during_load(query: str) -> list[int]:
+    def scale_during_load(workers: int) -> list[int]:
         results: list[list[Response]] = []
-        load = threading.Thread(target=lambda: results.append(parallel(server, images, name)))
+        load = threading.Thread(
+            target=lambda: results.append(parallel(server, images, name, timeout_s=60))
+        )
         load.start()
+        query = f"min_worker={workers}&max_worker={workers}&synchronous=true"
         resp = server.request(
             "PUT", f"{server.management_url}/models/{name}?{query}", timeout_s=180
         )
         assert resp.status == 200, resp.body
         load.join(240)
-        assert not load.is_alive(), "requests hung"
+        assert not load.is_alive(), "requests hung past their client timeout"
+        assert len(worker_pids(server, name)) == workers
         return [r.status for r in results[0]]
 
-    assert scale_during_load("min_worker=2&max_worker=2&synchronous=true") == [200] * 24
-    assert len(worker_pids(server, name)) == 2
-    assert scale_during_load("min_worker=1&max_worker=1&synchronous=true") == [200] * 24
-    assert len(worker_pids(server, name)) == 1
+    assert scale_during_load(4) == [200] * 24
+    down = scale_during_load(1)
+    assert set(down) <= {200, -1}, down  # answered, or dropped by TorchServe: nothing else
+    assert down.count(-1) <= 3 * BATCH_SIZE, down
+    assert [r.status for r in parallel(server, images, name)] == [200] * 24
     assert server.unregister(name).status == 200
 
 

@@ -1,0 +1,39 @@
+"""ts_microbatch.server.TorchServe, the fixture every integration test stands on."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from ts_microbatch import server as server_module
+from ts_microbatch.server import TorchServe
+
+
+def test_hang_free_port_taken_before_torchserve_binds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # free_port() closes its socket, so another process can take the port first. Here a
+    # listener holds the first port handed out; start() must move to new ports.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        real = server_module.free_port
+        handed: Iterator[int] = iter([busy])
+        monkeypatch.setattr(server_module, "free_port", lambda: next(handed, None) or real())
+        (tmp_path / "store").mkdir()
+        ts = TorchServe(
+            model_store=tmp_path / "store",
+            workdir=tmp_path / "server",
+            base_config=Path(ROOT) / "configs/config.properties",
+        )
+        assert ts.ports is not None and ts.ports[0] == busy
+        with caplog.at_level(logging.WARNING, logger="ts_microbatch.server"), ts:
+            assert "retrying on new ports" in caplog.text  # the first try did hit the port
+            assert ts.ports[0] != busy
+            assert ts.request("GET", f"{ts.inference_url}/ping").status == 200
