@@ -18,7 +18,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv test test-unit mar serve stop metrics ab bench tune lint clean FORCE
+.PHONY: help venv test test-unit mar serve stop metrics ab bench soak tune lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -27,6 +27,7 @@ help:
 	@echo "make test    set up and run every test"
 	@echo "make mar     build $(MAR)"
 	@echo "make bench   run the default benchmark comparison"
+	@echo "make soak    100,000 requests at concurrency 200, the worker's memory sampled (~8 min)"
 	@echo "make tune    find the best micro_batching.json for the example in-process"
 	@echo "make lint    ruff and mypy"
 
@@ -80,6 +81,12 @@ ab:
 # The default comparison (results in benchmarks/runs/<time>/); under 10 minutes here.
 bench: $(STAMP) ab
 	$(PY) benchmarks/benchmark-ab.py --config benchmarks/config.json $(if $(WEIGHTS),--weights $(WEIGHTS))
+
+# Not part of CI: no failed request, no worker restart, RSS flat after the first chunk.
+SOAK_REQUESTS ?= 100000
+soak: $(STAMP) ab
+	$(PY) benchmarks/soak.py --requests $(SOAK_REQUESTS) --concurrency 200 \
+	  --out benchmarks/runs/soak-$$(date +%Y%m%d-%H%M%S)
 
 # CONFIRM=3 also benchmarks the 3 best on a real TorchServe and keeps the fastest there.
 CONFIRM ?= 0

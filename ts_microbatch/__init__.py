@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .batch import Batch, RequestFailure
+from .batch import Batch, MicroBatchInfo, RequestFailure
 from .config import MicroBatchingConfig, Parallelism, load_config
 from .context import BatchContext
 from .errors import (
@@ -19,7 +19,7 @@ from .errors import (
 from .metrics import PipelineObserver
 from .micro_batching import MicroBatching
 from .mixin import MicroBatchingMixin
-from .pipeline import MicroBatchInfo, Pipeline, PipelineStats
+from .pipeline import Pipeline, PipelineStats
 from .status import error_status, status_code_for
 from .torchserve_metrics import TorchServeMetricsObserver
 

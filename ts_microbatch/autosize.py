@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import deque
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -149,6 +150,16 @@ class AutoMicroBatchSize:
         """Records that ``stage`` took ``run_s`` seconds for ``size`` requests."""
         with self._lock:
             self._feed(self._stage_runs.setdefault(stage, {}), size, run_s)
+
+    def batch_reporter(self, size: int) -> Callable[[Any], None]:
+        """A callback for ``Batch.when_answered``: reports the batch's wall time, unless a
+        request of it failed (retries would skew it)."""
+
+        def report(batch: Any) -> None:
+            if all(not f.cancelled() and f.exception() is None for f in batch.futures):
+                self.observe_batch(size, len(batch), time.monotonic() - batch.created_at)
+
+        return report
 
     def observe_batch(self, size: int, requests: int, seconds: float) -> None:
         """Records that a batch of ``requests`` split at ``size`` took ``seconds`` in all."""

@@ -42,6 +42,21 @@ class RequestFailure(NamedTuple):
     isolated: bool  # the request failed on its own (alone in its micro-batch, no verdict)
 
 
+class MicroBatchInfo(NamedTuple):
+    """Where the micro-batch a stage thread is working on sits in its batch."""
+
+    micro_batch_idx: int  # its place among the batch's micro-batches; re-run halves keep it
+    offset: int  # index of its first request in the full batch
+    size: int  # number of requests in it
+    attempt: int  # 0 on the first run, n when re-run n times to isolate a failure
+    context: Any = None  # the context its batch was submitted with; never another batch's
+
+    @property
+    def request_indices(self) -> range:
+        """Indices of its requests in the full batch (for context.request_ids and headers)."""
+        return range(self.offset, self.offset + self.size)
+
+
 class Batch:
     """One submitted batch: its futures, its context and the failures of its requests.
 
@@ -160,6 +175,11 @@ class _MicroBatch:
 
     def __len__(self) -> int:
         return len(self.items)
+
+    @property
+    def indices(self) -> range:
+        """Its requests' places in the batch."""
+        return range(self.offset, self.offset + len(self.items))
 
     @property
     def futures(self) -> list[Future[Any]]:

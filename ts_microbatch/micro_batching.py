@@ -23,12 +23,12 @@ from dataclasses import replace
 from typing import Any
 
 from .autosize import AutoMicroBatchSize
-from .batch import Batch
+from .batch import Batch, MicroBatchInfo
 from .config import STAGES, MicroBatchingConfig, Parallelism
 from .context import BatchContext
 from .errors import PipelineStalledError
 from .metrics import PipelineObserver
-from .pipeline import MicroBatchInfo, Pipeline, PipelineStats
+from .pipeline import Pipeline, PipelineStats
 from .status import error_status
 
 logger = logging.getLogger(__name__)

@@ -29,8 +29,10 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 from ._queue import Signal, StageQueue
+from ._stall import StallGuard
 from .autosize import AutoMicroBatchSize
-from .batch import Batch, RequestFailure, _MicroBatch, _set_future
+from .batch import Batch, MicroBatchInfo, RequestFailure, _MicroBatch, _set_future
+from .config import _positive_int
 from .errors import (
     ConfigError,
     PipelineClosedError,
@@ -46,21 +48,6 @@ logger = logging.getLogger(__name__)
 StageFn = Callable[[Any], Any]
 
 
-class MicroBatchInfo(NamedTuple):
-    """Where the micro-batch a stage thread is working on sits in its batch."""
-
-    micro_batch_idx: int  # its place among the batch's micro-batches; re-run halves keep it
-    offset: int  # index of its first request in the full batch
-    size: int  # number of requests in it
-    attempt: int  # 0 on the first run, n when re-run n times to isolate a failure
-    context: Any = None  # the context its batch was submitted with; never another batch's
-
-    @property
-    def request_indices(self) -> range:
-        """Indices of its requests in the full batch (for context.request_ids and headers)."""
-        return range(self.offset, self.offset + self.size)
-
-
 class PipelineStats(NamedTuple):
     """A snapshot of the pipeline's state."""
 
@@ -70,29 +57,6 @@ class PipelineStats(NamedTuple):
     queued: dict[str, int]
     batches_in_flight: int
     abandoned_threads: dict[str, int]  # stuck in calls that timed out, replaced
-
-
-def _check_positive_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{key}: got {value!r}, expected an integer >= 1")
-    return value
-
-
-def _report_batch_time(auto: AutoMicroBatchSize, size: int) -> Callable[[Batch], None]:
-    """The automatic size learns each batch's wall time; batches with a failed request are
-    left out (retries would skew them)."""
-
-    def report(batch: Batch) -> None:
-        if all(not f.cancelled() and f.exception() is None for f in batch.futures):
-            auto.observe_batch(size, len(batch), time.monotonic() - batch.created_at)
-
-    return report
-
-
-class _Call(NamedTuple):
-    stage: int
-    mb: _MicroBatch
-    started: float
 
 
 class Pipeline:
@@ -130,7 +94,7 @@ class Pipeline:
         self._fns = [stages[name] for name in self._names]
         self._auto: AutoMicroBatchSize | None = None
         self.micro_batch_size = micro_batch_size
-        _check_positive_int(max_queued_micro_batches, "micro_batching.max_queued_micro_batches")
+        _positive_int(max_queued_micro_batches, "micro_batching.max_queued_micro_batches")
         # The first queue holds requests that are already in memory, and re-runs must never
         # block a worker, so it is unbounded; the queues that hold stage outputs are bounded.
         self._queues: list[StageQueue[_MicroBatch]] = [StageQueue[_MicroBatch](None)] + [
@@ -138,7 +102,6 @@ class Pipeline:
         ]
         self._isolator = Isolator(isolate_failures)
         self._join_timeout_s = join_timeout_s
-        self._stall_timeout_s = stall_timeout_s
         self._observer = observer or PipelineObserver()
         self._local = threading.local()
         self._lock = threading.Lock()  # guards the fields below
@@ -146,8 +109,7 @@ class Pipeline:
         self._targets = {name: 0 for name in self._names}
         self._workers: dict[str, list[threading.Thread]] = {name: [] for name in self._names}
         self._thread_ids = {name: itertools.count() for name in self._names}
-        self._calls: dict[threading.Thread, _Call] = {}  # stage calls running now
-        self._abandoned: dict[threading.Thread, str] = {}  # replaced while stuck, by stage
+        self._stall = StallGuard(stall_timeout_s, self._start_thread_locked)
         self._batches: set[Batch] = set()  # submitted, not yet fully answered
         self._closed = False
         self._cancelling = False
@@ -165,7 +127,7 @@ class Pipeline:
     @micro_batch_size.setter
     def micro_batch_size(self, size: int) -> None:
         # Plain attribute writes are atomic; submit() reads them once per batch.
-        self._micro_batch_size = _check_positive_int(size, "micro_batching.micro_batch_size")
+        self._micro_batch_size = _positive_int(size, "micro_batching.micro_batch_size")
         self._auto = None
 
     @property
@@ -194,7 +156,7 @@ class Pipeline:
                     f"micro_batching.parallelism.{name}: unknown stage; "
                     f"stages are {', '.join(self._names)}"
                 )
-            _check_positive_int(threads, f"micro_batching.parallelism.{name}")
+            _positive_int(threads, f"micro_batching.parallelism.{name}")
         with self._lock:
             if self._closed:
                 raise PipelineClosedError("cannot change parallelism: the pipeline is shut down")
@@ -254,7 +216,7 @@ class Pipeline:
         batch.when_answered(self._batch_answered)
         self._observer.on_batch(len(items), len(micro_batches))
         if auto is not None:
-            batch.when_answered(_report_batch_time(auto, size))
+            batch.when_answered(auto.batch_reporter(size))
         for mb in micro_batches:
             self._enqueue(0, mb)
         return batch
@@ -272,16 +234,13 @@ class Pipeline:
 
     def stats(self) -> PipelineStats:
         with self._lock:
-            abandoned = {name: 0 for name in self._names}
-            for name in self._abandoned.values():
-                abandoned[name] += 1
             return PipelineStats(
                 micro_batch_size=self.micro_batch_size,
                 parallelism=dict(self._targets),
                 threads_alive={n: sum(t.is_alive() for t in ts) for n, ts in self._workers.items()},
                 queued={n: len(q) for n, q in zip(self._names, self._queues)},
                 batches_in_flight=len(self._batches),
-                abandoned_threads=abandoned,
+                abandoned_threads=self._stall.abandoned_counts(self._names),
             )
 
     def _enqueue(self, stage: int, mb: _MicroBatch) -> None:
@@ -296,7 +255,7 @@ class Pipeline:
             self._fail_unrun(mb, closed)
 
     def _fail_unrun(self, mb: _MicroBatch, error: BaseException) -> None:
-        self._finish(mb, error=error)
+        self._finish(mb.batch, mb.indices, error=error)
         self._apply(self._isolator.dropped(mb))
 
     def _work(self, stage: int) -> None:
@@ -304,7 +263,7 @@ class Pipeline:
         queue = self._queues[stage]
         me = threading.current_thread()
         try:
-            while me not in self._abandoned:
+            while not self._stall.is_abandoned(me):
                 mb = queue.get()
                 if isinstance(mb, Signal):
                     return
@@ -314,12 +273,11 @@ class Pipeline:
                     # Only a bug in this module gets here; stage errors are handled in
                     # _process. Fail the micro-batch rather than the thread.
                     logger.exception("internal error in stage %s; failing its micro-batch", name)
-                    self._finish(mb, error=exc)
+                    self._finish(mb.batch, mb.indices, error=exc)
         finally:
             with self._lock:
                 self._workers[name].remove(me)
-                if self._abandoned.pop(me, None) is not None:
-                    logger.warning("abandoned thread %s returned and exits", me.name)
+                self._stall.forget(me)
 
     def _process(self, stage: int, mb: _MicroBatch) -> None:
         if mb.answered():
@@ -331,7 +289,7 @@ class Pipeline:
         me = threading.current_thread()
         started = time.monotonic()
         with self._lock:
-            self._calls[me] = _Call(stage, mb, started)
+            self._stall.begin(me, name, mb)
         self._local.info = MicroBatchInfo(
             mb.index, mb.offset, len(mb), mb.attempt, mb.batch.context
         )
@@ -348,7 +306,7 @@ class Pipeline:
         finally:
             self._local.info = None
             with self._lock:
-                del self._calls[me]
+                self._stall.end(me)
         run_s = time.monotonic() - started
         self._observer.on_stage(name, len(mb), started - mb.enqueued_at, run_s, failed=False)
         auto = self._auto
@@ -356,7 +314,7 @@ class Pipeline:
             auto.observe(name, len(mb), run_s)
         self._apply(self._isolator.passed(mb, stage))
         if last:
-            self._finish(mb, outputs=output)
+            self._finish(mb.batch, mb.indices, outputs=output)
         else:
             mb.payload = output
             self._enqueue(stage + 1, mb)
@@ -391,23 +349,25 @@ class Pipeline:
 
     def _apply(self, outcome: Outcome) -> None:
         for fail in outcome.fail:
-            self._fail_in_stage(fail)
+            self._log_failure(fail)
+            self._finish(
+                fail.mb.batch, fail.mb.indices, error=fail.error, failure=self._failure(fail)
+            )
         if outcome.fail_batch is not None:
-            # Judged systemic for the whole batch: its pieces still queued are answered now
-            # and will be dropped as stale.
+            # Judged systemic for the whole batch: every request not answered yet fails now,
+            # and its pieces still queued are dropped as stale.
             whole = outcome.fail_batch
             batch = whole.mb.batch
-            rest = _MicroBatch(batch, whole.mb.index, 0, [None] * len(batch))
-            self._fail_in_stage(whole._replace(mb=rest), log=False)
+            self._finish(batch, range(len(batch)), error=whole.error, failure=self._failure(whole))
         for mb in outcome.rerun:
             self._enqueue(0, mb)
 
-    def _fail_in_stage(self, fail: Fail, log: bool = True) -> None:
-        mb, error = fail.mb, fail.error
-        name = self._names[fail.stage]
-        if not log:
-            pass
-        elif isinstance(error, RequestError) and fail.isolated:
+    def _failure(self, fail: Fail) -> RequestFailure:
+        return RequestFailure(self._names[fail.stage], fail.stage, fail.isolated)
+
+    def _log_failure(self, fail: Fail) -> None:
+        mb, error, name = fail.mb, fail.error, self._names[fail.stage]
+        if isinstance(error, RequestError) and fail.isolated:
             logger.info("request %d rejected in %s: %s", mb.offset, name, error)
         else:
             logger.error(
@@ -417,21 +377,28 @@ class Pipeline:
                 mb.offset + len(mb) - 1,
                 exc_info=error,
             )
-        failure = RequestFailure(name, fail.stage, fail.isolated)
-        for index, future in enumerate(mb.futures, start=mb.offset):
-            if not future.done():
-                mb.batch.record_failure(index, failure)
-        self._finish(mb, error=error)
 
     def _finish(
-        self, mb: _MicroBatch, outputs: list[Any] | None = None, error: BaseException | None = None
+        self,
+        batch: Batch,
+        indices: range,
+        *,
+        outputs: list[Any] | None = None,
+        error: BaseException | None = None,
+        failure: RequestFailure | None = None,
     ) -> None:
-        """Resolves every future of ``mb``: the one place a request gets its outcome."""
-        if error is None and outputs is not None:
-            for future, output in zip(mb.futures, outputs):
-                _set_future(future, result=output)
-        else:
-            for future in mb.futures:
+        """Resolves the futures of ``batch``'s requests ``indices`` with ``outputs`` or
+        ``error``: the one place a request gets its outcome from a stage. Requests answered
+        already (timed out, cancelled) keep their answer."""
+        for position, index in enumerate(indices):
+            future = batch.futures[index]
+            if future.done():
+                continue
+            if outputs is not None:
+                _set_future(future, result=outputs[position])
+            else:
+                if failure is not None:
+                    batch.record_failure(index, failure)
                 _set_future(future, error=error or PipelineClosedError("micro-batch lost"))
 
     # -- stuck stage calls -----------------------------------------------------------
@@ -441,42 +408,8 @@ class Pipeline:
             self._check_stalled()
 
     def _check_stalled(self) -> None:
-        """Abandons stuck calls (replacing their threads while the budget lasts); raises
-        PipelineStalledError if a stage has no thread left that is not stuck."""
-        stall_s = self._stall_timeout_s
-        if stall_s is None:
-            return
-        now = time.monotonic()
         with self._lock:
-            stuck = {
-                thread: call
-                for thread, call in self._calls.items()
-                if now - call.started > stall_s and call.mb.answered()
-            }
-            if not stuck:
-                return
-            for thread, call in stuck.items():
-                name = self._names[call.stage]
-                if thread in self._abandoned:
-                    continue
-                if sum(n == name for n in self._abandoned.values()) >= self._targets[name]:
-                    continue  # budget spent: it stays, and serves again if it ever returns
-                self._abandoned[thread] = name
-                self._start_thread_locked(name)
-                logger.error(
-                    "stage %s: thread %s has been in one call for %.1f s for requests that "
-                    "timed out; abandoned it and started another thread",
-                    name,
-                    thread.name,
-                    now - call.started,
-                )
-            for name, threads in self._workers.items():
-                if not any(t not in self._abandoned and t not in stuck for t in threads):
-                    raise PipelineStalledError(
-                        f"stage {name}: all {len(threads)} threads are stuck in calls that ran "
-                        f"past the timeout (stall_timeout_s={stall_s}); refusing new batches "
-                        "until one returns"
-                    )
+            self._stall.check(self._workers, self._targets)
 
     # -- shutting down ---------------------------------------------------------------
 

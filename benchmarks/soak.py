@@ -1,0 +1,187 @@
+"""Soak: many requests through one worker, its memory sampled all along (not part of CI).
+
+The accelerator stand-in with our handler and the default benchmark settings
+(benchmarks/config.json), on a TorchServe on loopback; ab sends the requests in chunks
+(progress after each); a thread samples the worker's RSS every few seconds. The run
+passes when no request failed, the worker never restarted, and RSS grows by less than
+``--max-growth-mb-per-10k`` per 10,000 requests after the warm-up.
+
+    python benchmarks/soak.py --requests 100000 --concurrency 200 --out benchmarks/results/soak
+    make soak
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples" / "image_classifier"))
+
+import bench_lib  # noqa: E402
+import prepare  # noqa: E402
+from bench_packaging import package  # noqa: E402
+
+from ts_microbatch.server import TorchServe  # noqa: E402
+
+
+def _benchmark_ab() -> Any:
+    spec = importlib.util.spec_from_file_location("benchmark_ab", HERE / "benchmark-ab.py")
+    if spec is None or spec.loader is None:
+        raise SystemExit("cannot load benchmarks/benchmark-ab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class RssSampler(threading.Thread):
+    """Samples a process's resident memory every ``interval_s`` until stopped."""
+
+    def __init__(self, pid: int, interval_s: float) -> None:
+        super().__init__(name="soak-rss", daemon=True)
+        self.process = psutil.Process(pid)
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float]] = []  # (seconds since start, MiB)
+        self.stopped = threading.Event()
+        self.started_at = time.monotonic()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                rss = self.process.memory_info().rss / 2**20
+            except psutil.NoSuchProcess:
+                return  # the worker died; the pid check reports it
+            self.samples.append((time.monotonic() - self.started_at, rss))
+            self.stopped.wait(self.interval_s)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=HERE / "config.json")
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--chunk", type=int, default=10_000)
+    parser.add_argument("--warmup", type=int, default=2_000)
+    parser.add_argument("--rss-interval-s", type=float, default=2.0)
+    parser.add_argument("--max-growth-mb-per-10k", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    ab = _benchmark_ab()
+    config = bench_lib.load_config(args.config)
+    point = {**bench_lib.sweep_points(config)[0], "concurrency": args.concurrency}
+    work = Path(tempfile.mkdtemp(prefix="soak_"))
+    body = work / "input.jpg"
+    body.write_bytes(prepare.make_jpeg(seed=0))
+    name = package(
+        work / "store", work / "build", "soak", "accelerator", "ours", config, point, None
+    )
+    chunks: list[dict[str, Any]] = []
+    with TorchServe(
+        model_store=work / "store",
+        workdir=work / "server",
+        base_config=ROOT / "configs/config.properties",
+    ) as server:
+        resp = server.register(
+            name,
+            batch_size=point["batch_size"],
+            max_batch_delay_ms=point["max_batch_delay"],
+            response_timeout_s=config["response_timeout"],
+        )
+        if resp.status != 200:
+            raise SystemExit(f"register failed: {resp.status} {resp.body!r}")
+        url = f"{server.inference_url}/predictions/{name}"
+        token = server.token("inference")
+        (pid,) = [w["pid"] for w in server.describe(name)["workers"]]
+        sampler = RssSampler(pid, args.rss_interval_s)
+        sampler.start()
+        ab.run_ab(url, body, args.warmup, args.concurrency, token, work / "w.csv", "warm-up")
+        done = 0
+        while done < args.requests:
+            n = min(args.chunk, args.requests - done)
+            summary, latency = ab.run_ab(
+                url, body, n, args.concurrency, token, work / "c.csv", f"soak {done + n}"
+            )
+            done += n
+            pids = [w["pid"] for w in server.describe(name)["workers"]]
+            rss = psutil.Process(pid).memory_info().rss / 2**20 if pids == [pid] else None
+            chunks.append(
+                {
+                    "requests_done": done,
+                    "requests_per_s": summary["requests_per_s"],
+                    "p99_ms": latency.get("p99_ms"),
+                    "failed": int(summary["failed_requests"] + summary["non_2xx_responses"]),
+                    "worker_pids": pids,
+                    "rss_mib": rss,
+                }
+            )
+            ab.log(
+                f"{done}/{args.requests}: {summary['requests_per_s']:.1f} req/s, "
+                f"failed {chunks[-1]['failed']}, worker {pids}, RSS "
+                + (f"{rss:.1f} MiB" if rss is not None else "gone")
+            )
+            if pids != [pid]:
+                break
+        sampler.stopped.set()
+        sampler.join()
+    return report(args, chunks, sampler.samples, pid)
+
+
+def report(
+    args: argparse.Namespace,
+    chunks: list[dict[str, Any]],
+    samples: list[tuple[float, float]],
+    pid: int,
+) -> int:
+    steady = [c for c in chunks[1:] if c["rss_mib"] is not None]  # after the first chunk
+    growth = (
+        float(
+            np.polyfit([c["requests_done"] for c in steady], [c["rss_mib"] for c in steady], 1)[0]
+        )
+        * 10_000
+        if len(steady) >= 2
+        else float("nan")
+    )
+    result = {
+        "requests": sum(1 for _ in chunks) and chunks[-1]["requests_done"],
+        "concurrency": args.concurrency,
+        "failed": sum(c["failed"] for c in chunks),
+        "worker_restarted": any(c["worker_pids"] != [pid] for c in chunks),
+        "rss_growth_mib_per_10k_after_first_chunk": growth,
+        "rss_first_last_mib": [chunks[0]["rss_mib"], chunks[-1]["rss_mib"]] if chunks else [],
+        "chunks": chunks,
+        "rss_samples": samples,
+    }
+    passed = (
+        result["failed"] == 0
+        and not result["worker_restarted"]
+        and growth < args.max_growth_mb_per_10k
+        and result["requests"] == args.requests
+    )
+    result["passed"] = passed
+    print(
+        f"soak {'PASSED' if passed else 'FAILED'}: {result['requests']} requests at concurrency "
+        f"{args.concurrency}, {result['failed']} failed, worker restarted: "
+        f"{result['worker_restarted']}, RSS growth {growth:.2f} MiB per 10,000 requests "
+        f"after the first chunk (limit {args.max_growth_mb_per_10k})"
+    )
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
