@@ -50,13 +50,15 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    ts = TorchServe(
+    with local_server(model_store, tmp_path_factory.mktemp("torchserve")) as ts:
+        yield ts
+
+
+def local_server(model_store: Path, workdir: Path) -> TorchServe:
+    """A TorchServe on free loopback ports with the project's config; a context manager
+    that starts it and always stops it."""
+    return TorchServe(
         model_store=model_store,
-        workdir=tmp_path_factory.mktemp("torchserve"),
+        workdir=workdir,
         base_config=Path(ROOT) / "configs/config.properties",
     )
-    ts.start()
-    try:
-        yield ts
-    finally:
-        ts.stop()

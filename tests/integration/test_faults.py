@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.handlers.conftest import make_jpeg
-from tests.integration.conftest import build
+from tests.integration.conftest import build, local_server
 from tests.integration.handlers.fault_handler import ENTERED, HANG
 from tests.integration.test_torchserve import parallel, worker_pids
 from ts_microbatch.server import TorchServe
@@ -57,16 +57,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
             model_config=work / f"{name}.yaml",
             archive_format="zip-store",
         )
-    ts = TorchServe(
-        model_store=store,
-        workdir=tmp_path_factory.mktemp("fault_torchserve"),
-        base_config=Path(ROOT) / "configs/config.properties",
-    )
-    ts.start()
-    try:
+    with local_server(store, tmp_path_factory.mktemp("fault_torchserve")) as ts:
         yield ts
-    finally:
-        ts.stop()
 
 
 def images(n: int, first_seed: int) -> list[bytes]:
