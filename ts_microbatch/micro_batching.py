@@ -203,10 +203,8 @@ class MicroBatching:
         batch: Batch | None,
         refused: PipelineStalledError | None,
     ) -> list[Any]:
-        if refused is not None:
-            return [self._error_response(view, None, idx, refused) for idx in range(len(data))]
-        if batch is None:
-            return []
+        # Statuses go on the context only when item i is request i: a request envelope
+        # (TorchServe's json) may have flattened several instances per request.
         aligned = view is not None and view.request_count in (None, len(data))
         if view is not None and not aligned:
             logger.debug(
@@ -214,22 +212,29 @@ class MicroBatching:
                 len(data),
                 view.request_count,
             )
+        target = view if aligned else None
+        if refused is not None:
+            return [self._error_response(target, None, idx, refused) for idx in range(len(data))]
+        if batch is None:
+            return []
         outputs: list[Any] = []
         for idx, future in enumerate(batch.futures):
             try:
                 outputs.append(future.result())
             except BaseException as exc:  # a request's own failure, to be answered
-                outputs.append(self._error_response(view if aligned else None, batch, idx, exc))
+                outputs.append(self._error_response(target, batch, idx, exc))
         return outputs
 
     @staticmethod
     def _is_bad_input(batch: Batch | None, idx: int) -> bool:
-        failure = batch.failure(idx) if batch is not None else None
+        """Failed alone in the first stage while others got through it: its own input."""
+        if batch is None:
+            return False
+        failure = batch.failure(idx)
         return (
             failure is not None
             and failure.isolated
             and failure.stage_index == 0
-            and batch is not None
             and batch.first_stage_passed
         )
 
