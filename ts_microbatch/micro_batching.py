@@ -19,9 +19,10 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from . import protocols
 from .autosize import AutoMicroBatchSize
 from .batch import Batch, MicroBatchInfo
 from .config import STAGES, MicroBatchingConfig, Parallelism
@@ -34,6 +35,17 @@ from .status import error_status
 logger = logging.getLogger(__name__)
 
 HANDLER_METHODS = STAGES
+
+
+@dataclass
+class _Submitted:
+    """A batch as submitted: where statuses go, its requests, and the pipeline's batch."""
+
+    target: BatchContext | None  # the context statuses are set on; None when not aligned
+    view: BatchContext | None
+    requests: list[protocols.Request]
+    batch: Batch | None = None
+    refused: PipelineStalledError | None = None
 
 
 class MicroBatching:
@@ -158,72 +170,115 @@ class MicroBatching:
         return self._pipeline.submit(data)
 
     def handle(self, data: Sequence[Any], context: Any = None) -> list[Any]:
-        """Runs a batch through the pipeline; returns one output per request, in order.
+        """Runs a batch through the pipeline; returns one answer per request, in order.
 
-        A request that failed gets a JSON error body instead of its output, and its status
-        is set on ``context`` (the handler's ``context`` when None) when the batch has one
-        item per request. When it does not (a request envelope such as TorchServe's
-        ``json`` flattened several instances per request), no per-request status is set:
-        an index would name the wrong request, and the error body stays in the output.
+        A plain request gets its output; a KServe v1 or v2 request gets one predictions
+        body for all its instances (``ts_microbatch.protocols``). A request that failed
+        gets a JSON error body instead, and its status is set on ``context`` (the
+        handler's ``context`` when None) when the batch has one row per request. When it
+        does not (a request envelope such as TorchServe's ``json`` flattened several
+        instances per request), no per-request status is set: an index would name the
+        wrong request, and the error body stays in the output.
         """
-        view, batch, refused = self._submit(data, context)
-        if batch is not None:
-            batch.wait(self._config.timeout_s)
-        return self._answers(data, view, batch, refused)
+        submitted = self._submit(data, context)
+        if submitted.batch is not None:
+            submitted.batch.wait(self._config.timeout_s)
+        return self._answers(submitted)
 
     async def handle_async(self, data: Sequence[Any], context: Any = None) -> list[Any]:
         """``handle`` for TorchServe's asynchronous worker (``asyncCommunication: true``):
         awaits the pipeline instead of blocking the worker's event loop."""
-        view, batch, refused = self._submit(data, context)
+        submitted = self._submit(data, context)
+        batch = submitted.batch
         if batch is not None:
             await asyncio.wait(
                 [asyncio.wrap_future(f) for f in batch.futures], timeout=self._config.timeout_s
             )
             batch.expire(self._config.timeout_s)
-        return self._answers(data, view, batch, refused)
+        return self._answers(submitted)
 
-    def _submit(
-        self, data: Sequence[Any], context: Any
-    ) -> tuple[BatchContext | None, Batch | None, PipelineStalledError | None]:
+    def _submit(self, data: Sequence[Any], context: Any) -> _Submitted:
         live = context if context is not None else getattr(self.handler, "context", None)
         view = BatchContext(live) if live is not None else None
-        if len(data) == 0:
-            return view, None, None
-        try:
-            return view, self._pipeline.submit_batch(data, view), None
-        except PipelineStalledError as stalled:
-            # Answered at once: waiting would only turn this into TorchServe's timeout.
-            logger.error("batch of %d refused: %s", len(data), stalled)
-            return view, None, stalled
-
-    def _answers(
-        self,
-        data: Sequence[Any],
-        view: BatchContext | None,
-        batch: Batch | None,
-        refused: PipelineStalledError | None,
-    ) -> list[Any]:
-        # Statuses go on the context only when item i is request i: a request envelope
+        requests, items = protocols.unpack(list(data))
+        # Statuses go on the context only when row i is request i: a request envelope
         # (TorchServe's json) may have flattened several instances per request.
         aligned = view is not None and view.request_count in (None, len(data))
         if view is not None and not aligned:
             logger.debug(
-                "%d items for %d requests: per-request statuses are not set",
+                "%d rows for %d requests: per-request statuses are not set",
                 len(data),
                 view.request_count,
             )
-        target = view if aligned else None
-        if refused is not None:
-            return [self._error_response(target, None, idx, refused) for idx in range(len(data))]
-        if batch is None:
-            return []
+        submitted = _Submitted(view if aligned else None, view, requests)
+        if not items:
+            return submitted
+        try:
+            submitted.batch = self._pipeline.submit_batch(items, view)
+        except PipelineStalledError as stalled:
+            # Answered at once: waiting would only turn this into TorchServe's timeout.
+            logger.error("batch of %d refused: %s", len(data), stalled)
+            submitted.refused = stalled
+        return submitted
+
+    def _answers(self, submitted: _Submitted) -> list[Any]:
+        answers = []
+        for idx, request in enumerate(submitted.requests):
+            if request.protocol == protocols.PLAIN:
+                answers.append(self._plain_answer(submitted, idx, request.start))
+            else:
+                answers.append(self._protocol_answer(submitted, idx, request))
+        return answers
+
+    def _outcome(self, submitted: _Submitted, item: int) -> tuple[Any, BaseException | None]:
+        if submitted.refused is not None or submitted.batch is None:
+            # Without a batch nothing was submitted (every request was a malformed protocol
+            # body, which has no items), so only a refusal leads here.
+            return None, submitted.refused or PipelineStalledError("the batch was not submitted")
+        future = submitted.batch.futures[item]
+        try:
+            return future.result(), None
+        except BaseException as exc:  # a request's own failure, to be answered
+            return None, exc
+
+    def _status(self, submitted: _Submitted, idx: int, item: int, exc: BaseException) -> Any:
+        view = submitted.target
+        request_id = view.get_request_id(idx) if view is not None else None
+        return error_status(exc, request_id, bad_input=self._is_bad_input(submitted.batch, item))
+
+    def _plain_answer(self, submitted: _Submitted, idx: int, item: int) -> Any:
+        output, exc = self._outcome(submitted, item)
+        if exc is None:
+            return output
+        status = self._status(submitted, idx, item, exc)
+        self._report_status(submitted, idx, status.code, status.phrase)
+        return status.body
+
+    def _protocol_answer(self, submitted: _Submitted, idx: int, request: protocols.Request) -> Any:
         outputs: list[Any] = []
-        for idx, future in enumerate(batch.futures):
-            try:
-                outputs.append(future.result())
-            except BaseException as exc:  # a request's own failure, to be answered
-                outputs.append(self._error_response(target, batch, idx, exc))
-        return outputs
+        errors: list[tuple[int, str, str] | None] = []
+        for item in range(request.start, request.start + request.count):
+            output, exc = self._outcome(submitted, item)
+            outputs.append(output)
+            if exc is None:
+                errors.append(None)
+            else:
+                status = self._status(submitted, idx, item, exc)
+                errors.append((status.code, status.phrase, status.body["message"]))
+        if request.protocol == protocols.V2 and request.request_id is None and submitted.view:
+            request.request_id = submitted.view.get_request_id(idx)
+        model = (getattr(submitted.view, "manifest", None) or {}).get("model", {})
+        answer = protocols.regroup(
+            request, outputs, errors, model.get("modelName"), model.get("modelVersion")
+        )
+        if answer.status is not None:
+            self._report_status(submitted, idx, answer.status, answer.phrase)
+        return answer.body
+
+    def _report_status(self, submitted: _Submitted, idx: int, code: int, phrase: str) -> None:
+        if submitted.target is not None:
+            submitted.target.set_response_status(code, phrase, idx)
+        self._observer.on_request_error(code)
 
     @staticmethod
     def _is_bad_input(batch: Batch | None, idx: int) -> bool:
@@ -237,16 +292,6 @@ class MicroBatching:
             and failure.stage_index == 0
             and batch.first_stage_passed
         )
-
-    def _error_response(
-        self, view: BatchContext | None, batch: Batch | None, idx: int, exc: BaseException
-    ) -> dict[str, Any]:
-        request_id = view.get_request_id(idx) if view is not None else None
-        status = error_status(exc, request_id, bad_input=self._is_bad_input(batch, idx))
-        if view is not None:
-            view.set_response_status(status.code, status.phrase, idx)
-        self._observer.on_request_error(status.code)
-        return status.body
 
     def __call__(self, data: Sequence[Any], context: Any) -> Any:
         """Replaces ``BaseHandler.handle``: describe, explain and profiler paths as upstream,

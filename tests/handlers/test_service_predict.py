@@ -205,3 +205,40 @@ def test_hang_json_envelope_status_landed_on_another_request(extracted_mar: Path
             assert "code" not in instance and len(instance) == 5
     finally:
         service._entry_point.__self__._handle_fn.shutdown()
+
+
+def test_kserve_v1_and_v2_requests_mixed_with_plain_ones_in_one_batch(service: Any) -> None:
+    images = good_jpegs(5, first_seed=90)
+    b64 = [base64.b64encode(image).decode() for image in images]
+    _, plain = decode(service.predict([request(i, image) for i, image in enumerate(images)]))
+    reference = [json.loads(body) for _, _, body in plain]
+    v2_body = {
+        "id": "v2-request",
+        "inputs": [{"name": "image", "shape": [2], "datatype": "BYTES", "data": b64[3:5]}],
+    }
+    batch = [
+        request(0, images[0]),  # plain
+        request(1, {"instances": [{"data": b64[1]}, {"b64": b64[2]}]}, "application/json"),
+        request(2, v2_body, "application/json"),
+        request(3, {"instances": [{"data": b64[0]}, {"data": "bm90IGFuIGltYWdl"}]}),
+        request(4, {"inputs": [{"name": "x", "shape": [1], "datatype": "FP8", "data": [1]}]}),
+    ]
+    code, answers = decode(service.predict(batch))
+    assert code == 200
+    assert [status for _, status, _ in answers] == [200, 200, 200, 400, 400]
+    bodies = [json.loads(body) for _, _, body in answers]
+
+    def same(got: dict[str, float], want: dict[str, float]) -> None:
+        assert list(got) == list(want)  # the same top-5 classes, in order
+        assert list(got.values()) == pytest.approx(list(want.values()), abs=1e-5)
+
+    same(bodies[0], reference[0])
+    same(bodies[1]["predictions"][0], reference[1])
+    same(bodies[1]["predictions"][1], reference[2])
+    assert bodies[2]["id"] == "v2-request" and bodies[2]["model_name"] == "drop_in"
+    output = bodies[2]["outputs"][0]
+    assert output["datatype"] == "BYTES" and output["shape"] == [2]
+    for text, want in zip(output["data"], reference[3:5]):
+        same(json.loads(text), want)
+    assert bodies[3]["error"].startswith("instance 1: ")
+    assert "unknown datatype 'FP8'" in bodies[4]["error"]
