@@ -1,7 +1,7 @@
-"""Stage calls that outlive their requests: found, abandoned within a budget, or refused.
+"""Stage calls that outlive their batch: found, abandoned within a budget, or refused.
 
-A stage call whose requests are all answered (their batch timed out) and that has run
-longer than ``stall_timeout_s`` is stuck: Python cannot interrupt it. The pipeline then
+A stage call still running for a batch that timed out, all its requests answered, is
+stuck: Python cannot interrupt it, and nobody waits for its result. The pipeline then
 *abandons* its thread (the thread exits whenever the call returns) and starts another in
 its place, at most as many abandoned threads per stage as the stage has threads, so memory
 stays bounded however many calls get stuck. When a stage has no thread left that is
@@ -35,14 +35,16 @@ class _Call(NamedTuple):
 class StallGuard:
     """The stage calls running now and the threads abandoned while stuck.
 
+    Whether a call is stuck depends on no clock: its batch timed out (so the call is at
+    least ``timeout_s`` late) and every request of it is answered. A call that was about
+    to return anyway costs one thread start; its thread exits when it does and frees its
+    place in the budget.
+
     Args:
-        stall_timeout_s: the age past which a call for answered requests is stuck; None
-            turns the guard off.
         start_thread: starts a new thread for the named stage (pipeline lock held).
     """
 
-    def __init__(self, stall_timeout_s: float | None, start_thread: Callable[[str], None]) -> None:
-        self._stall_timeout_s = stall_timeout_s
+    def __init__(self, start_thread: Callable[[str], None]) -> None:
         self._start_thread = start_thread
         self._calls: dict[threading.Thread, _Call] = {}
         self._abandoned: dict[threading.Thread, str] = {}  # thread -> its stage
@@ -72,14 +74,11 @@ class StallGuard:
     ) -> None:
         """Abandons stuck calls while the budget lasts; raises PipelineStalledError if a
         stage has no thread left that is neither abandoned nor stuck."""
-        stall_s = self._stall_timeout_s
-        if stall_s is None:
-            return
         now = time.monotonic()
         stuck = {
             thread: call
             for thread, call in self._calls.items()
-            if now - call.started > stall_s and call.mb.answered()
+            if call.mb.batch.timed_out and call.mb.answered()
         }
         if not stuck:
             return
@@ -91,7 +90,7 @@ class StallGuard:
             self._abandoned[thread] = call.stage
             self._start_thread(call.stage)
             logger.error(
-                "stage %s: thread %s has been in one call for %.1f s for requests that "
+                "stage %s: thread %s has been in one call for %.1f s for a batch that "
                 "timed out; abandoned it and started another thread",
                 call.stage,
                 thread.name,
@@ -100,7 +99,6 @@ class StallGuard:
         for stage, threads in workers.items():
             if not any(t not in self._abandoned and t not in stuck for t in threads):
                 raise PipelineStalledError(
-                    f"stage {stage}: all {len(threads)} threads are stuck in calls that ran "
-                    f"past the timeout (stall_timeout_s={stall_s}); refusing new batches "
-                    "until one returns"
+                    f"stage {stage}: all {len(threads)} threads are stuck in calls for "
+                    "batches that timed out; refusing new batches until one returns"
                 )

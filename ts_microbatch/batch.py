@@ -84,6 +84,7 @@ class Batch:
         # runs failed, by (stage index, exception type).
         self.systemic: dict[int, type[BaseException]] = {}
         self.micro_batches = 0
+        self.timed_out = False  # set once its late requests were failed with a timeout
         self.first_run_failures: dict[tuple[int, type[BaseException]], int] = {}
         self._remaining = size
         self._when_answered: list[Callable[[Batch], None]] = []
@@ -139,6 +140,7 @@ class Batch:
         late = [f for f in self.futures if not f.done()]
         if not late:
             return True
+        self.timed_out = True
         error = RequestTimeoutError(f"no answer within timeout_s={timeout_s}")
         for future in late:
             _set_future(future, error=error)

@@ -101,7 +101,6 @@ class MicroBatching:
             max_queued_micro_batches=config.max_queued_micro_batches,
             isolate_failures=config.isolate_failures,
             join_timeout_s=config.join_timeout_s,
-            stall_timeout_s=config.timeout_s,
             observer=self._observer,
         )
         self._apply_size(pipeline, config.micro_batch_size, config)

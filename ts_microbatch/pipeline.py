@@ -10,11 +10,11 @@ blame, at a bounded cost (``ts_microbatch.isolation``).
 
 Stale work: a micro-batch whose requests are all answered already (its batch timed out,
 or its futures were cancelled) is dropped before each stage instead of running ahead of
-newer batches. A stage call that has run longer than ``stall_timeout_s`` for requests that
-are all answered is *abandoned*: its thread is left to finish on its own and a new thread
-takes its place, up to as many abandoned threads as the stage has threads. Past that the
-stage is stalled, and new batches are refused at once with PipelineStalledError instead of
-queuing behind it, until a stuck call returns.
+newer batches. A stage call still running for a batch that timed out is *abandoned*: its
+thread is left to finish on its own and a new thread takes its place, up to as many
+abandoned threads as the stage has threads. Past that the stage is stalled, and new
+batches are refused at once with PipelineStalledError instead of queuing behind it, until
+a stuck call returns (``ts_microbatch._stall``).
 """
 
 from __future__ import annotations
@@ -71,8 +71,6 @@ class Pipeline:
         max_queued_micro_batches: capacity of each queue between two stages.
         isolate_failures: re-run a failed micro-batch in halves to find the bad requests.
         join_timeout_s: how long shutdown waits for queued work and then for the threads.
-        stall_timeout_s: a stage call running longer than this for requests that are all
-            answered is abandoned (see the module docstring); None never abandons one.
         observer: receives stage timings; see ``ts_microbatch.metrics``.
     """
 
@@ -85,7 +83,6 @@ class Pipeline:
         max_queued_micro_batches: int = 4,
         isolate_failures: bool = True,
         join_timeout_s: float = 30.0,
-        stall_timeout_s: float | None = None,
         observer: PipelineObserver | None = None,
     ) -> None:
         if not stages:
@@ -109,7 +106,7 @@ class Pipeline:
         self._targets = {name: 0 for name in self._names}
         self._workers: dict[str, list[threading.Thread]] = {name: [] for name in self._names}
         self._thread_ids = {name: itertools.count() for name in self._names}
-        self._stall = StallGuard(stall_timeout_s, self._start_thread_locked)
+        self._stall = StallGuard(self._start_thread_locked)
         self._batches: set[Batch] = set()  # submitted, not yet fully answered
         self._closed = False
         self._cancelling = False

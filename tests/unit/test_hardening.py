@@ -107,7 +107,7 @@ def test_hang_stage_stuck_forever_refuses_new_batches_promptly() -> None:
 
     handler.inference = inference  # type: ignore[method-assign]
     counter = CallCounter("inference")
-    p = make_pipeline(handler, micro_batch_size=4, stall_timeout_s=0.01, observer=counter)
+    p = make_pipeline(handler, micro_batch_size=4, observer=counter)
     try:
         first = p.submit_batch([0, 1, 2, 3])
         assert gate_a.entered.wait(WAIT_S)
