@@ -14,6 +14,7 @@ every request hits alike (a broken handler) stays a 500.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import time
@@ -27,7 +28,7 @@ from .autosize import AutoMicroBatchSize
 from .batch import Batch, MicroBatchInfo
 from .config import STAGES, MicroBatchingConfig, Parallelism
 from .context import BatchContext
-from .errors import PipelineStalledError
+from .errors import ConfigError, PipelineStalledError
 from .metrics import PipelineObserver
 from .pipeline import Pipeline, PipelineStats
 from .status import error_status
@@ -35,6 +36,42 @@ from .status import error_status
 logger = logging.getLogger(__name__)
 
 HANDLER_METHODS = STAGES
+
+
+# TorchServe's own KServe envelopes read only the first request of a frontend batch and
+# answer once, so with batchSize > 1 every request gets 503 (pytorch/serve#2158, #1302);
+# ts_microbatch unpacks those protocols itself (ts_microbatch.protocols).
+_BROKEN_ENVELOPES = ("kserve", "kservev2")
+
+
+def torchserve_envelope() -> str | None:
+    """The request envelope TorchServe's model loader is wrapping this handler in, if any.
+
+    TorchServe 0.12 hands the envelope's name (``service_envelope``, or the
+    ``TS_SERVICE_ENVELOPE`` variable with ``enable_envvars_config=true``) to nothing the
+    handler can see; it is a local of ``TsModelLoader.load``, which is on the stack while
+    the handler is constructed and initialized. None elsewhere (tests, the tuner).
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_name == "load" and frame.f_globals.get("__name__") == "ts.model_loader":
+            envelope = frame.f_locals.get("envelope")
+            return envelope if isinstance(envelope, str) else None
+        frame = frame.f_back
+    return None
+
+
+def check_envelope() -> None:
+    """Raises ConfigError if TorchServe's KServe envelope would wrap this handler."""
+    envelope = torchserve_envelope()
+    if envelope in _BROKEN_ENVELOPES:
+        raise ConfigError(
+            f"service_envelope={envelope}: TorchServe's KServe envelope reads only the first "
+            "request of a batch (pytorch/serve#2158), so every other request would get 503. "
+            "ts_microbatch reads KServe v1 and v2 bodies itself: remove service_envelope from "
+            "config.properties, and TS_SERVICE_ENVELOPE from the environment (or keep "
+            "enable_envvars_config=false)."
+        )
 
 
 @dataclass
@@ -73,6 +110,7 @@ class MicroBatching:
         config: MicroBatchingConfig | None = None,
         observer: PipelineObserver | None = None,
     ) -> None:
+        check_envelope()
         self.handler = parent_handler
         config = config or MicroBatchingConfig()
         if micro_batch_size is not None:

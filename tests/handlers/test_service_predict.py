@@ -23,6 +23,7 @@ from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.model_loader import TsModelLoader
 
 from tests.handlers.conftest import make_jpeg
+from ts_microbatch import ConfigError
 
 # TorchServe's own ImageClassifier with upstream's micro-batching example body; only the
 # import names ts_microbatch.
@@ -242,3 +243,13 @@ def test_kserve_v1_and_v2_requests_mixed_with_plain_ones_in_one_batch(service: A
         same(json.loads(text), want)
     assert bodies[3]["error"].startswith("instance 1: ")
     assert "unknown datatype 'FP8'" in bodies[4]["error"]
+
+
+@pytest.mark.parametrize("envelope", ["kserve", "kservev2"])
+def test_torchserve_kserve_envelope_fails_the_load_saying_what_to_change(
+    extracted_mar: Path, envelope: str
+) -> None:
+    # TorchServe's KServe envelopes answer only the first request of a batch: 503 for the
+    # rest. Loaded by TorchServe's own loader with that envelope, the handler refuses.
+    with pytest.raises(ConfigError, match=f"service_envelope={envelope}: TorchServe's KServe"):
+        load_service(extracted_mar, envelope=envelope)
