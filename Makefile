@@ -18,7 +18,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv test test-unit mar serve stop metrics ab bench soak tune lint clean FORCE
+.PHONY: help venv test test-unit mar serve stop metrics ab bench soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -29,6 +29,7 @@ help:
 	@echo "make bench   run the default benchmark comparison"
 	@echo "make soak    100,000 requests at concurrency 200, the worker's memory sampled (~8 min)"
 	@echo "make tune    find the best micro_batching.json for the example in-process"
+	@echo "make kserve-bundle  a KServe storage layout in $(KSERVE_OUT) (deploy/kserve/)"
 	@echo "make lint    ruff and mypy"
 
 venv: $(STAMP)
@@ -87,6 +88,17 @@ SOAK_REQUESTS ?= 100000
 soak: $(STAMP) ab
 	$(PY) benchmarks/soak.py --requests $(SOAK_REQUESTS) --concurrency 200 \
 	  --out benchmarks/runs/soak-$$(date +%Y%m%d-%H%M%S)
+
+# KServe's storage layout: config/config.properties and a self-contained .mar in model-store/.
+KSERVE_OUT ?= build/kserve/$(MODEL_NAME)
+kserve-bundle: $(STAMP)
+	$(PY) examples/image_classifier/build_mar.py --export-path $(KSERVE_OUT)/.staging \
+	  --model-name $(MODEL_NAME) --micro-batching-json $(MB_CONFIG) --self-contained \
+	  $(if $(WEIGHTS),--weights $(WEIGHTS))
+	$(PY) -m ts_microbatch.bundle --out $(KSERVE_OUT) --mar $(KSERVE_OUT)/.staging/$(MODEL_NAME).mar \
+	  --model-name $(MODEL_NAME) --metrics-yaml configs/metrics.yaml \
+	  --batch-size $(BATCH_SIZE) --max-batch-delay $(MAX_BATCH_DELAY)
+	rm -rf $(KSERVE_OUT)/.staging
 
 # CONFIRM=3 also benchmarks the 3 best on a real TorchServe and keeps the fastest there.
 CONFIRM ?= 0

@@ -32,8 +32,12 @@ def build_mar(
     micro_batching_json: str | os.PathLike[str] = ROOT / "configs/micro_batching.json",
     model_config: str | os.PathLike[str] = HERE / "model-config.yaml",
     archive_format: str = "default",
+    self_contained: bool = False,
 ) -> Path:
-    """Writes ``<export_path>/<model_name>.mar`` and returns its path."""
+    """Writes ``<export_path>/<model_name>.mar`` and returns its path.
+
+    ``self_contained``: the .mar also carries ts_microbatch's worker modules, so a
+    TorchServe without the package installed (KServe's runtime image) serves it."""
     work = Path(work_dir or ROOT / "build" / model_name)
     work.mkdir(parents=True, exist_ok=True)
     weights_path = prepare.write_weights(str(work), weights)
@@ -41,6 +45,11 @@ def build_mar(
     # torch-model-archiver names extra files by their base name; the handler looks for this one.
     config_copy = work / "micro_batching.json"
     config_copy.write_bytes(Path(micro_batching_json).read_bytes())
+    extra = [str(labels), str(config_copy)]
+    if self_contained:
+        from ts_microbatch.bundle import vendor
+
+        extra.append(str(vendor(work / "vendor")))
     Path(export_path).mkdir(parents=True, exist_ok=True)
     archiver = Path(sys.executable).with_name("torch-model-archiver")
     subprocess.run(
@@ -60,7 +69,7 @@ def build_mar(
             "--config-file",
             str(model_config),
             "--extra-files",
-            f"{labels},{config_copy}",
+            ",".join(extra),
             "--export-path",
             str(export_path),
             "--archive-format",
@@ -84,6 +93,11 @@ def main() -> None:
     )
     parser.add_argument("--micro-batching-json", default=str(ROOT / "configs/micro_batching.json"))
     parser.add_argument("--model-config", default=str(HERE / "model-config.yaml"))
+    parser.add_argument(
+        "--self-contained",
+        action="store_true",
+        help="carry ts_microbatch's worker modules (for a TorchServe without the package)",
+    )
     args = parser.parse_args()
     work = ROOT / "build" / args.model_name
     build_mar(
@@ -93,6 +107,7 @@ def main() -> None:
         work_dir=work,
         micro_batching_json=args.micro_batching_json,
         model_config=args.model_config,
+        self_contained=args.self_contained,
     )
     with open(work / "kitten.jpg", "wb") as f:
         f.write(prepare.make_jpeg(seed=0))

@@ -1,0 +1,162 @@
+"""A KServe storage layout: ``config/config.properties`` and a self-contained .mar.
+
+KServe's TorchServe runtime starts ``torchserve --start --model-store=/mnt/models/model-store
+--ts-config=/mnt/models/config/config.properties`` in a stock image; nothing installs this
+package there. So the .mar carries the part of ts_microbatch that runs inside a worker
+(``worker_modules()``: what ``ts_microbatch/__init__.py`` imports, transitively; never the
+tooling that drives a server from outside, such as this module), copied into the model
+directory, which TorchServe puts on the worker's import path.
+
+    python -m ts_microbatch.bundle --out build/kserve --mar model_store/resnet-18_mb.mar ...
+
+is what ``make kserve-bundle`` runs; see deploy/kserve/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import shutil
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+TOOLING = ("bundle", "scrape", "serve", "server", "tune")
+
+
+def worker_modules() -> list[str]:
+    """The package's modules a worker imports: the relative-import closure of __init__."""
+    seen: set[str] = set()
+    todo = ["__init__"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        tree = ast.parse((PACKAGE_DIR / f"{name}.py").read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    todo.append(node.module.split(".")[0])
+                else:  # from . import x
+                    todo.extend(alias.name for alias in node.names)
+    return sorted(seen)
+
+
+def vendor(dest: Path) -> Path:
+    """Copies the worker modules to ``dest/ts_microbatch``; returns ``dest`` (pass it to
+    torch-model-archiver's --extra-files: a directory's contents land in the model root)."""
+    target = dest / "ts_microbatch"
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for name in worker_modules():
+        shutil.copy2(PACKAGE_DIR / f"{name}.py", target / f"{name}.py")
+    shutil.copy2(PACKAGE_DIR / "py.typed", target / "py.typed")
+    return dest
+
+
+def kserve_properties(
+    mar_name: str,
+    model_name: str,
+    *,
+    batch_size: int,
+    max_batch_delay_ms: int,
+    min_workers: int = 1,
+    max_workers: int = 1,
+    response_timeout_s: int = 120,
+    inference_port: int = 8085,
+    metrics_port: int = 8082,
+) -> str:
+    """config.properties for KServe's TorchServe runtime.
+
+    The model loads from ``model_snapshot`` (batchSize, maxBatchDelay and the workers come
+    from there; without maxBatchDelay TorchServe stops). ``enable_envvars_config=false`` so
+    that the runtime's ``TS_SERVICE_ENVELOPE`` cannot switch TorchServe's KServe envelope
+    on (it answers only the first request of a batch); the handler reads the protocols
+    itself. The KServe wrapper sends no token, so token authorization is off: in the pod,
+    only the wrapper reaches these addresses.
+    """
+    snapshot = {
+        "name": "startup.cfg",
+        "modelCount": 1,
+        "models": {
+            model_name: {
+                "1.0": {
+                    "defaultVersion": True,
+                    "marName": mar_name,
+                    "minWorkers": min_workers,
+                    "maxWorkers": max_workers,
+                    "batchSize": batch_size,
+                    "maxBatchDelay": max_batch_delay_ms,
+                    "responseTimeout": response_timeout_s,
+                }
+            }
+        },
+    }
+    lines = {
+        "inference_address": f"http://0.0.0.0:{inference_port}",
+        "management_address": f"http://0.0.0.0:{inference_port}",
+        "metrics_address": f"http://0.0.0.0:{metrics_port}",
+        "grpc_inference_port": "7070",
+        "grpc_management_port": "7071",
+        "enable_metrics_api": "true",
+        "metrics_mode": "prometheus",
+        "metrics_config": "metrics.yaml",
+        "number_of_netty_threads": "4",
+        "job_queue_size": "1000",
+        "enable_envvars_config": "false",
+        "install_py_dep_per_model": "false",
+        "disable_token_authorization": "true",
+        "model_store": "/mnt/models/model-store",
+        "model_snapshot": json.dumps(snapshot, separators=(",", ":")),
+    }
+    return "".join(f"{key}={value}\n" for key, value in lines.items())
+
+
+def write_bundle(
+    out: Path,
+    mar: Path,
+    model_name: str,
+    metrics_yaml: Path,
+    **settings: int,
+) -> Path:
+    """Writes ``out/config/config.properties`` (+ metrics.yaml) and ``out/model-store/``."""
+    (out / "config").mkdir(parents=True, exist_ok=True)
+    (out / "model-store").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(mar, out / "model-store" / mar.name)
+    shutil.copy2(metrics_yaml, out / "config" / "metrics.yaml")
+    (out / "config" / "config.properties").write_text(
+        kserve_properties(mar.name, model_name, **settings), encoding="utf-8"
+    )
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--mar", type=Path, required=True, help="a self-contained .mar")
+    parser.add_argument("--model-name", required=True)
+    parser.add_argument("--metrics-yaml", type=Path, required=True)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-batch-delay", type=int, default=50)
+    parser.add_argument("--min-workers", type=int, default=1)
+    parser.add_argument("--max-workers", type=int, default=1)
+    parser.add_argument("--response-timeout", type=int, default=120)
+    args = parser.parse_args()
+    out = write_bundle(
+        args.out,
+        args.mar,
+        args.model_name,
+        args.metrics_yaml,
+        batch_size=args.batch_size,
+        max_batch_delay_ms=args.max_batch_delay,
+        min_workers=args.min_workers,
+        max_workers=args.max_workers,
+        response_timeout_s=args.response_timeout,
+    )
+    print(f"KServe storage layout in {out}: config/config.properties, model-store/{args.mar.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
