@@ -18,7 +18,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv test test-unit mar serve stop metrics ab bench soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv kserve-venv test test-unit mar serve stop metrics ab bench soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -41,7 +41,18 @@ $(STAMP): setup.py
 	$(PIP) install --quiet -e '.[test,bench,dev]' $(TORCH_PINS)
 	touch $(STAMP)
 
-test: venv
+# The KServe SDK in a venv of its own: it checks deploy/kserve/ and is a real v1/v2 client
+# in the tests. Beside TorchServe it would downgrade psutil under the worker.
+KSERVE_VENV := .venv-kserve
+KSERVE_STAMP := $(KSERVE_VENV)/.installed
+kserve-venv: $(KSERVE_STAMP)
+
+$(KSERVE_STAMP):
+	test -x $(KSERVE_VENV)/bin/python || $(PYTHON) -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/pip install --quiet kserve==0.21.0
+	touch $(KSERVE_STAMP)
+
+test: venv kserve-venv
 	$(VENV)/bin/pytest
 
 test-unit: venv
@@ -110,7 +121,7 @@ tune: $(MAR) $(if $(filter-out 0,$(CONFIRM)),ab)
 	@echo "Serve it with: make serve MB_CONFIG=$(BUILD)/micro_batching.tuned.json"
 
 lint: venv
-	$(VENV)/bin/ruff check setup.py ts_microbatch handlers tests benchmarks examples
+	$(VENV)/bin/ruff check setup.py ts_microbatch handlers tests benchmarks examples deploy
 	$(VENV)/bin/mypy
 
 clean:

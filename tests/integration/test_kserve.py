@@ -34,6 +34,8 @@ from ts_microbatch.bundle import write_bundle
 from ts_microbatch.scrape import summarize
 from ts_microbatch.server import LOOPBACK, Response, free_port, stop_process_group
 
+KSERVE_PYTHON = Path(ROOT) / ".venv-kserve" / "bin" / "python"  # make kserve-venv
+DEPLOY = Path(ROOT) / "deploy" / "kserve"
 NAME = "resnet-18_mb"
 BATCH = 16
 JSON = "application/json"
@@ -273,3 +275,44 @@ def test_micro_batches_span_requests(pod: Pod) -> None:
         threading.Event().wait(0.5)
     # Single-instance requests, micro-batch size 4: more than one request per micro-batch.
     assert summary["mean_micro_batch_size"] > 1, summary
+
+
+def kserve_sdk(*args: str) -> subprocess.CompletedProcess[str]:
+    if not KSERVE_PYTHON.exists():
+        pytest.fail(f"{KSERVE_PYTHON} is missing: make kserve-venv")
+    return subprocess.run([str(KSERVE_PYTHON), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_manifest_fits_the_kserve_sdk_schema(tmp_path: Path) -> None:
+    manifest = DEPLOY / "inferenceservice.yaml"
+    checked = kserve_sdk(str(DEPLOY / "check_manifest.py"), str(manifest))
+    assert checked.returncode == 0, checked.stderr
+    fields = json.loads(checked.stdout)
+    assert fields["model_format"] == "pytorch" and fields["runtime_version"] == "0.12.0"
+    assert fields["protocol_version"] in ("v1", "v2") and fields["max_replicas"] >= 2
+    # The check can fail: a misspelt field is caught.
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text(manifest.read_text().replace("protocolVersion", "protocolVerson"))
+    refused = kserve_sdk(str(DEPLOY / "check_manifest.py"), str(misspelt))
+    assert refused.returncode != 0 and "protocolVerson: not a field" in refused.stderr
+
+
+def test_the_kserve_sdk_rest_client_gets_each_image_s_predictions(pod: Pod, tmp_path: Path) -> None:
+    images = [make_jpeg(900 + i, size=(320, 240)) for i in range(3)]
+    paths = []
+    for i, image in enumerate(images):
+        paths.append(tmp_path / f"{i}.jpg")
+        paths[-1].write_bytes(image)
+    reference = [
+        json.loads(post(f"{pod.url}/predictions/{NAME}", image, "image/jpeg").body)
+        for image in images
+    ]
+    sent = kserve_sdk(str(DEPLOY / "client_check.py"), pod.url, NAME, *map(str, paths))
+    assert sent.returncode == 0, sent.stderr
+    answers = json.loads(sent.stdout)
+    for got, want in zip(answers["v1"]["predictions"], reference):
+        same(got, want)
+    assert answers["v2"]["id"] == "sdk-client" and answers["v2"]["model_name"] == NAME
+    (texts,) = answers["v2"]["outputs"]
+    for text, want in zip(texts, reference):
+        same(json.loads(text), want)
