@@ -53,6 +53,7 @@ def run_ab(
     token: str | None,
     csv_path: Path,
     label: str,
+    content_type: str = "image/jpeg",
 ) -> tuple[dict[str, float], dict[str, float]]:
     # -k: TorchServe answers ab's HTTP/1.0 requests with "connection: keep-alive" and keeps
     # the socket open, so without keep-alive ab waits on every response until its timeout.
@@ -66,7 +67,7 @@ def run_ab(
         "-p",
         str(body),
         "-T",
-        "image/jpeg",
+        content_type,
         "-s",
         "180",
         "-e",
