@@ -4,11 +4,7 @@ It replaces a handler's ``handle``: TorchServe calls it with a batch and a conte
 the handler's preprocess, inference and postprocess as a pipeline of micro-batches, and it
 answers every request: with its output, or with its own error status and a JSON body.
 
-Which status a failed request gets (``ts_microbatch.status`` maps the exception): a
-``RequestError`` carries its own; any other error is a 500, except that an error in the
-first stage that bisection pinned on one request alone, while other requests of the same
-batch got through that stage, is that request's input: 400 with the message. An error
-every request hits alike (a broken handler) stays a 500.
+How each request is answered, and with which status: ``ts_microbatch.answers``.
 """
 
 from __future__ import annotations
@@ -20,18 +16,18 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from . import protocols
+from .answers import SubmittedBatch, answer_batch
 from .autosize import AutoMicroBatchSize
-from .batch import Batch, MicroBatchInfo
+from .batch import MicroBatchInfo
 from .config import STAGES, MicroBatchingConfig, Parallelism
 from .context import BatchContext
 from .errors import ConfigError, PipelineStalledError
 from .metrics import PipelineObserver
 from .pipeline import Pipeline, PipelineStats
-from .status import error_status
 
 logger = logging.getLogger(__name__)
 
@@ -72,17 +68,6 @@ def check_envelope() -> None:
             "config.properties, and TS_SERVICE_ENVELOPE from the environment (or keep "
             "enable_envvars_config=false)."
         )
-
-
-@dataclass
-class _Submitted:
-    """A batch as submitted: where statuses go, its requests, and the pipeline's batch."""
-
-    target: BatchContext | None  # the context statuses are set on; None when not aligned
-    view: BatchContext | None
-    requests: list[protocols.Request]
-    batch: Batch | None = None
-    refused: PipelineStalledError | None = None
 
 
 class MicroBatching:
@@ -220,7 +205,7 @@ class MicroBatching:
         submitted = self._submit(data, context)
         if submitted.batch is not None:
             submitted.batch.wait(self._config.timeout_s)
-        return self._answers(submitted)
+        return answer_batch(submitted, self._observer)
 
     async def handle_async(self, data: Sequence[Any], context: Any = None) -> list[Any]:
         """``handle`` for TorchServe's asynchronous worker (``asyncCommunication: true``):
@@ -232,9 +217,9 @@ class MicroBatching:
                 [asyncio.wrap_future(f) for f in batch.futures], timeout=self._config.timeout_s
             )
             batch.expire(self._config.timeout_s)
-        return self._answers(submitted)
+        return answer_batch(submitted, self._observer)
 
-    def _submit(self, data: Sequence[Any], context: Any) -> _Submitted:
+    def _submit(self, data: Sequence[Any], context: Any) -> SubmittedBatch:
         live = context if context is not None else getattr(self.handler, "context", None)
         view = BatchContext(live) if live is not None else None
         requests, items = protocols.unpack(list(data))
@@ -247,7 +232,7 @@ class MicroBatching:
                 len(data),
                 view.request_count,
             )
-        submitted = _Submitted(view if aligned else None, view, requests)
+        submitted = SubmittedBatch(view if aligned else None, view, requests)
         if not items:
             return submitted
         try:
@@ -257,78 +242,6 @@ class MicroBatching:
             logger.error("batch of %d refused: %s", len(data), stalled)
             submitted.refused = stalled
         return submitted
-
-    def _answers(self, submitted: _Submitted) -> list[Any]:
-        answers = []
-        for idx, request in enumerate(submitted.requests):
-            if request.protocol == protocols.PLAIN:
-                answers.append(self._plain_answer(submitted, idx, request.start))
-            else:
-                answers.append(self._protocol_answer(submitted, idx, request))
-        return answers
-
-    def _outcome(self, submitted: _Submitted, item: int) -> tuple[Any, BaseException | None]:
-        if submitted.refused is not None or submitted.batch is None:
-            # Without a batch nothing was submitted (every request was a malformed protocol
-            # body, which has no items), so only a refusal leads here.
-            return None, submitted.refused or PipelineStalledError("the batch was not submitted")
-        future = submitted.batch.futures[item]
-        try:
-            return future.result(), None
-        except BaseException as exc:  # a request's own failure, to be answered
-            return None, exc
-
-    def _status(self, submitted: _Submitted, idx: int, item: int, exc: BaseException) -> Any:
-        view = submitted.target
-        request_id = view.get_request_id(idx) if view is not None else None
-        return error_status(exc, request_id, bad_input=self._is_bad_input(submitted.batch, item))
-
-    def _plain_answer(self, submitted: _Submitted, idx: int, item: int) -> Any:
-        output, exc = self._outcome(submitted, item)
-        if exc is None:
-            return output
-        status = self._status(submitted, idx, item, exc)
-        self._report_status(submitted, idx, status.code, status.phrase)
-        return status.body
-
-    def _protocol_answer(self, submitted: _Submitted, idx: int, request: protocols.Request) -> Any:
-        outputs: list[Any] = []
-        errors: list[tuple[int, str, str] | None] = []
-        for item in range(request.start, request.start + request.count):
-            output, exc = self._outcome(submitted, item)
-            outputs.append(output)
-            if exc is None:
-                errors.append(None)
-            else:
-                status = self._status(submitted, idx, item, exc)
-                errors.append((status.code, status.phrase, status.body["message"]))
-        if request.protocol == protocols.V2 and request.request_id is None and submitted.view:
-            request.request_id = submitted.view.get_request_id(idx)
-        model = (getattr(submitted.view, "manifest", None) or {}).get("model", {})
-        answer = protocols.regroup(
-            request, outputs, errors, model.get("modelName"), model.get("modelVersion")
-        )
-        if answer.status is not None:
-            self._report_status(submitted, idx, answer.status, answer.phrase)
-        return answer.body
-
-    def _report_status(self, submitted: _Submitted, idx: int, code: int, phrase: str) -> None:
-        if submitted.target is not None:
-            submitted.target.set_response_status(code, phrase, idx)
-        self._observer.on_request_error(code)
-
-    @staticmethod
-    def _is_bad_input(batch: Batch | None, idx: int) -> bool:
-        """Failed alone in the first stage while others got through it: its own input."""
-        if batch is None:
-            return False
-        failure = batch.failure(idx)
-        return (
-            failure is not None
-            and failure.isolated
-            and failure.stage_index == 0
-            and batch.first_stage_passed
-        )
 
     def __call__(self, data: Sequence[Any], context: Any) -> Any:
         """Replaces ``BaseHandler.handle``: describe, explain and profiler paths as upstream,

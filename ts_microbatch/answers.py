@@ -1,0 +1,122 @@
+"""How each request of a batch is answered, and with which status.
+
+A plain request gets its item's output; a KServe v1 or v2 request one body for all its
+instances, in its protocol's shape (``ts_microbatch.protocols``). A request that failed
+gets a JSON error body and its own status on the batch's context, when the batch has one
+row per request (a request envelope such as TorchServe's ``json`` may have flattened
+several instances per request: an index would then name another request).
+
+Which status (``ts_microbatch.status`` maps the exception): a ``RequestError`` or
+``PredictionException`` carries its own; any other error is a 500, except that an error in
+the first stage that bisection pinned on one request alone, while other requests of the
+same batch got through that stage, is that request's input: 400 with the message. An
+error every request hits alike (a broken handler) stays a 500.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import protocols
+from .batch import Batch
+from .context import BatchContext
+from .errors import PipelineStalledError
+from .metrics import PipelineObserver
+from .status import error_status
+
+
+@dataclass
+class SubmittedBatch:
+    """A batch as submitted: where statuses go, its requests, and the pipeline's batch."""
+
+    target: BatchContext | None  # the context statuses are set on; None when not aligned
+    view: BatchContext | None
+    requests: list[protocols.Request]
+    batch: Batch | None = None
+    refused: PipelineStalledError | None = None
+
+
+def answer_batch(submitted: SubmittedBatch, observer: PipelineObserver) -> list[Any]:
+    """One answer per request of ``submitted``, in order; statuses set, errors observed."""
+    answers = []
+    for idx, request in enumerate(submitted.requests):
+        if request.protocol == protocols.PLAIN:
+            answers.append(_plain_answer(submitted, idx, request.start, observer))
+        else:
+            answers.append(_protocol_answer(submitted, idx, request, observer))
+    return answers
+
+
+def _outcome(submitted: SubmittedBatch, item: int) -> tuple[Any, BaseException | None]:
+    if submitted.refused is not None or submitted.batch is None:
+        # Without a batch nothing was submitted (every request was a malformed protocol
+        # body, which has no items), so only a refusal leads here.
+        return None, submitted.refused or PipelineStalledError("the batch was not submitted")
+    future = submitted.batch.futures[item]
+    try:
+        return future.result(), None
+    except BaseException as exc:  # a request's own failure, to be answered
+        return None, exc
+
+
+def _status(submitted: SubmittedBatch, idx: int, item: int, exc: BaseException) -> Any:
+    view = submitted.target
+    request_id = view.get_request_id(idx) if view is not None else None
+    return error_status(exc, request_id, bad_input=_is_bad_input(submitted.batch, item))
+
+
+def _plain_answer(
+    submitted: SubmittedBatch, idx: int, item: int, observer: PipelineObserver
+) -> Any:
+    output, exc = _outcome(submitted, item)
+    if exc is None:
+        return output
+    status = _status(submitted, idx, item, exc)
+    _report_status(submitted, idx, status.code, status.phrase, observer)
+    return status.body
+
+
+def _protocol_answer(
+    submitted: SubmittedBatch, idx: int, request: protocols.Request, observer: PipelineObserver
+) -> Any:
+    outputs: list[Any] = []
+    errors: list[tuple[int, str, str] | None] = []
+    for item in range(request.start, request.start + request.count):
+        output, exc = _outcome(submitted, item)
+        outputs.append(output)
+        if exc is None:
+            errors.append(None)
+        else:
+            status = _status(submitted, idx, item, exc)
+            errors.append((status.code, status.phrase, status.body["message"]))
+    if request.protocol == protocols.V2 and request.request_id is None and submitted.view:
+        request.request_id = submitted.view.get_request_id(idx)
+    model = (getattr(submitted.view, "manifest", None) or {}).get("model", {})
+    answer = protocols.regroup(
+        request, outputs, errors, model.get("modelName"), model.get("modelVersion")
+    )
+    if answer.status is not None:
+        _report_status(submitted, idx, answer.status, answer.phrase, observer)
+    return answer.body
+
+
+def _report_status(
+    submitted: SubmittedBatch, idx: int, code: int, phrase: str, observer: PipelineObserver
+) -> None:
+    if submitted.target is not None:
+        submitted.target.set_response_status(code, phrase, idx)
+    observer.on_request_error(code)
+
+
+def _is_bad_input(batch: Batch | None, idx: int) -> bool:
+    """Failed alone in the first stage while others got through it: its own input."""
+    if batch is None:
+        return False
+    failure = batch.failure(idx)
+    return (
+        failure is not None
+        and failure.isolated
+        and failure.stage_index == 0
+        and batch.first_stage_passed
+    )
