@@ -104,6 +104,7 @@ def kserve_properties(
         "metrics_config": "metrics.yaml",
         "number_of_netty_threads": "4",
         "job_queue_size": "1000",
+        "max_request_size": "33554432",  # camera photos, base64-encoded (configs/config.properties)
         "enable_envvars_config": "false",
         "install_py_dep_per_model": "false",
         "disable_token_authorization": "true",

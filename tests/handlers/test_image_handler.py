@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import threading
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 from ts.torch_handler.image_classifier import ImageClassifier
 
 from tests.handlers.conftest import (
@@ -16,6 +18,7 @@ from tests.handlers.conftest import (
     jpeg_rows,
     load_handler_module,
     make_context,
+    make_jpeg,
     new_batch,
     statuses,
 )
@@ -273,3 +276,37 @@ def test_hang_same_image_responses_of_different_lengths(handler: Any, model_dir:
     for got in outputs[1] + outputs[3]:
         assert list(got) == list(outputs[4][0])  # same top-5 labels, same order
         assert list(got.values()) == pytest.approx(list(outputs[4][0].values()), abs=1e-6)
+
+
+def sideways_with_orientation_tag(upright: Image.Image) -> bytes:
+    """As a phone stores a portrait photo: pixels turned sideways, EXIF orientation 6
+    ("rotate 90 degrees clockwise to display")."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    upright.transpose(Image.Transpose.ROTATE_90).save(buf, "JPEG", quality=95, exif=exif)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("decoder", ["pil", "torchvision"])
+def test_a_photo_stored_sideways_is_turned_upright(model_dir: Path, decoder: str) -> None:
+    upright = Image.open(io.BytesIO(make_jpeg(77, size=(480, 640)))).convert("RGB")  # portrait
+    buf = io.BytesIO()
+    upright.save(buf, "JPEG", quality=95)
+    rows = [{"body": buf.getvalue()}, {"body": sideways_with_orientation_tag(upright)}]
+    module = load_handler_module()
+    handlers = {}
+    for exif in (True, False):
+        h = module.MicroBatchingHandler()
+        settings = {"decoder": decoder, "exif_orientation": exif}
+        h.initialize(make_context(model_dir, 2, {"handler": settings}))
+        handlers[exif] = h
+    try:
+        on, off = (handlers[e].preprocess(rows) for e in (True, False))
+        # With the tag honoured the sideways file decodes like the upright one (JPEG noise
+        # only); ignored, it is a different picture: the scenario really is sideways.
+        assert (on[0] - on[1]).abs().mean().item() < 0.05
+        assert (off[0] - off[1]).abs().mean().item() > 0.2
+    finally:
+        for h in handlers.values():
+            h.micro_batching.shutdown()

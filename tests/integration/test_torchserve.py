@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -241,3 +242,48 @@ def test_auto_micro_batch_size_answers_every_request_within_its_bounds(
         assert '"micro_batch_size": "auto"' in server.log()
     finally:
         assert server.unregister(AUTO_MODEL).status == 200
+
+
+def camera_jpeg(min_bytes: int = 10_000_000) -> bytes:
+    """A 4032x3024 JPEG (a 12 MP phone photo's size) with sensor-like noise, >= min_bytes."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(3024, 4032, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=92)
+    photo = buf.getvalue()
+    assert len(photo) >= min_bytes, len(photo)
+    return photo
+
+
+def test_a_10_mb_photo_is_served_and_a_body_over_the_limit_gets_413(
+    server: TorchServe, model: str
+) -> None:
+    # TorchServe's default max_request_size (6,553,500 bytes) would refuse the photo.
+    photo = camera_jpeg()
+    resp = server.predict(model, photo, content_type="image/jpeg")
+    assert resp.status == 200, resp.body
+    assert len(resp.json()) == 5
+    # Over the limit, as curl sends a large body: headers with "Expect: 100-continue"
+    # first; the frontend answers 413 before the body is sent. (A client that streams the
+    # whole body regardless may see the connection reset instead, mid-upload.)
+    limit = 33554432  # configs/config.properties: max_request_size
+    host, port = server.inference_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.putrequest("POST", f"/predictions/{model}")
+        token = server.token("inference")
+        headers = {"Content-Type": "image/jpeg", "Content-Length": str(limit + 1)}
+        headers["Expect"] = "100-continue"
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        assert conn.getresponse().status == 413
+    finally:
+        conn.close()
