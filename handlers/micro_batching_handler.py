@@ -8,6 +8,11 @@ Settings, all optional, in the ``handler:`` section of model-config.yaml::
                                    # torchvision: libjpeg-turbo decode and uint8 resize, about
                                    # half the CPU per JPEG; each pixel within 1/255 of pil's
                                    # (other formats still go through pil)
+                                   # pil-draft: libjpeg decodes the JPEG at 1/2, 1/4 or 1/8
+                                   # scale in the DCT domain (PIL's draft), the smallest whose
+                                   # short side is still >= 256, then the uint8 resize path:
+                                   # for camera photos several times less CPU than pil; not
+                                   # exact (benchmarks/decoder_accuracy.py measures how close)
       exif_orientation: true       # turn photos upright as their EXIF orientation tag says
                                    # (phones store them sideways); no-op without the tag, so
                                    # pil stays bit-exact with ImageClassifier for such images
@@ -23,9 +28,11 @@ import base64
 import binascii
 import io
 import logging
+import math
 import struct
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image, ImageOps
 from torchvision.io import ImageReadMode, decode_jpeg
@@ -37,7 +44,9 @@ from ts_microbatch import ConfigError, InvalidInputError, MicroBatchingMixin, Pa
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485  # PIL's own default limit
-DECODERS = ("pil", "torchvision")
+DECODERS = ("pil", "torchvision", "pil-draft")
+RESIZE_TO = 256  # ImageClassifier: Resize(256) then CenterCrop(224)
+CROP_TO = 224
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 # What PIL raises for bytes that are not a decodable image (UnidentifiedImageError is an
@@ -132,12 +141,31 @@ class MicroBatchingHandler(MicroBatchingMixin, ImageClassifier):  # type: ignore
         """Image bytes to the normalized 3x224x224 tensor ImageClassifier feeds the model."""
         if self.decoder == "torchvision" and self.open_image(body).format == "JPEG":
             return self._process_jpeg_tensor(body, self.exif_orientation)
+        if self.decoder == "pil-draft":
+            image = self.open_image(body)
+            if image.format == "JPEG":
+                return _resize_crop_normalize(self._decode_draft(image))
         return self.image_processing(self.decode_image(body))  # type: ignore[no-any-return]
+
+    def _decode_draft(self, image: Image.Image) -> torch.Tensor:
+        """Decodes a JPEG at the largest DCT scale-down (1/2, 1/4, 1/8) that keeps its short
+        side at least RESIZE_TO, upright, as a uint8 3xHxW tensor."""
+        width, height = image.size
+        scale = RESIZE_TO / min(width, height)
+        if scale < 1:
+            image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
+        try:
+            image.load()
+        except _DECODE_ERRORS as exc:  # truncated or corrupt pixel data
+            raise InvalidInputError(f"the image data is corrupt ({exc})") from exc
+        if self.exif_orientation:
+            image = ImageOps.exif_transpose(image)
+        rgb = image.convert("RGB") if image.mode != "RGB" else image
+        return torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)
 
     @staticmethod
     def _process_jpeg_tensor(body: bytes | bytearray, exif_orientation: bool) -> torch.Tensor:
-        # libjpeg-turbo decode, then resize and crop on uint8 before converting to float:
-        # four times less memory traffic than PIL's ToTensor-then-normalize order.
+        # libjpeg-turbo decode, then the uint8 resize path.
         try:
             pixels = decode_jpeg(
                 torch.frombuffer(bytearray(body), dtype=torch.uint8),
@@ -146,7 +174,11 @@ class MicroBatchingHandler(MicroBatchingMixin, ImageClassifier):  # type: ignore
             )
         except RuntimeError as exc:
             raise InvalidInputError(f"the JPEG data is corrupt ({exc})") from exc
-        pixels = TF.center_crop(TF.resize(pixels, 256, antialias=True), 224)
-        return TF.normalize(
-            TF.to_dtype(pixels, torch.float32, scale=True), IMAGENET_MEAN, IMAGENET_STD
-        )
+        return _resize_crop_normalize(pixels)
+
+
+def _resize_crop_normalize(pixels: torch.Tensor) -> torch.Tensor:
+    # Resize and crop on uint8 before converting to float: four times less memory traffic
+    # than PIL's ToTensor-then-normalize order.
+    pixels = TF.center_crop(TF.resize(pixels, RESIZE_TO, antialias=True), CROP_TO)
+    return TF.normalize(TF.to_dtype(pixels, torch.float32, scale=True), IMAGENET_MEAN, IMAGENET_STD)

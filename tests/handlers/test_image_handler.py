@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from PIL import Image
 from ts.torch_handler.image_classifier import ImageClassifier
 
@@ -307,6 +308,31 @@ def test_a_photo_stored_sideways_is_turned_upright(model_dir: Path, decoder: str
         # only); ignored, it is a different picture: the scenario really is sideways.
         assert (on[0] - on[1]).abs().mean().item() < 0.05
         assert (off[0] - off[1]).abs().mean().item() > 0.2
+    finally:
+        for h in handlers.values():
+            h.micro_batching.shutdown()
+
+
+def test_pil_draft_decodes_jpeg_close_to_pil_and_other_formats_exactly(model_dir: Path) -> None:
+    module = load_handler_module()
+    handlers = {}
+    for decoder in ("pil", "pil-draft"):
+        h = module.MicroBatchingHandler()
+        h.initialize(make_context(model_dir, 3, {"handler": {"decoder": decoder}}))
+        handlers[decoder] = h
+    try:
+        jpeg = jpeg_rows(1, size=(1920, 1080), first_seed=40)  # decoded at 1/4 scale
+        exact, draft = (handlers[d].preprocess(jpeg) for d in ("pil", "pil-draft"))
+        # Measured on the corpus (benchmarks/decoder_accuracy.py): max 0.07, mean 0.01.
+        assert 0 < (exact - draft).abs().max().item() <= 0.1
+        assert (exact - draft).abs().mean().item() <= 0.02
+        png = io.BytesIO()
+        Image.open(io.BytesIO(jpeg[0]["body"])).save(png, "PNG")
+        rows = [{"body": png.getvalue()}]
+        assert torch.equal(handlers["pil"].preprocess(rows), handlers["pil-draft"].preprocess(rows))
+        context = make_context(model_dir, 2)
+        handlers["pil-draft"].handle(jpeg + [{"body": jpeg[0]["body"][:3000]}], context)
+        assert statuses(context, 2) == [200, 400]
     finally:
         for h in handlers.values():
             h.micro_batching.shutdown()
