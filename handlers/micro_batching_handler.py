@@ -113,7 +113,10 @@ class MicroBatchingHandler(MicroBatchingMixin, ImageClassifier):  # type: ignore
 
     def decode_image(self, body: bytes | bytearray) -> Image.Image:
         """Decodes an image with PIL after checking its size from the header."""
-        image = self.open_image(body)
+        return self._load_upright_rgb(self.open_image(body))
+
+    def _load_upright_rgb(self, image: Image.Image) -> Image.Image:
+        """Decodes the pixels of an opened image, turned upright, in RGB."""
         try:
             image.load()
         except _DECODE_ERRORS as exc:  # truncated or corrupt pixel data
@@ -154,13 +157,7 @@ class MicroBatchingHandler(MicroBatchingMixin, ImageClassifier):  # type: ignore
         scale = RESIZE_TO / min(width, height)
         if scale < 1:
             image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
-        try:
-            image.load()
-        except _DECODE_ERRORS as exc:  # truncated or corrupt pixel data
-            raise InvalidInputError(f"the image data is corrupt ({exc})") from exc
-        if self.exif_orientation:
-            image = ImageOps.exif_transpose(image)
-        rgb = image.convert("RGB") if image.mode != "RGB" else image
+        rgb = self._load_upright_rgb(image)
         return torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)
 
     @staticmethod
