@@ -11,7 +11,7 @@ import platform
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ts_microbatch.config import MicroBatchingConfig
 from ts_microbatch.errors import ConfigError
@@ -63,6 +63,9 @@ DEFAULTS: dict[str, Any] = {
 HANDLERS = ("plain", "upstream", "ours")
 SCENARIOS = ("real", "accelerator", "mar")
 METRICS_MODES = ("prometheus", "log")
+
+if TYPE_CHECKING:
+    from ts_microbatch.server import TorchServe
 
 
 class BenchConfigError(ValueError):
@@ -442,3 +445,32 @@ def plot_sweep(
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def project_server(
+    model_store: Path, workdir: Path, properties: dict[str, str] | None = None
+) -> TorchServe:
+    """A TorchServe on free loopback ports with the project's configs/config.properties
+    (``properties`` over it); a context manager, or start() and stop() by hand."""
+    from ts_microbatch.server import TorchServe
+
+    return TorchServe(
+        model_store=model_store,
+        workdir=workdir,
+        properties=dict(properties or {}),
+        base_config=ROOT / "configs/config.properties",
+    )
+
+
+def save_json(out_dir: Path | None, name: str, data: Any) -> Path | None:
+    """Writes ``data`` as ``out_dir/name`` (a benchmark's --out; nothing when None)."""
+    if out_dir is None:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / name
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {path}")
+    return path

@@ -115,12 +115,7 @@ def measure(
     to ``scrape_path`` and the difference gives the pipeline's per-stage times and sizes.
     """
     mode = config["metrics_mode"]
-    with TorchServe(
-        model_store=store,
-        workdir=server_dir,
-        properties={"metrics_mode": mode},
-        base_config=ROOT / "configs/config.properties",
-    ) as server:
+    with bench_lib.project_server(store, server_dir, {"metrics_mode": mode}) as server:
         resp = server.register(
             model,
             batch_size=point["batch_size"],

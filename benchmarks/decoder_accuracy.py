@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import statistics
 import sys
 import tempfile
@@ -31,8 +30,10 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "examples" / "image_classifier"))
 
+import bench_lib  # noqa: E402
 import prepare  # noqa: E402
 
 from ts_microbatch import tune  # noqa: E402
@@ -134,10 +135,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     report = measure(args.mar, args.repeats)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out / 'report.json'}")
+    bench_lib.save_json(args.out, "report.json", report)
     return 0
 
 

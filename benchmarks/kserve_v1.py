@@ -64,12 +64,7 @@ def serve(
     store = work / f"store-{setup}"
     build = work / f"build-{setup}"
     name = package(store, build, setup, "accelerator", handler, config, point, None)
-    server = TorchServe(
-        model_store=store,
-        workdir=work / f"server-{setup}-{label}",
-        properties=properties,
-        base_config=ROOT / "configs/config.properties",
-    ).start()
+    server = bench_lib.project_server(store, work / f"server-{setup}-{label}", properties).start()
     resp = server.register(name, batch_size=batch_size, max_batch_delay_ms=point["max_batch_delay"])
     if resp.status != 200:
         server.stop()
@@ -164,9 +159,7 @@ def main() -> int:
             )
     report = summarize(runs, args)
     report["envelope_b32"] = burst(work, config, body, 256)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    bench_lib.save_json(args.out, "results.json", report)
     return 0
 
 

@@ -21,6 +21,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_lib  # noqa: E402
 
 from ts_microbatch import tune  # noqa: E402
 
@@ -80,10 +83,7 @@ def main() -> int:
             f"{row['distinct_lengths']}, top-5 labels same: {row['same_top5_labels']}, "
             f"max |p - p(size {sizes[0]})| = {row['max_abs_diff_vs_first_size']:.2e}"
         )
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out / 'report.json'}")
+    bench_lib.save_json(args.out, "report.json", report)
     return 0
 
 

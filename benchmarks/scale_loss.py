@@ -19,8 +19,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "examples" / "image_classifier"))
 
+import bench_lib  # noqa: E402
 import build_mar  # noqa: E402
 import prepare  # noqa: E402
 
@@ -68,11 +70,7 @@ def main() -> int:
     build_mar.build_mar(work / "store", model_name="resnet-18_mb", work_dir=work / "build")
     bodies = [prepare.make_jpeg(200 + i, size=(320, 240)) for i in range(24)]
     rounds = []
-    with TorchServe(
-        model_store=work / "store",
-        workdir=work / "server",
-        base_config=ROOT / "configs/config.properties",
-    ) as server:
+    with bench_lib.project_server(work / "store", work / "server") as server:
         resp = server.register(
             "resnet-18_mb.mar", model_name=NAME, batch_size=args.batch_size, max_batch_delay_ms=20
         )
@@ -95,9 +93,7 @@ def main() -> int:
         "down_lost_total": sum(r["down_lost"] for r in rounds),
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "rounds"}))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    bench_lib.save_json(args.out, "summary.json", summary)
     return 0
 
 

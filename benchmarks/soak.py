@@ -37,8 +37,6 @@ import bench_lib  # noqa: E402
 import prepare  # noqa: E402
 from bench_packaging import package  # noqa: E402
 
-from ts_microbatch.server import TorchServe  # noqa: E402
-
 
 def _benchmark_ab() -> Any:
     spec = importlib.util.spec_from_file_location("benchmark_ab", HERE / "benchmark-ab.py")
@@ -96,11 +94,7 @@ def main() -> int:
         work / "store", work / "build", "soak", "accelerator", "ours", config, point, None
     )
     chunks: list[dict[str, Any]] = []
-    with TorchServe(
-        model_store=work / "store",
-        workdir=work / "server",
-        base_config=ROOT / "configs/config.properties",
-    ) as server:
+    with bench_lib.project_server(work / "store", work / "server") as server:
         resp = server.register(
             name,
             batch_size=point["batch_size"],
@@ -189,9 +183,7 @@ def report(
         f"over the second half (limit {args.max_growth_mb_per_10k}), {after_first:.2f} after "
         f"the first chunk; RSS by chunk {[round(m or 0, 1) for m in result['rss_by_chunk_mib']]}"
     )
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
+    bench_lib.save_json(args.out, "soak.json", result)
     return 0 if passed else 1
 
 

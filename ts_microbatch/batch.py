@@ -108,11 +108,6 @@ class Batch:
         for callback in callbacks:
             callback(self)
 
-    def answered(self) -> bool:
-        """True when every request has its outcome."""
-        with self._lock:
-            return self._remaining == 0
-
     def __len__(self) -> int:
         return len(self.futures)
 

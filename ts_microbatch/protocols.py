@@ -66,7 +66,6 @@ class Request:
     count: int
     error: ProtocolError | None = None  # malformed: no items, answered with this
     request_id: str | None = None  # v2 "id"
-    input_name: str | None = None  # v2: the input the instances came from
 
 
 def _body(row: Any) -> Any:
@@ -79,7 +78,9 @@ def _body(row: Any) -> Any:
 def _json_body(body: Any) -> Any:
     """A dict for JSON bodies (TorchServe parses application/json already; other content
     types arrive as bytes); anything else unchanged."""
-    if isinstance(body, (bytes, bytearray)) and body.lstrip()[:1] == b"{":
+    # Only a prefix is looked at: TorchServe hands bodies over as bytearrays, whose
+    # lstrip() would copy a whole photo for every plain request.
+    if isinstance(body, (bytes, bytearray)) and bytes(body[:64]).lstrip()[:1] == b"{":
         try:
             return json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError):
@@ -133,13 +134,13 @@ def _v2_id(body: dict[str, Any]) -> str | None:
 
 def _v2_instances(body: dict[str, Any], request: Request) -> list[Any]:
     try:
-        return _v2_rows(body, request)
+        return _v2_rows(body)
     except ProtocolError as exc:
         request.error = exc
         return []
 
 
-def _v2_rows(body: dict[str, Any], request: Request) -> list[Any]:
+def _v2_rows(body: dict[str, Any]) -> list[Any]:
     inputs = body["inputs"]
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise ProtocolError('"inputs" must be a list of one input (one tensor per request)')
@@ -148,7 +149,6 @@ def _v2_rows(body: dict[str, Any], request: Request) -> list[Any]:
     if missing:
         raise ProtocolError(f"input is missing {', '.join(repr(k) for k in missing)}")
     name, shape, datatype, data = (tensor[k] for k in ("name", "shape", "datatype", "data"))
-    request.input_name = str(name)
     if datatype not in V2_DATATYPES:
         raise ProtocolError(
             f"input {name!r}: unknown datatype {datatype!r}; expected one of "

@@ -45,7 +45,7 @@ def test_every_instance_of_every_request_is_one_item() -> None:
         {"data": "aGk="},
         {"data": "aGk="},
     ]
-    assert requests[3].request_id == "r-7" and requests[3].input_name == "input-0"
+    assert requests[3].request_id == "r-7"
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_answers_in_each_protocols_shape() -> None:
     assert regroup(v1_request, [{"cat": 0.9}, {"dog": 0.8}], [None, None]).body == {
         "predictions": [{"cat": 0.9}, {"dog": 0.8}]
     }
-    v2_request = Request(V2, 0, 2, request_id="r-1", input_name="input-0")
+    v2_request = Request(V2, 0, 2, request_id="r-1")
     numeric = regroup(v2_request, [[1.0, 2.0], [3.0, 4.0]], [None, None], "m", "1.0").body
     assert numeric == {
         "model_name": "m",
