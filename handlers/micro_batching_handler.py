@@ -88,6 +88,14 @@ class MicroBatchingHandler(MicroBatchingMixin, ImageClassifier):  # type: ignore
         self.exif_orientation = exif
         super().initialize(context)
 
+    def warmup_input(self) -> dict[str, bytearray]:
+        """A request for ``micro_batching.warmup`` when no sample file is named: a 640x480
+        JPEG of noise, so warm-up runs the same decode path as a request."""
+        pixels = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+        return {"body": bytearray(out.getvalue())}
+
     @staticmethod
     def _read_max_pixels(settings: dict[str, Any]) -> int:
         value = settings.get("max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS)

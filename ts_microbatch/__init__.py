@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .batch import Batch, MicroBatchInfo, RequestFailure
-from .config import MicroBatchingConfig, Parallelism, load_config
+from .config import MicroBatchingConfig, Parallelism, WarmupConfig, load_config
 from .context import BatchContext
 from .errors import (
     ConfigError,
@@ -15,6 +15,7 @@ from .errors import (
     RequestError,
     RequestTimeoutError,
     StageOutputError,
+    WarmupError,
 )
 from .metrics import PipelineObserver
 from .micro_batching import MicroBatching
@@ -45,6 +46,8 @@ __all__ = [
     "RequestTimeoutError",
     "StageOutputError",
     "TorchServeMetricsObserver",
+    "WarmupConfig",
+    "WarmupError",
     "error_status",
     "load_config",
     "status_code_for",

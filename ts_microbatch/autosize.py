@@ -31,6 +31,10 @@ alternately; a neighbour that measures better is kept and the next one the same 
 tried at once. In the fit, a size weighs by how often it ran (up to 8 runs), halved for
 every ``explore_every`` batches since it last ran; measurements older than
 ``memory_batches`` batches are forgotten.
+
+Allowed sizes. With ``allowed_sizes`` (a compiled model's ``allowed_micro_batch_sizes``),
+every size it considers, proposes, explores or climbs to is one of them within [min, max];
+a neighbour is rounded to the allowed size in its direction.
 """
 
 from __future__ import annotations
@@ -111,6 +115,7 @@ class AutoMicroBatchSize:
 
     Args:
         min_size, max_size: the bounds of the sizes it may choose.
+        allowed_sizes: when given, the only sizes it may choose (those within the bounds).
         explore_every: batches between two tries of a neighbouring size.
         memory_batches: measurements older than this many batches are forgotten.
         smoothing: weight of a new measurement in the moving averages.
@@ -121,6 +126,7 @@ class AutoMicroBatchSize:
         min_size: int,
         max_size: int,
         *,
+        allowed_sizes: tuple[int, ...] | None = None,
         explore_every: int = 8,
         memory_batches: int = 64,
         smoothing: float = 0.25,
@@ -132,6 +138,14 @@ class AutoMicroBatchSize:
             )
         self.min_size = min_size
         self.max_size = max_size
+        self._allowed = None
+        if allowed_sizes is not None:
+            self._allowed = tuple(sorted(n for n in allowed_sizes if min_size <= n <= max_size))
+            if not self._allowed:
+                raise ConfigError(
+                    f"micro_batching.allowed_micro_batch_sizes: got {list(allowed_sizes)}, "
+                    f"expected one within {min_size}..{max_size}"
+                )
         self._explore_every = explore_every
         self._memory = memory_batches
         self._smoothing = smoothing
@@ -144,7 +158,7 @@ class AutoMicroBatchSize:
         self._direction = 0  # index in _DIRECTIONS of the next neighbour to try
         self._trying: int | None = None  # the neighbour being tried
         self._next_try = explore_every
-        self.last_size = min_size
+        self.last_size = self._allowed[0] if self._allowed else min_size
 
     def observe(self, stage: str, size: int, run_s: float) -> None:
         """Records that ``stage`` took ``run_s`` seconds for ``size`` requests."""
@@ -202,28 +216,29 @@ class AutoMicroBatchSize:
         costs = self.costs()
         if costs is None:
             return None
-        lo, hi = self._bounds(batch)
         return _smallest_near_best(
-            {n: predicted_makespan_s(costs, threads, batch, n) for n in range(lo, hi + 1)}
+            {n: predicted_makespan_s(costs, threads, batch, n) for n in self._candidates(batch)}
         )
 
     def measured(self, batch: int) -> dict[int, float]:
         """Recent mean seconds per request for each size tried (sizes <= ``batch``)."""
-        _, hi = self._bounds(batch)
+        candidates = set(self._candidates(batch))
         with self._lock:
             recent = self._recent(self._per_request)
-        return {n: a.value for n, a in recent.items() if n <= hi}
+        return {n: a.value for n, a in recent.items() if n in candidates}
 
     def choose(self, batch: int, threads: Mapping[str, int]) -> int:
         """The size for the next batch of ``batch`` requests."""
-        lo, hi = self._bounds(batch)
+        candidates = self._candidates(batch)
+        lo, hi = candidates[0], candidates[-1]
         with self._choosing:
             with self._lock:
                 self._batches += 1
             proposed = self.best(batch, threads)
             measured = self.measured(batch)
             if proposed is None:
-                size = self._least_tried((lo, hi, round(math.sqrt(lo * hi))))
+                middle = _snap(candidates, round(math.sqrt(lo * hi)), up=True)
+                size = self._least_tried((lo, hi, middle))
             elif proposed not in measured:
                 size = proposed
             else:
@@ -244,17 +259,26 @@ class AutoMicroBatchSize:
         if self._batches < self._next_try:
             return best
         self._next_try = self._batches + self._explore_every
-        lo, hi = self._bounds(batch)
-        size = min(hi, max(lo, _neighbour(best, batch, _DIRECTIONS[self._direction])))
+        direction = _DIRECTIONS[self._direction]
+        size = _snap(
+            self._candidates(batch),
+            _neighbour(best, batch, direction),
+            up=direction in ("fewer", "larger"),
+        )
         if size == best:  # at a bound: another way next time
             self._direction = (self._direction + 1) % len(_DIRECTIONS)
             return best
         self._trying = size
         return size
 
-    def _bounds(self, batch: int) -> tuple[int, int]:
+    def _candidates(self, batch: int) -> list[int]:
+        """The sizes it may choose for a batch of ``batch``, ascending; never empty."""
         hi = max(1, min(self.max_size, batch))
-        return min(self.min_size, hi), hi
+        if self._allowed is None:
+            return list(range(min(self.min_size, hi), hi + 1))
+        # Sizes up to the batch, and the smallest one that holds it whole (padded).
+        fits = [n for n in self._allowed if n < batch]
+        return fits + [next((n for n in self._allowed if n >= batch), self._allowed[-1])]
 
     def _least_tried(self, candidates: tuple[int, ...]) -> int:
         with self._lock:
@@ -267,6 +291,13 @@ class AutoMicroBatchSize:
 # request larger or smaller (an uneven split: 4+2 can beat 3+3 when the small micro-batch
 # overtakes the large one on a second thread).
 _DIRECTIONS = ("fewer", "more", "larger", "smaller")
+
+
+def _snap(candidates: list[int], n: int, *, up: bool) -> int:
+    """The candidate nearest ``n`` on its side (``up``: the smallest >= n), else the bound."""
+    if up:
+        return next((c for c in candidates if c >= n), candidates[-1])
+    return next((c for c in reversed(candidates) if c <= n), candidates[0])
 
 
 def _neighbour(best: int, batch: int, direction: str) -> int:

@@ -65,13 +65,20 @@ class Batch:
         context: the caller's object for this batch (a TorchServe context); the pipeline
             hands it to stage threads through ``MicroBatchInfo.context`` and never reads it.
         on_timeout: called after ``wait`` timed out and failed the late requests.
+        quiet: a warm-up batch: not reported to metrics or to the automatic size.
     """
 
     def __init__(
-        self, size: int, context: Any = None, on_timeout: Callable[[], None] | None = None
+        self,
+        size: int,
+        context: Any = None,
+        on_timeout: Callable[[], None] | None = None,
+        *,
+        quiet: bool = False,
     ) -> None:
         self.futures: list[Future[Any]] = [Future() for _ in range(size)]
         self.context = context
+        self.quiet = quiet
         self.created_at = time.monotonic()
         self._on_timeout = on_timeout
         self._lock = threading.Lock()

@@ -13,6 +13,19 @@ Schema (every key optional)::
     isolate_failures: true           # re-run a failed micro-batch in halves to find bad requests
     timeout_s: null                  # seconds a batch may take before its requests get 504
     join_timeout_s: 30               # how long shutdown waits for each stage's threads
+    allowed_micro_batch_sizes: null  # e.g. [1, 2, 4, 8]: the only sizes inference sees; a
+                                     # micro-batch of another size is padded after preprocess
+                                     # to the next allowed size by repeating its last item, and
+                                     # the padded outputs dropped before postprocess
+    warmup:                          # run at load, before the worker is ready (null: none)
+      sizes: null                    # default: every allowed size a micro-batch can be padded
+                                     # to; without allowed sizes, the largest micro-batch
+      iterations: 1                  # runs of each size
+      sample: null                   # a file in the model directory (shipped in the .mar) whose
+                                     # bytes are one request body; null: the handler's own
+                                     # synthetic input (warmup_input())
+    on_recompile: warn               # a compiled model that recompiles after warm-up: log a
+                                     # warning, or "error" to log it as an error
 
 Where both exist, ``micro_batching.json`` in the model directory is read first and the
 ``micro_batching:`` section of model-config.yaml is applied over it, key by key (and stage
@@ -29,12 +42,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ._padding import padded_size
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 STAGES: tuple[str, str, str] = ("preprocess", "inference", "postprocess")
 CONFIG_FILE_NAME = "micro_batching.json"
+ON_RECOMPILE = ("warn", "error")
 YAML_SECTION = "micro_batching"
 
 
@@ -75,6 +90,29 @@ def _size_or_auto(value: Any, key: str) -> int | str:
     return value
 
 
+def _sizes(value: Any, key: str) -> tuple[int, ...] | None:
+    """A list of distinct integers >= 1, returned sorted; None stays None."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, (str, bytes, Mapping))
+        or not isinstance(value, (list, tuple))
+        or not value
+    ):
+        raise ConfigError(f"{key}: got {value!r}, expected a non-empty list of integers >= 1")
+    for index, size in enumerate(value):
+        _positive_int(size, f"{key}[{index}]")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{key}: got {list(value)!r}, expected distinct sizes")
+    return tuple(sorted(value))
+
+
+def _on_recompile(value: Any, key: str) -> str:
+    if value not in ON_RECOMPILE:
+        raise ConfigError(f"{key}: got {value!r}, expected one of {', '.join(ON_RECOMPILE)}")
+    return str(value)
+
+
 def _boolean(value: Any, key: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{key}: got {value!r}, expected true or false")
@@ -91,7 +129,48 @@ _FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "isolate_failures": _boolean,
     "timeout_s": lambda v, k: _positive_seconds(v, k, allow_none=True),
     "join_timeout_s": lambda v, k: _positive_seconds(v, k, allow_none=False),
+    "allowed_micro_batch_sizes": _sizes,
+    "on_recompile": _on_recompile,
 }
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    """What to run at load, before the worker is ready: ``iterations`` runs of each size."""
+
+    sizes: tuple[int, ...] | None = None  # None: chosen from the micro-batching config
+    iterations: int = 1
+    sample: str | None = None  # a file in the model directory; None: the handler's input
+
+    def __post_init__(self) -> None:
+        prefix = f"{YAML_SECTION}.warmup"
+        _sizes(self.sizes, f"{prefix}.sizes")
+        _positive_int(self.iterations, f"{prefix}.iterations")
+        if self.sample is not None and (not isinstance(self.sample, str) or not self.sample):
+            raise ConfigError(f"{prefix}.sample: got {self.sample!r}, expected a file name")
+
+    @classmethod
+    def from_mapping(cls, mapping: Any, prefix: str) -> WarmupConfig | None:
+        """Builds a WarmupConfig; ``{}`` means the defaults and None no warm-up."""
+        if mapping is None:
+            return None
+        if not isinstance(mapping, Mapping):
+            raise ConfigError(
+                f"{prefix}: got {mapping!r}, expected a mapping (sizes, iterations, sample) or null"
+            )
+        _check_keys(mapping, tuple(cls.__dataclass_fields__), prefix)
+        sample = mapping.get("sample")
+        if sample is not None and (not isinstance(sample, str) or not sample):
+            raise ConfigError(f"{prefix}.sample: got {sample!r}, expected a file name")
+        return cls(
+            sizes=_sizes(mapping.get("sizes"), f"{prefix}.sizes"),
+            iterations=_positive_int(mapping.get("iterations", 1), f"{prefix}.iterations"),
+            sample=sample,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        sizes = list(self.sizes) if self.sizes is not None else None
+        return {"sizes": sizes, "iterations": self.iterations, "sample": self.sample}
 
 
 @dataclass(frozen=True)
@@ -138,12 +217,17 @@ class MicroBatchingConfig:
     isolate_failures: bool = True
     timeout_s: float | None = None
     join_timeout_s: float = 30.0
+    allowed_micro_batch_sizes: tuple[int, ...] | None = None
+    warmup: WarmupConfig | None = None
+    on_recompile: str = "warn"
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallelism, Parallelism):
             raise ConfigError(
                 f"{YAML_SECTION}.parallelism: got {self.parallelism!r}, expected Parallelism"
             )
+        if self.warmup is not None and not isinstance(self.warmup, WarmupConfig):
+            raise ConfigError(f"{YAML_SECTION}.warmup: got {self.warmup!r}, expected WarmupConfig")
         for name, check in _FIELD_CHECKS.items():
             check(getattr(self, name), f"{YAML_SECTION}.{name}")
         if self.min_micro_batch_size > self.max_micro_batch_size:
@@ -151,6 +235,56 @@ class MicroBatchingConfig:
                 f"{YAML_SECTION}.min_micro_batch_size: got {self.min_micro_batch_size}, expected "
                 f"at most max_micro_batch_size ({self.max_micro_batch_size})"
             )
+        self._check_allowed_sizes()
+
+    def _check_allowed_sizes(self) -> None:
+        allowed = self.allowed_micro_batch_sizes
+        key = f"{YAML_SECTION}.allowed_micro_batch_sizes"
+        if allowed is not None and self.micro_batch_size == "auto":
+            lo, hi = self.min_micro_batch_size, self.max_micro_batch_size
+            if not any(lo <= n <= hi for n in allowed):
+                raise ConfigError(
+                    f"{key}: got {list(allowed)}, expected at least one size within "
+                    f'min_micro_batch_size..max_micro_batch_size ({lo}..{hi}) for "auto"'
+                )
+        elif allowed is not None and max(allowed) < self.micro_batch_size:  # type: ignore[operator]
+            raise ConfigError(
+                f"{key}: got {list(allowed)}, expected the largest to be at least "
+                f"micro_batch_size ({self.micro_batch_size}): a micro-batch is padded up to an "
+                "allowed size, never split"
+            )
+        sizes = self.warmup.sizes if self.warmup is not None else None
+        if allowed is not None and sizes is not None and not set(sizes) <= set(allowed):
+            extra = sorted(set(sizes) - set(allowed))
+            raise ConfigError(
+                f"{YAML_SECTION}.warmup.sizes: got {list(sizes)}, but {extra} not in "
+                f"allowed_micro_batch_sizes {list(allowed)}: inference never sees those sizes"
+            )
+
+    def largest_micro_batch(self) -> int:
+        """The most requests one micro-batch can hold."""
+        if self.micro_batch_size != "auto":
+            return self.micro_batch_size  # type: ignore[return-value]
+        allowed = self.allowed_micro_batch_sizes
+        if allowed is None:
+            return self.max_micro_batch_size
+        return max(n for n in allowed if n <= self.max_micro_batch_size)
+
+    def padded_size(self, n: int) -> int:
+        """The size inference sees for a micro-batch of ``n`` requests."""
+        return padded_size(self.allowed_micro_batch_sizes, n)
+
+    def warmup_sizes(self) -> tuple[int, ...]:
+        """The sizes warm-up runs: the configured ones, else every size inference can see
+        (with allowed sizes), else the largest micro-batch."""
+        if self.warmup is not None and self.warmup.sizes is not None:
+            return self.warmup.sizes
+        largest = self.largest_micro_batch()
+        if self.allowed_micro_batch_sizes is None:
+            return (largest,)
+        # A batch of one request is a micro-batch of one, whatever the size in force.
+        ceiling, floor = self.padded_size(largest), self.padded_size(1)
+        return tuple(n for n in self.allowed_micro_batch_sizes if floor <= n <= ceiling)
 
     @classmethod
     def from_mapping(
@@ -171,6 +305,10 @@ class MicroBatchingConfig:
         for name, value in mapping.items():
             if name == "parallelism":
                 value = Parallelism.from_mapping(value, f"{prefix}.parallelism", base.parallelism)
+            elif name == "warmup":
+                value = WarmupConfig.from_mapping(value, f"{prefix}.warmup")
+            elif name == "allowed_micro_batch_sizes":
+                value = _sizes(value, f"{prefix}.{name}")
             else:
                 _FIELD_CHECKS[name](value, f"{prefix}.{name}")
             changes[name] = value
@@ -186,6 +324,11 @@ class MicroBatchingConfig:
             "isolate_failures": self.isolate_failures,
             "timeout_s": self.timeout_s,
             "join_timeout_s": self.join_timeout_s,
+            "allowed_micro_batch_sizes": (
+                list(self.allowed_micro_batch_sizes) if self.allowed_micro_batch_sizes else None
+            ),
+            "warmup": self.warmup.as_dict() if self.warmup is not None else None,
+            "on_recompile": self.on_recompile,
         }
 
 

@@ -7,6 +7,7 @@ The tree::
     ├── PipelineClosedError (RuntimeError)  work submitted to, or stranded by, a shut-down pipeline
     ├── PipelineStalledError (RuntimeError) a stage's threads are all stuck in calls that timed out
     ├── StageOutputError                    a stage returned the wrong number of outputs
+    ├── WarmupError (RuntimeError)          warm-up at load failed; the worker is not ready
     ├── RequestTimeoutError (TimeoutError)  a request was not answered within ``timeout_s``
     └── RequestError                        one request is bad on its own; carries an HTTP status
         ├── InvalidInputError               400: the input cannot be decoded
@@ -37,6 +38,10 @@ class PipelineStalledError(MicroBatchingError, RuntimeError):
 
 class StageOutputError(MicroBatchingError):
     """A stage returned a number of outputs different from its number of inputs."""
+
+
+class WarmupError(MicroBatchingError, RuntimeError):
+    """A warm-up run at load failed, so the model is not ready to serve."""
 
 
 class RequestTimeoutError(MicroBatchingError, TimeoutError):

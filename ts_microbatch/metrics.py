@@ -19,5 +19,12 @@ class PipelineObserver:
     ) -> None:
         """A stage ran on a micro-batch of ``size`` requests after waiting ``queue_wait_s``."""
 
+    def on_padding(self, stage: str, size: int, padded_to: int) -> None:
+        """A micro-batch of ``size`` requests entered ``stage`` padded to ``padded_to`` items
+        (equal when it was an allowed size); reported for every micro-batch of that stage."""
+
+    def on_recompile(self, count: int) -> None:
+        """A compiled model recompiled ``count`` times in one call after warm-up."""
+
     def on_request_error(self, status_code: int) -> None:
         """A request was answered with an error status."""

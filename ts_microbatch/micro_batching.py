@@ -23,9 +23,10 @@ from . import protocols
 from .answers import SubmittedBatch, answer_batch
 from .autosize import AutoMicroBatchSize
 from .batch import MicroBatchInfo
+from .compiled import CompiledInference
 from .config import STAGES, MicroBatchingConfig, Parallelism
 from .context import BatchContext
-from .errors import ConfigError, PipelineStalledError
+from .errors import ConfigError, PipelineStalledError, WarmupError
 from .metrics import PipelineObserver
 from .pipeline import Pipeline, PipelineStats
 
@@ -84,6 +85,9 @@ class MicroBatching:
         parallelism: threads per stage; overrides ``config`` stage by stage.
         config: every other setting; the defaults when None.
         observer: receives timings and errors, for metrics.
+        compiled: the handler's model is compiled (``torch.compile``): inference calls are
+            serialized, their outputs cloned and recompiles after :meth:`warm_up` reported
+            (``ts_microbatch.compiled``).
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class MicroBatching:
         *,
         config: MicroBatchingConfig | None = None,
         observer: PipelineObserver | None = None,
+        compiled: bool = False,
     ) -> None:
         check_envelope()
         self.handler = parent_handler
@@ -108,23 +113,33 @@ class MicroBatching:
             )
         self._config = config
         self._observer = observer or PipelineObserver()
-        self._pipeline = self._new_pipeline(config)
-
-    def _new_pipeline(self, config: MicroBatchingConfig) -> Pipeline:
         handler = self.handler
 
         def stage(name: str) -> Any:
             # Looked up on each call, so a handler may swap a stage method at run time.
             return lambda data: getattr(handler, name)(data)
 
+        self._stages = {name: stage(name) for name in STAGES}
+        self.compiled: CompiledInference | None = None
+        if compiled:
+            self.compiled = CompiledInference(
+                self._stages["inference"], self._observer, config.on_recompile
+            )
+            self._stages["inference"] = self.compiled
+        self._pipeline = self._new_pipeline(config)
+
+    def _new_pipeline(self, config: MicroBatchingConfig) -> Pipeline:
+        allowed = config.allowed_micro_batch_sizes
         pipeline = Pipeline(
-            {name: stage(name) for name in STAGES},
+            self._stages,
             parallelism=config.parallelism.as_dict(),
             micro_batch_size=config.min_micro_batch_size,
             max_queued_micro_batches=config.max_queued_micro_batches,
             isolate_failures=config.isolate_failures,
             join_timeout_s=config.join_timeout_s,
             observer=self._observer,
+            allowed_sizes=allowed,
+            padded_stage="inference" if allowed is not None else None,
         )
         self._apply_size(pipeline, config.micro_batch_size, config)
         return pipeline
@@ -133,7 +148,9 @@ class MicroBatching:
     def _apply_size(pipeline: Pipeline, size: int | str, config: MicroBatchingConfig) -> None:
         if size == "auto":
             pipeline.auto_micro_batch_size = AutoMicroBatchSize(
-                config.min_micro_batch_size, config.max_micro_batch_size
+                config.min_micro_batch_size,
+                config.max_micro_batch_size,
+                allowed_sizes=config.allowed_micro_batch_sizes,
             )
         else:
             pipeline.micro_batch_size = size  # type: ignore[assignment]
@@ -184,6 +201,52 @@ class MicroBatching:
     @parallelism.setter
     def parallelism(self, parallelism: Mapping[str, int]) -> None:
         self._pipeline.set_parallelism(parallelism)
+
+    # -- warming up ------------------------------------------------------------------
+
+    def warm_up(
+        self, sample: Any, sizes: Sequence[int] | None = None, iterations: int | None = None
+    ) -> float:
+        """Runs ``iterations`` micro-batches of each size, made of copies of ``sample`` (one
+        request's row, as TorchServe passes it), through the pipeline's own threads, so the
+        inference thread that will serve is the one that compiles; returns the seconds it
+        took. Warm-up batches are not reported to metrics or to the automatic size.
+
+        Args:
+            sample: one request's input.
+            sizes: the sizes to run; the config's ``warmup_sizes()`` when None.
+            iterations: runs of each size; the config's ``warmup.iterations`` (else 1) when None.
+
+        Raises:
+            WarmupError: a warm-up run failed; names the size and chains the error.
+        """
+        sizes = tuple(sizes) if sizes is not None else self._config.warmup_sizes()
+        if iterations is None:
+            warmup = self._config.warmup
+            iterations = warmup.iterations if warmup is not None else 1
+        started = time.monotonic()
+        for size in sizes:
+            size_started = time.monotonic()
+            for _ in range(iterations):
+                batch = self._pipeline.submit_batch(
+                    [sample] * size, micro_batch_size=size, quiet=True
+                )
+                batch.wait()
+                errors = [f.exception() for f in batch.futures if f.exception() is not None]
+                if errors:
+                    raise WarmupError(
+                        f"warm-up with a micro-batch of {size} failed: "
+                        f"{type(errors[0]).__name__}: {errors[0]}"
+                    ) from errors[0]
+            logger.info(
+                "warm-up: %d x micro-batch of %d in %.2f s",
+                iterations,
+                size,
+                time.monotonic() - size_started,
+            )
+        if self.compiled is not None:
+            self.compiled.arm()
+        return time.monotonic() - started
 
     # -- running ---------------------------------------------------------------------
 

@@ -5,16 +5,24 @@
 
 ``initialize`` validates the model's micro-batching config first (so a bad config fails
 registration before the weights are loaded), then initializes the handler, then starts the
-pipeline; ``handle`` runs batches through it.
+pipeline and, with a ``warmup:`` setting, runs the warm-up through it before TorchServe
+marks the worker ready; ``handle`` runs batches through it.
+
+A compiled model (TorchServe's ``pt2:`` section makes ``self.model`` a ``torch.compile``d
+module) gets one inference thread: a second is refused at load (``ts_microbatch.compiled``
+says why).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
-from .config import MicroBatchingConfig, load_config
+from .compiled import is_compiled, recompile_limit
+from .config import YAML_SECTION, MicroBatchingConfig, WarmupConfig, load_config
+from .errors import ConfigError
 from .metrics import PipelineObserver
 from .micro_batching import MicroBatching
 from .torchserve_metrics import TorchServeMetricsObserver
@@ -46,16 +54,98 @@ class MicroBatchingMixin:
         # In the model log, so what a worker actually runs with is never a guess.
         logger.info("micro-batching config: %s", json.dumps(config.as_dict(), sort_keys=True))
         super().initialize(context)  # type: ignore[misc]
+        compiled = is_compiled(getattr(self, "model", None))
+        if compiled:
+            check_compiled_config(config)
         if self.micro_batching is not None:
             self.micro_batching.shutdown()
-        self.micro_batching = MicroBatching(
-            self, config=config, observer=self.micro_batching_observer(context)
+        self.micro_batching = pipeline = MicroBatching(
+            self, config=config, observer=self.micro_batching_observer(context), compiled=compiled
         )
+        if config.warmup is not None:
+            self._warm_up(pipeline, context, config.warmup, config.warmup_sizes())
+
+    def warmup_input(self) -> Any:
+        """One request's input for warm-up when ``warmup.sample`` names no file; a handler
+        that can make one (the image handler makes a JPEG) overrides this."""
+        raise ConfigError(
+            f"{YAML_SECTION}.warmup.sample: not set, and {type(self).__name__} defines no "
+            "warmup_input(): name a sample request body shipped in the .mar "
+            "(torch-model-archiver --extra-files)"
+        )
+
+    def _warm_up(
+        self,
+        pipeline: MicroBatching,
+        context: Any,
+        warmup: WarmupConfig,
+        sizes: tuple[int, ...],
+    ) -> None:
+        if warmup.sample is None:
+            sample = self.warmup_input()
+        else:
+            sample = {"body": bytearray(_read_sample(context, warmup.sample))}
+        try:
+            seconds = pipeline.warm_up(sample, sizes, warmup.iterations)
+        except BaseException:
+            pipeline.shutdown(wait=False, cancel_pending=True)
+            raise
+        startup_s = (getattr(context, "model_yaml_config", None) or {}).get("startupTimeout", 120)
+        logger.info(
+            "warm-up of sizes %s took %.1f s (startupTimeout %s s)", list(sizes), seconds, startup_s
+        )
+        if isinstance(startup_s, (int, float)) and seconds > startup_s / 2:
+            logger.warning(
+                "warm-up took %.1f s, over half of startupTimeout (%s s): raise startupTimeout "
+                "in model-config.yaml, or keep TORCHINDUCTOR_CACHE_DIR on a volume that "
+                "survives restarts so compiles are read from the cache",
+                seconds,
+                startup_s,
+            )
 
     def handle(self, data: list[Any], context: Any) -> Any:
         if self.micro_batching is None:
             raise RuntimeError("handle() called before initialize(): the pipeline is not started")
         return self.micro_batching(data, context)
+
+
+def check_compiled_config(config: MicroBatchingConfig) -> None:
+    """Refuses what a compiled model cannot run; warns about what makes it slow."""
+    threads = config.parallelism.inference
+    if threads > 1:
+        raise ConfigError(
+            f"{YAML_SECTION}.parallelism.inference: got {threads}, expected 1 for a compiled "
+            "model: Dynamo and Inductor are not thread-safe (pytorch/pytorch#118260) and CUDA "
+            "graphs replay only on the thread that recorded them (#123177); the pipeline "
+            "overlaps preprocess and postprocess with the one inference thread"
+        )
+    allowed = config.allowed_micro_batch_sizes
+    if allowed is None:
+        logger.warning(
+            "compiled model without allowed_micro_batch_sizes: each new micro-batch size "
+            "compiles on the request path (and past %d graphs the model runs eagerly)",
+            recompile_limit(),
+        )
+    elif len(allowed) > recompile_limit():
+        logger.warning(
+            "allowed_micro_batch_sizes has %d sizes but torch._dynamo.config.recompile_limit "
+            "is %d: with dynamic=False the sizes past the limit run eagerly",
+            len(allowed),
+            recompile_limit(),
+        )
+
+
+def _read_sample(context: Any, name: str) -> bytes:
+    model_dir = (getattr(context, "system_properties", None) or {}).get("model_dir") or "."
+    path = os.path.join(model_dir, name)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ConfigError(
+            f"{YAML_SECTION}.warmup.sample: got {name!r}, cannot read {path} ({exc}); ship the "
+            "file in the .mar with torch-model-archiver --extra-files"
+        ) from exc
 
 
 def warn_if_async_batches_break(context: Any) -> None:

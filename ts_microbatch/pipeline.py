@@ -8,6 +8,10 @@ resolved in ``_finish`` and nowhere else (or by its batch's timeout).
 Failures: a micro-batch that fails in a stage is re-run in halves to find the requests to
 blame, at a bounded cost (``ts_microbatch.isolation``).
 
+Allowed sizes: with ``allowed_sizes``, the ``padded_stage`` sees only those sizes: a
+micro-batch of another size is padded before it and cut back after it
+(``ts_microbatch._padding``).
+
 Stale work: a micro-batch whose requests are all answered already (its batch timed out,
 or its futures were cancelled) is dropped before each stage instead of running ahead of
 newer batches. A stage call still running for a batch that timed out is *abandoned*: its
@@ -28,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
+from ._padding import pad, padded_size, unpad
 from ._queue import Signal, StageQueue
 from ._stall import StallGuard
 from .autosize import AutoMicroBatchSize
@@ -44,6 +49,8 @@ from .isolation import Fail, Isolator, Outcome
 from .metrics import PipelineObserver
 
 logger = logging.getLogger(__name__)
+
+_QUIET = PipelineObserver()  # what quiet (warm-up) batches report to: nothing
 
 StageFn = Callable[[Any], Any]
 
@@ -72,6 +79,9 @@ class Pipeline:
         isolate_failures: re-run a failed micro-batch in halves to find the bad requests.
         join_timeout_s: how long shutdown waits for queued work and then for the threads.
         observer: receives stage timings; see ``ts_microbatch.metrics``.
+        allowed_sizes: the only micro-batch sizes ``padded_stage`` is called with.
+        padded_stage: the stage whose input is padded to an allowed size and whose output
+            is cut back to the real items.
     """
 
     def __init__(
@@ -84,10 +94,21 @@ class Pipeline:
         isolate_failures: bool = True,
         join_timeout_s: float = 30.0,
         observer: PipelineObserver | None = None,
+        allowed_sizes: Sequence[int] | None = None,
+        padded_stage: str | None = None,
     ) -> None:
         if not stages:
             raise ConfigError("stages: got none, expected at least one stage")
         self._names = list(stages)
+        if (allowed_sizes is None) != (padded_stage is None) or (
+            padded_stage is not None and padded_stage not in self._names
+        ):
+            raise ConfigError(
+                f"padded_stage: got {padded_stage!r} with allowed_sizes {allowed_sizes!r}, "
+                f"expected both or neither, the stage one of {', '.join(self._names)}"
+            )
+        self._allowed = tuple(sorted(allowed_sizes)) if allowed_sizes is not None else None
+        self._padded = self._names.index(padded_stage) if padded_stage is not None else -1
         self._fns = [stages[name] for name in self._names]
         self._auto: AutoMicroBatchSize | None = None
         self.micro_batch_size = micro_batch_size
@@ -190,17 +211,31 @@ class Pipeline:
         """
         return self.submit_batch(items).futures
 
-    def submit_batch(self, items: Sequence[Any], context: Any = None) -> Batch:
+    def submit_batch(
+        self,
+        items: Sequence[Any],
+        context: Any = None,
+        *,
+        micro_batch_size: int | None = None,
+        quiet: bool = False,
+    ) -> Batch:
         """Queues a batch that carries ``context`` to its stage calls; returns the Batch.
+
+        Args:
+            micro_batch_size: split this batch at this size instead of the one in force.
+            quiet: report nothing of it to the observer or the automatic size (warm-up).
 
         Raises:
             PipelineClosedError: the pipeline is shut down.
             PipelineStalledError: a stage's threads are all stuck in calls that timed out.
         """
         self._check_stalled()
-        auto = self._auto
-        size = auto.choose(len(items), self.parallelism) if auto else self._micro_batch_size
-        batch = Batch(len(items), context, on_timeout=self._check_stalled_quietly)
+        auto = None if quiet or micro_batch_size is not None else self._auto
+        if micro_batch_size is not None:
+            size = _positive_int(micro_batch_size, "micro_batch_size")
+        else:
+            size = auto.choose(len(items), self.parallelism) if auto else self._micro_batch_size
+        batch = Batch(len(items), context, on_timeout=self._check_stalled_quietly, quiet=quiet)
         micro_batches = [
             _MicroBatch(batch, index, offset, items[offset : offset + size])
             for index, offset in enumerate(range(0, len(items), size))
@@ -211,7 +246,8 @@ class Pipeline:
                 raise PipelineClosedError("cannot submit: the micro-batching pipeline is shut down")
             self._batches.add(batch)
         batch.when_answered(self._batch_answered)
-        self._observer.on_batch(len(items), len(micro_batches))
+        if not quiet:
+            self._observer.on_batch(len(items), len(micro_batches))
         if auto is not None:
             batch.when_answered(auto.batch_reporter(size))
         for mb in micro_batches:
@@ -284,6 +320,8 @@ class Pipeline:
         name = self._names[stage]
         last = stage == len(self._names) - 1
         me = threading.current_thread()
+        observer = _QUIET if mb.batch.quiet else self._observer
+        size = padded_size(self._allowed, len(mb)) if stage == self._padded else len(mb)
         started = time.monotonic()
         with self._lock:
             self._stall.begin(me, name, mb)
@@ -291,11 +329,11 @@ class Pipeline:
             mb.index, mb.offset, len(mb), mb.attempt, mb.batch.context
         )
         try:
-            output = self._fns[stage](mb.payload)
+            output = self._call(stage, mb, size, observer)
             if last:
                 output = self._check_outputs(name, output, len(mb))
         except BaseException as exc:
-            self._observer.on_stage(
+            observer.on_stage(
                 name, len(mb), started - mb.enqueued_at, time.monotonic() - started, failed=True
             )
             self._on_stage_error(stage, mb, exc)
@@ -305,16 +343,26 @@ class Pipeline:
             with self._lock:
                 self._stall.end(me)
         run_s = time.monotonic() - started
-        self._observer.on_stage(name, len(mb), started - mb.enqueued_at, run_s, failed=False)
+        observer.on_stage(name, len(mb), started - mb.enqueued_at, run_s, failed=False)
         auto = self._auto
-        if auto is not None:
-            auto.observe(name, len(mb), run_s)
+        if auto is not None and not mb.batch.quiet:
+            auto.observe(name, size, run_s)  # the cost is the padded size's
         self._apply(self._isolator.passed(mb, stage))
         if last:
             self._finish(mb.batch, mb.indices, outputs=output)
         else:
             mb.payload = output
             self._enqueue(stage + 1, mb)
+
+    def _call(self, stage: int, mb: _MicroBatch, size: int, observer: PipelineObserver) -> Any:
+        """Calls the stage on ``mb``, padded to ``size`` and cut back when that is larger."""
+        if stage == self._padded:
+            observer.on_padding(self._names[stage], len(mb), size)
+        if size == len(mb):
+            return self._fns[stage](mb.payload)
+        name, previous = self._names[stage], self._names[stage - 1] if stage else "the input"
+        output = self._fns[stage](pad(mb.payload, len(mb), size, f"{previous}'s output"))
+        return unpad(output, len(mb), size, f"{name}'s output")
 
     @staticmethod
     def _check_outputs(name: str, output: Any, expected: int) -> list[Any]:

@@ -29,7 +29,9 @@ from .config import STAGES
 from .torchserve_metrics import (
     MICRO_BATCH_SIZE,
     MICRO_BATCHES_PER_BATCH,
+    PADDED_ITEMS,
     QUEUE_TIME,
+    RECOMPILES,
     REQUEST_ERRORS,
     STAGE_TIME,
 )
@@ -80,8 +82,11 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
     ``frontend_queue_ms`` and ``frontend_latency_ms`` (means per request, as TorchServe
     measures them), ``batches``, ``micro_batches``,
     ``mean_batch_size``, ``mean_micro_batch_size``, ``micro_batches_per_batch``,
-    ``stage_ms`` and ``stage_wait_ms`` (per stage, mean per micro-batch) and ``errors``
-    (requests answered with an error, by status code). Values with nothing to average are NaN.
+    ``stage_ms`` and ``stage_wait_ms`` (per stage, mean per micro-batch), ``errors``
+    (requests answered with an error, by status code), ``padded_per_micro_batch`` and
+    ``padded_share`` (items added to reach an allowed size, per padded-stage micro-batch and
+    as a share of the items that stage ran; NaN without allowed sizes) and ``recompiles``
+    (a compiled model's, after warm-up). Values with nothing to average are NaN.
     Micro-batches re-run to isolate a failing request count again in the sizes.
     """
     a, b = parse_prometheus(after), parse_prometheus(before)
@@ -105,6 +110,11 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
         code: int(delta(name, StatusCode=code, **model))
         for code, name in sorted({(s.labels.get("StatusCode", ""), s.name) for s in error_samples})
     }
+    padded, padded_runs = (
+        delta(f"{PADDED_ITEMS}_sum", **model),
+        delta(f"{PADDED_ITEMS}_count", **model),
+    )
+    recompiles = delta(RECOMPILES, **model) + delta(f"{RECOMPILES}_total", **model)
     return {
         "requests": requests,
         "frontend_queue_ms": _ratio(delta("ts_queue_latency_microseconds", **frontend), requests)
@@ -123,6 +133,9 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
         "stage_ms": {stage: mean_ms(STAGE_TIME, stage) for stage in STAGES},
         "stage_wait_ms": {stage: mean_ms(QUEUE_TIME, stage) for stage in STAGES},
         "errors": {code: n for code, n in errors.items() if n},
+        "padded_per_micro_batch": _ratio(padded, padded_runs),
+        "padded_share": _ratio(padded, padded + sized) if padded_runs else math.nan,
+        "recompiles": int(recompiles),
     }
 
 
@@ -135,11 +148,17 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{stage} {ran[stage]:.1f} ms (waited {waited[stage]:.1f})" for stage in STAGES
     )
     errors = ", ".join(f"{n}x{code}" for code, n in summary["errors"].items()) or "none"
-    return (
+    line = (
         f"per micro-batch: {stages}; micro-batch size {summary['mean_micro_batch_size']:.1f}, "
         f"{summary['micro_batches_per_batch']:.1f} per batch of {summary['mean_batch_size']:.1f}; "
         f"errors {errors}"
     )
+    padded = summary.get("padded_per_micro_batch", math.nan)
+    if not math.isnan(padded):
+        line += f"; padded {padded:.2f} items per micro-batch ({summary['padded_share']:.0%})"
+    if summary.get("recompiles"):
+        line += f"; {summary['recompiles']} recompiles after warm-up"
+    return line
 
 
 def fetch(url: str, timeout_s: float = 10.0) -> str:

@@ -9,6 +9,9 @@ they are written to ``model_metrics.log``. The names and what they measure:
     MicroBatchSize          histogram count  requests per micro-batch that entered preprocess
     MicroBatchesPerBatch    histogram count  micro-batches a frontend batch was split into
     MicroBatchRequestErrors counter   count  requests answered with an error, by StatusCode
+    MicroBatchPaddedItems   histogram count  items added to a micro-batch to reach an allowed
+                                             size (allowed_micro_batch_sizes only)
+    MicroBatchRecompiles    counter   count  compiles of a compiled model after warm-up
 
 Times are in seconds because TorchServe 0.12's Prometheus histograms have the client
 library's fixed default buckets (5 ms to 10 s). For sizes those buckets stop at 10: read the
@@ -29,7 +32,17 @@ QUEUE_TIME = "MicroBatchQueueSeconds"
 MICRO_BATCH_SIZE = "MicroBatchSize"
 MICRO_BATCHES_PER_BATCH = "MicroBatchesPerBatch"
 REQUEST_ERRORS = "MicroBatchRequestErrors"
-METRIC_NAMES = (STAGE_TIME, QUEUE_TIME, MICRO_BATCH_SIZE, MICRO_BATCHES_PER_BATCH, REQUEST_ERRORS)
+PADDED_ITEMS = "MicroBatchPaddedItems"
+RECOMPILES = "MicroBatchRecompiles"
+METRIC_NAMES = (
+    STAGE_TIME,
+    QUEUE_TIME,
+    MICRO_BATCH_SIZE,
+    MICRO_BATCHES_PER_BATCH,
+    REQUEST_ERRORS,
+    PADDED_ITEMS,
+    RECOMPILES,
+)
 
 
 class TorchServeMetricsObserver(PipelineObserver):
@@ -80,6 +93,12 @@ class TorchServeMetricsObserver(PipelineObserver):
         self._emit(QUEUE_TIME, queue_wait_s, "s", {"Stage": stage})
         if stage == self._first_stage:
             self._emit(MICRO_BATCH_SIZE, size, "count", {})
+
+    def on_padding(self, stage: str, size: int, padded_to: int) -> None:
+        self._emit(PADDED_ITEMS, padded_to - size, "count", {})
+
+    def on_recompile(self, count: int) -> None:
+        self._emit(RECOMPILES, count, "count", {}, histogram=False)
 
     def on_request_error(self, status_code: int) -> None:
         self._emit(REQUEST_ERRORS, 1, "count", {"StatusCode": str(status_code)}, histogram=False)

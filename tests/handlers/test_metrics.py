@@ -8,7 +8,40 @@ from pathlib import Path
 import pytest
 
 from tests.handlers.conftest import jpeg_rows, load_handler_module, make_context
-from ts_microbatch.torchserve_metrics import METRIC_NAMES
+from ts_microbatch.torchserve_metrics import METRIC_NAMES, PADDED_ITEMS, RECOMPILES
+
+
+def metric_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    # TorchServe's backend writes "[METRICS]Name.Unit:value|#dims|#type:..." lines.
+    return [
+        r.getMessage().removeprefix("[METRICS]")
+        for r in caplog.records
+        if r.getMessage().startswith("[METRICS]MicroBatch")
+    ]
+
+
+def values(lines: list[str], prefix: str) -> list[float]:
+    return [float(line.split(":")[1].split("|")[0]) for line in lines if line.startswith(prefix)]
+
+
+def test_handler_emits_padded_items_and_recompiles(
+    model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    module = load_handler_module()
+    handler = module.MicroBatchingHandler()
+    mb_config = {"micro_batch_size": 4, "allowed_micro_batch_sizes": [4]}
+    handler.initialize(make_context(model_dir, 6, {"micro_batching": mb_config}))
+    try:
+        with caplog.at_level(logging.INFO):
+            handler.handle(jpeg_rows(6), make_context(model_dir, 6))
+            handler.micro_batching._observer.on_recompile(2)  # what CompiledInference reports
+    finally:
+        handler.micro_batching.shutdown()
+    lines = metric_lines(caplog)
+    # Micro-batches of 4 and 2, the second padded to 4.
+    assert sorted(values(lines, f"{PADDED_ITEMS}.Count:")) == [0.0, 2.0]
+    assert values(lines, f"{RECOMPILES}.Count:") == [2.0]
+    assert any("#type:COUNTER" in line for line in lines if line.startswith(RECOMPILES))
 
 
 def test_handler_emits_stage_times_sizes_and_errors(
@@ -24,13 +57,8 @@ def test_handler_emits_stage_times_sizes_and_errors(
             handler.handle(rows, make_context(model_dir, 8))
     finally:
         handler.micro_batching.shutdown()
-    # TorchServe's backend writes "[METRICS]Name.Unit:value|#dims|#type:..." lines.
-    lines = [
-        r.getMessage().removeprefix("[METRICS]")
-        for r in caplog.records
-        if r.getMessage().startswith("[METRICS]MicroBatch")
-    ]
-    for name in METRIC_NAMES:
+    lines = metric_lines(caplog)
+    for name in set(METRIC_NAMES) - {PADDED_ITEMS, RECOMPILES}:  # those need padding, compiling
         assert any(line.startswith(f"{name}.") for line in lines), name
     stage_lines = [line for line in lines if line.startswith("MicroBatchStageSeconds.Seconds:")]
     assert {
@@ -41,10 +69,6 @@ def test_handler_emits_stage_times_sizes_and_errors(
     assert any(
         "StatusCode:400" in line for line in lines if line.startswith("MicroBatchRequestErrors")
     )
-    sizes = [
-        float(line.split(":")[1].split("|")[0])
-        for line in lines
-        if line.startswith("MicroBatchSize.Count:")
-    ]
+    sizes = values(lines, "MicroBatchSize.Count:")
     # 2 micro-batches of 4, then the failing one re-run as 2+2 and 1+1.
     assert sorted(sizes) == [1.0, 1.0, 2.0, 2.0, 4.0, 4.0]

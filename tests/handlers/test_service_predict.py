@@ -11,18 +11,14 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import struct
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ts
-from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-from ts.model_loader import TsModelLoader
 
 from tests.handlers.conftest import make_jpeg
+from tests.handlers.ts_machinery import decode, load_service, request
 from ts_microbatch import ConfigError
 
 # TorchServe's own ImageClassifier with upstream's micro-batching example body; only the
@@ -79,70 +75,11 @@ def extracted_mar(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return directory
 
 
-def load_service(directory: Path, envelope: str | None = None) -> Any:
-    """As the backend worker loads a model: TorchServe's default metrics cache, its loader."""
-    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
-    metrics.initialize_cache()
-    sys.path.insert(0, str(directory))
-    try:
-        service = TsModelLoader().load(
-            "drop_in",
-            str(directory),
-            "drop_in_handler.py",
-            None,
-            8,
-            envelope,
-            metrics_cache=metrics,
-        )
-    finally:
-        sys.path.remove(str(directory))
-    service.set_cl_socket(None)
-    return service
-
-
 @pytest.fixture(scope="module")
 def service(extracted_mar: Path) -> Iterator[Any]:
     service = load_service(extracted_mar)
     yield service
     service._entry_point.shutdown()
-
-
-def request(i: int, body: Any, content_type: str = "image/jpeg") -> dict[str, Any]:
-    return {
-        "requestId": f"req-{i}".encode(),
-        "parameters": [{"name": "body", "value": body, "contentType": content_type}],
-    }
-
-
-def decode(message: bytes) -> tuple[int, list[tuple[str, int, bytes]]]:
-    """Reads a predict response as TorchServe's frontend does: (batch code, per request
-    (request id, HTTP status, body))."""
-    offset = 0
-
-    def integer() -> int:
-        nonlocal offset
-        (value,) = struct.unpack_from("!i", message, offset)
-        offset += 4
-        return int(value)
-
-    def chunk(length: int) -> bytes:
-        nonlocal offset
-        offset += length
-        return bytes(message[offset - length : offset])
-
-    code = integer()
-    chunk(integer())  # batch message
-    answers = []
-    while (length := integer()) != -1:
-        request_id = chunk(length).decode()
-        chunk(integer())  # content type
-        status = integer()
-        chunk(integer())  # reason phrase
-        for _ in range(integer()):  # response headers
-            chunk(integer())
-            chunk(integer())
-        answers.append((request_id, status, chunk(integer())))
-    return code, answers
 
 
 def good_jpegs(n: int, first_seed: int = 40) -> list[bytes]:

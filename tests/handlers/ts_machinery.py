@@ -1,0 +1,78 @@
+"""TorchServe's own worker machinery, driven in-process: its model loader, Service.predict
+and the binary response the frontend reads."""
+
+from __future__ import annotations
+
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import ts
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+from ts.model_loader import TsModelLoader
+
+
+def load_service(
+    directory: Path,
+    envelope: str | None = None,
+    model_name: str = "drop_in",
+    handler: str = "drop_in_handler.py",
+    batch_size: int = 8,
+) -> Any:
+    """As the backend worker loads a model: TorchServe's default metrics cache, its loader."""
+    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    metrics.initialize_cache()
+    sys.path.insert(0, str(directory))
+    try:
+        service = TsModelLoader().load(
+            model_name,
+            str(directory),
+            handler,
+            None,
+            batch_size,
+            envelope,
+            metrics_cache=metrics,
+        )
+    finally:
+        sys.path.remove(str(directory))
+    service.set_cl_socket(None)
+    return service
+
+
+def request(i: int, body: Any, content_type: str = "image/jpeg") -> dict[str, Any]:
+    return {
+        "requestId": f"req-{i}".encode(),
+        "parameters": [{"name": "body", "value": body, "contentType": content_type}],
+    }
+
+
+def decode(message: bytes) -> tuple[int, list[tuple[str, int, bytes]]]:
+    """Reads a predict response as TorchServe's frontend does: (batch code, per request
+    (request id, HTTP status, body))."""
+    offset = 0
+
+    def integer() -> int:
+        nonlocal offset
+        (value,) = struct.unpack_from("!i", message, offset)
+        offset += 4
+        return int(value)
+
+    def chunk(length: int) -> bytes:
+        nonlocal offset
+        offset += length
+        return bytes(message[offset - length : offset])
+
+    code = integer()
+    chunk(integer())  # batch message
+    answers = []
+    while (length := integer()) != -1:
+        request_id = chunk(length).decode()
+        chunk(integer())  # content type
+        status = integer()
+        chunk(integer())  # reason phrase
+        for _ in range(integer()):  # response headers
+            chunk(integer())
+            chunk(integer())
+        answers.append((request_id, status, chunk(integer())))
+    return code, answers

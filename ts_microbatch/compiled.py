@@ -1,0 +1,122 @@
+"""Compiled models under the pipeline: one inference call at a time, outputs copied off the
+model's memory, and recompiles after warm-up counted and reported.
+
+The thread rules come from PyTorch: Dynamo and Inductor are not thread-safe
+(pytorch/pytorch#118260, #143931), so two threads must never be inside a compiled model at
+once, and CUDA-graph trees keep per-thread state (#123177), so the graphs must be recorded
+on the thread that replays them: warm-up runs through the pipeline's own inference thread.
+With ``mode="reduce-overhead"`` a CUDA graph writes every call's outputs to the same
+memory, so outputs are cloned before a postprocess thread reads them while the next
+micro-batch replays the graph.
+
+torch is imported only when a compiled model is there: the core does not need it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .metrics import PipelineObserver
+
+logger = logging.getLogger(__name__)
+
+
+def is_compiled(model: Any) -> bool:
+    """True for a ``torch.compile``d module (what TorchServe's ``pt2:`` section makes)."""
+    torch = sys.modules.get("torch")
+    if torch is None or model is None:
+        return False
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return isinstance(model, OptimizedModule)
+
+
+def compile_count() -> int:
+    """Frames Dynamo has compiled (or tried to) in this process: first compiles and
+    recompiles alike; a frame past the recompile limit counts once, then runs eagerly."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["total"])
+
+
+def recompile_limit() -> int:
+    """Graphs Dynamo keeps per frame before it runs the frame eagerly, silently."""
+    import torch._dynamo.config as dynamo_config
+
+    return int(getattr(dynamo_config, "recompile_limit", dynamo_config.cache_size_limit))
+
+
+def clone_tensors(value: Any) -> Any:
+    """``value`` with every tensor in it (lists, tuples, dicts) cloned."""
+    import torch
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(torch.Tensor, lambda t: t.clone(), value)
+
+
+class CompiledInference:
+    """Wraps the inference stage of a compiled model.
+
+    Calls are serialized (a lock, so a thread that replaces a stuck one waits instead of
+    entering the model beside it), outputs are cloned, and compiles during a call are
+    counted. Until :meth:`arm` (the end of warm-up) compiles are expected; after it each is
+    reported to the observer and logged (``on_recompile``: "warn" or "error").
+
+    Args:
+        fn: the inference stage.
+        observer: receives ``on_recompile``.
+        on_recompile: the log level of a recompile after warm-up.
+    """
+
+    def __init__(
+        self, fn: Callable[[Any], Any], observer: PipelineObserver, on_recompile: str = "warn"
+    ) -> None:
+        self._fn = fn
+        self._observer = observer
+        self._level = logging.ERROR if on_recompile == "error" else logging.WARNING
+        self._lock = threading.Lock()
+        self._armed = False
+        self.compiles = 0  # compiles seen during calls, warm-up included
+        self.recompiles = 0  # compiles seen after warm-up
+        self.compiled_on: set[str] = set()  # names of the threads that compiled
+
+    def arm(self) -> None:
+        """Warm-up is over: from now on a compile is a recompile."""
+        self._armed = True
+
+    def __call__(self, data: Any) -> Any:
+        with self._lock:
+            before = compile_count()
+            output = clone_tensors(self._fn(data))
+            compiled = compile_count() - before
+        if compiled:
+            self._compiled(compiled, data)
+        return output
+
+    def _compiled(self, count: int, data: Any) -> None:
+        self.compiles += count
+        self.compiled_on.add(threading.current_thread().name)
+        if not self._armed:
+            return
+        self.recompiles += count
+        self._observer.on_recompile(count)
+        logger.log(
+            self._level,
+            "the compiled model recompiled during a call with input of shape %s after "
+            "warm-up (%d recompiles so far; past torch._dynamo.config.recompile_limit=%d "
+            "graphs it runs eagerly): set allowed_micro_batch_sizes and warm them up",
+            _shape(data),
+            self.recompiles,
+            recompile_limit(),
+        )
+
+
+def _shape(data: Any) -> str:
+    shape = getattr(data, "shape", None)
+    if shape is not None:
+        return str(tuple(shape))
+    return f"{type(data).__name__} of {len(data)}" if hasattr(data, "__len__") else "?"
