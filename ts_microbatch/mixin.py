@@ -94,6 +94,12 @@ class MicroBatchingMixin:
         logger.info(
             "warm-up of sizes %s took %.1f s (startupTimeout %s s)", list(sizes), seconds, startup_s
         )
+        if pipeline.compiled is not None:
+            logger.info(
+                "warm-up compiled %d graphs on threads %s",
+                pipeline.compiled.compiles,
+                ", ".join(sorted(pipeline.compiled.compiled_on)) or "none",
+            )
         if isinstance(startup_s, (int, float)) and seconds > startup_s / 2:
             logger.warning(
                 "warm-up took %.1f s, over half of startupTimeout (%s s): raise startupTimeout "
