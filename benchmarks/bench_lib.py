@@ -451,16 +451,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def project_server(
-    model_store: Path, workdir: Path, properties: dict[str, str] | None = None
+    model_store: Path,
+    workdir: Path,
+    properties: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> TorchServe:
     """A TorchServe on free loopback ports with the project's configs/config.properties
-    (``properties`` over it); a context manager, or start() and stop() by hand."""
+    (``properties`` over it, ``env`` added to its environment); a context manager, or
+    start() and stop() by hand."""
     from ts_microbatch.server import TorchServe
 
     return TorchServe(
         model_store=model_store,
         workdir=workdir,
         properties=dict(properties or {}),
+        env=dict(env or {}),
         base_config=ROOT / "configs/config.properties",
     )
 

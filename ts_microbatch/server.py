@@ -89,6 +89,8 @@ class TorchServe:
         ports: (inference, management, metrics); free ports when None.
         token_auth: keep TorchServe's token authorization on (its default).
         properties: extra config.properties entries, applied last.
+        env: extra environment variables for TorchServe and its workers (such as
+            TORCHINDUCTOR_CACHE_DIR).
     """
 
     model_store: Path
@@ -97,6 +99,7 @@ class TorchServe:
     ports: tuple[int, int, int] | None = None
     token_auth: bool = True
     properties: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
@@ -201,8 +204,9 @@ class TorchServe:
             os.environ,
             LOG_LOCATION=str(self.log_dir),
             METRICS_LOCATION=str(self.log_dir),
-            TMPDIR=str(self.workdir),
-        )  # TorchServe keeps its pid file in the temp dir
+            TMPDIR=str(self.workdir),  # TorchServe keeps its pid file in the temp dir
+            **self.env,
+        )
         torchserve = str(Path(sys.executable).with_name("torchserve"))
         cmd = [
             torchserve,
