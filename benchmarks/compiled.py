@@ -16,7 +16,11 @@ TORCHINDUCTOR_CACHE_DIR (a fresh pod): time to register (synchronous POST /model
 latency of the first request and of the next five single requests (steady state), time
 from registration to the first answer. Phase 2: round-robin rounds of ab over the running
 servers at concurrency 24 with batch 32, so frontend batches vary in size: throughput,
-P50/P99, and from /metrics the recompiles, padding and batch sizes. Phase 3: the warm
+P50/P99, and from /metrics the recompiles, padding and batch sizes. Closed-loop clients
+make the frontend's batches as large as the concurrency, so each round drives three
+concurrency levels in turn, 3, 13 and 30 (micro-batches of 3; 8+5; 8+8+8+6): the sizes a
+server sees as load rises; throughput and P99 are the level-30 run's, recompiles all
+levels'. Phase 3: the warm
 variant registered again on a new server that reuses its inductor cache (a restart with
 TORCHINDUCTOR_CACHE_DIR on a persistent volume).
 
@@ -118,6 +122,9 @@ def first_requests(
     }
 
 
+LEVELS = (3, 13, 30)  # concurrency levels of one round, in order
+
+
 def steady(
     ab: Any, server: TorchServe, variant: str, body: Path, args: argparse.Namespace, label: str
 ) -> dict[str, Any]:
@@ -125,16 +132,20 @@ def steady(
     url = f"{server.inference_url}/predictions/{variant}"
     token = server.token("inference")
     work = server.workdir
-    summary, latency = ab.run_ab(
-        url, body, args.requests, args.concurrency, token, work / "ab.csv", label
-    )
+    failed = 0
+    for level in LEVELS:
+        requests = max(level * 8, args.requests * level // LEVELS[-1])
+        summary, latency = ab.run_ab(
+            url, body, requests, level, token, work / "ab.csv", f"{label} c={level}"
+        )
+        failed += int(summary["failed_requests"]) + int(summary["non_2xx_responses"])
     time.sleep(2)  # the worker's metric lines reach the frontend asynchronously
     pipeline = summarize(server.scrape_metrics(), before, variant)
     return {
         "requests_per_s": summary["requests_per_s"],
         "p50_ms": latency.get("p50_ms"),
         "p99_ms": latency.get("p99_ms"),
-        "failed": int(summary["failed_requests"]) + int(summary["non_2xx_responses"]),
+        "failed": failed,
         "mean_batch_size": pipeline["mean_batch_size"],
         "mean_micro_batch_size": pipeline["mean_micro_batch_size"],
         "padded_share": pipeline["padded_share"],
@@ -146,8 +157,7 @@ def steady(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=480)
-    parser.add_argument("--concurrency", type=int, default=24)
+    parser.add_argument("--requests", type=int, default=480, help="at the highest level")
     parser.add_argument("--weights", default=None, help="real ResNet-18 weights (.pth)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -235,8 +245,8 @@ def report_of(
         "settings": {
             "batch_size": BATCH,
             "max_batch_delay_ms": DELAY_MS,
-            "requests": args.requests,
-            "concurrency": args.concurrency,
+            "requests_at_highest_level": args.requests,
+            "concurrency_levels": LEVELS,
             "weights": args.weights or "untrained (weights=None)",
             "variants": VARIANTS,
         },

@@ -14,10 +14,11 @@ torch is imported only when a compiled model is there: the core does not need it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .metrics import PipelineObserver
@@ -63,8 +64,9 @@ class CompiledInference:
 
     Calls are serialized (a lock, so a thread that replaces a stuck one waits instead of
     entering the model beside it), outputs are cloned, and compiles during a call are
-    counted. Until :meth:`arm` (the end of warm-up) compiles are expected; after it each is
-    reported to the observer and logged (``on_recompile``: "warn" or "error").
+    counted. Compiles inside :meth:`warming_up` are expected; any other is on the request
+    path (after warm-up, or without one) and is reported to the observer and logged
+    (``on_recompile``: "warn" or "error").
 
     Args:
         fn: the inference stage.
@@ -79,14 +81,19 @@ class CompiledInference:
         self._observer = observer
         self._level = logging.ERROR if on_recompile == "error" else logging.WARNING
         self._lock = threading.Lock()
-        self._armed = False
+        self._warming = False
         self.compiles = 0  # compiles seen during calls, warm-up included
-        self.recompiles = 0  # compiles seen after warm-up
+        self.recompiles = 0  # compiles seen on the request path
         self.compiled_on: set[str] = set()  # names of the threads that compiled
 
-    def arm(self) -> None:
-        """Warm-up is over: from now on a compile is a recompile."""
-        self._armed = True
+    @contextlib.contextmanager
+    def warming_up(self) -> Iterator[None]:
+        """Compiles while in this block are warm-up's, expected."""
+        self._warming = True
+        try:
+            yield
+        finally:
+            self._warming = False
 
     def __call__(self, data: Any) -> Any:
         with self._lock:
@@ -100,15 +107,15 @@ class CompiledInference:
     def _compiled(self, count: int, data: Any) -> None:
         self.compiles += count
         self.compiled_on.add(threading.current_thread().name)
-        if not self._armed:
+        if self._warming:
             return
         self.recompiles += count
         self._observer.on_recompile(count)
         logger.log(
             self._level,
-            "the compiled model recompiled during a call with input of shape %s after "
-            "warm-up (%d recompiles so far; past torch._dynamo.config.recompile_limit=%d "
-            "graphs it runs eagerly): set allowed_micro_batch_sizes and warm them up",
+            "the compiled model recompiled on the request path, for input of shape %s "
+            "(%d so far; past torch._dynamo.config.recompile_limit=%d graphs it runs "
+            "eagerly): set allowed_micro_batch_sizes and a warmup that covers them",
             _shape(data),
             self.recompiles,
             recompile_limit(),

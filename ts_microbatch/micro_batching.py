@@ -10,6 +10,7 @@ How each request is answered, and with which status: ``ts_microbatch.answers``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -225,28 +226,29 @@ class MicroBatching:
             warmup = self._config.warmup
             iterations = warmup.iterations if warmup is not None else 1
         started = time.monotonic()
-        for size in sizes:
-            size_started = time.monotonic()
-            for _ in range(iterations):
-                batch = self._pipeline.submit_batch(
-                    [sample] * size, micro_batch_size=size, quiet=True
-                )
-                batch.wait()
-                errors = [f.exception() for f in batch.futures if f.exception() is not None]
-                if errors:
-                    raise WarmupError(
-                        f"warm-up with a micro-batch of {size} failed: "
-                        f"{type(errors[0]).__name__}: {errors[0]}"
-                    ) from errors[0]
-            logger.info(
-                "warm-up: %d x micro-batch of %d in %.2f s",
-                iterations,
-                size,
-                time.monotonic() - size_started,
-            )
-        if self.compiled is not None:
-            self.compiled.arm()
+        warming = self.compiled.warming_up() if self.compiled else contextlib.nullcontext()
+        with warming:
+            for size in sizes:
+                self._warm_up_size(sample, size, iterations)
         return time.monotonic() - started
+
+    def _warm_up_size(self, sample: Any, size: int, iterations: int) -> None:
+        started = time.monotonic()
+        for _ in range(iterations):
+            batch = self._pipeline.submit_batch([sample] * size, micro_batch_size=size, quiet=True)
+            batch.wait()
+            errors = [f.exception() for f in batch.futures if f.exception() is not None]
+            if errors:
+                raise WarmupError(
+                    f"warm-up with a micro-batch of {size} failed: "
+                    f"{type(errors[0]).__name__}: {errors[0]}"
+                ) from errors[0]
+        logger.info(
+            "warm-up: %d x micro-batch of %d in %.2f s",
+            iterations,
+            size,
+            time.monotonic() - started,
+        )
 
     # -- running ---------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ they are written to ``model_metrics.log``. The names and what they measure:
     MicroBatchRequestErrors counter   count  requests answered with an error, by StatusCode
     MicroBatchPaddedItems   histogram count  items added to a micro-batch to reach an allowed
                                              size (allowed_micro_batch_sizes only)
-    MicroBatchRecompiles    counter   count  compiles of a compiled model after warm-up
+    MicroBatchRecompiles    counter   count  compiles of a compiled model on the request path
+                                             (after warm-up; every one without warm-up)
 
 Times are in seconds because TorchServe 0.12's Prometheus histograms have the client
 library's fixed default buckets (5 ms to 10 s). For sizes those buckets stop at 10: read the

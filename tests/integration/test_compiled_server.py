@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -89,4 +88,3 @@ def test_bad_padding_or_warmup_setting_fails_registration(
     assert resp.status >= 400, resp.body
     assert message in server.log()
     assert server.request("GET", f"{server.management_url}/models/{name}").status == 404
-

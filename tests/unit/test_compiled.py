@@ -35,20 +35,30 @@ def test_hang_outputs_of_a_static_output_buffer_are_cloned() -> None:
     assert second["logits"].tolist() == [[2.0] * 3] * 2
 
 
-def test_compiles_before_arm_are_expected_and_after_arm_reported() -> None:
+def test_compiles_in_warm_up_are_expected_and_on_the_request_path_reported() -> None:
     torch._dynamo.reset()
     model = torch.compile(torch.nn.Linear(4, 2), backend="eager", dynamic=False)
     assert is_compiled(model) and not is_compiled(torch.nn.Linear(4, 2))
     observer = Recompiles()
     inference = CompiledInference(model, observer)
     with torch.inference_mode():
-        inference(torch.ones(2, 4))
-        inference(torch.ones(2, 4))
+        with inference.warming_up():
+            inference(torch.ones(2, 4))
+            inference(torch.ones(2, 4))
         assert (inference.compiles, inference.recompiles) == (1, 0)
-        inference.arm()
         inference(torch.ones(2, 4))
         assert observer.counts == []
         inference(torch.ones(3, 4))  # a new size: dynamic=False recompiles
     assert (inference.compiles, inference.recompiles) == (2, 1) and observer.counts == [1]
     assert inference.compiled_on == {threading.current_thread().name}
+    torch._dynamo.reset()
+
+
+def test_without_warm_up_every_compile_is_on_the_request_path() -> None:
+    torch._dynamo.reset()
+    observer = Recompiles()
+    inference = CompiledInference(torch.compile(torch.nn.Linear(4, 2), backend="eager"), observer)
+    with torch.inference_mode():
+        inference(torch.ones(2, 4))
+    assert inference.recompiles == 1 and observer.counts == [1]
     torch._dynamo.reset()
