@@ -12,6 +12,7 @@ MAR := model_store/$(MODEL_NAME).mar
 BUILD := build/$(MODEL_NAME)
 WEIGHTS ?=
 MB_CONFIG ?= configs/micro_batching.json
+MODEL_CONFIG ?= examples/image_classifier/model-config.yaml
 BATCH_SIZE ?= 32
 MAX_BATCH_DELAY ?= 50
 INFERENCE_PORT ?= 8080
@@ -63,14 +64,15 @@ test-unit: venv
 BUILD_ARGS := $(BUILD)/.build-args
 $(BUILD_ARGS): FORCE
 	@mkdir -p $(BUILD)
-	@echo '$(abspath $(MB_CONFIG)) $(WEIGHTS)' | cmp -s - $@ || echo '$(abspath $(MB_CONFIG)) $(WEIGHTS)' > $@
+	@echo '$(abspath $(MB_CONFIG)) $(abspath $(MODEL_CONFIG)) $(WEIGHTS)' | cmp -s - $@ || echo '$(abspath $(MB_CONFIG)) $(abspath $(MODEL_CONFIG)) $(WEIGHTS)' > $@
 
 FORCE:
 
-$(MAR): $(STAMP) handlers/micro_batching_handler.py $(MB_CONFIG) $(BUILD_ARGS) \
-        examples/image_classifier/*.py examples/image_classifier/model-config.yaml
+$(MAR): $(STAMP) handlers/micro_batching_handler.py $(MB_CONFIG) $(MODEL_CONFIG) $(BUILD_ARGS) \
+        examples/image_classifier/*.py
 	$(PY) examples/image_classifier/build_mar.py --export-path model_store \
-	  --model-name $(MODEL_NAME) --micro-batching-json $(MB_CONFIG) $(if $(WEIGHTS),--weights $(WEIGHTS))
+	  --model-name $(MODEL_NAME) --micro-batching-json $(MB_CONFIG) \
+	  --model-config $(MODEL_CONFIG) $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 mar: $(MAR)
 

@@ -9,12 +9,17 @@ import json
 import math
 import platform
 import re
+import statistics
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ts_microbatch.config import MicroBatchingConfig
 from ts_microbatch.errors import ConfigError
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 CONFIG_KEYS = {
     "url",
@@ -37,6 +42,7 @@ CONFIG_KEYS = {
     "mar",
     "repeats",
     "server_overhead",
+    "bodies",
 }
 SWEEP_KEYS = ("batch_size", "micro_batch_size", "max_batch_delay", "concurrency", "workers")
 INT_SWEEP_KEYS = ("batch_size", "max_batch_delay", "concurrency", "workers")
@@ -59,8 +65,12 @@ DEFAULTS: dict[str, Any] = {
     "mar": None,
     "repeats": 1,
     "server_overhead": True,
+    "bodies": ["720px"],
 }
-HANDLERS = ("plain", "upstream", "ours")
+# ours-same: our handler with upstream's stages (PIL decoding as ImageClassifier, no EXIF
+# turn): the pipeline's own gain. ours: our handler with the config's decoder.
+HANDLERS = ("plain", "upstream", "ours-same", "ours")
+BODY_KEYS = ("body", "concurrency", "requests")
 SCENARIOS = ("real", "accelerator", "mar")
 METRICS_MODES = ("prometheus", "log")
 
@@ -117,6 +127,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
             f"{path}: scenarios: 'mar' needs \"mar\" (a .mar or model directory) and "
             '"input" (a request body the model accepts)'
         )
+    config["bodies"] = _body_entries(config["bodies"], path)
+    if config.get("input") and any(b["body"] == "mix" for b in config["bodies"]):
+        raise BenchConfigError(f'{path}: bodies: "mix" cannot be sent with "input" (one body)')
     explicit = config["micro_batching"] is not None
     try:
         config["micro_batching"] = [
@@ -126,6 +139,46 @@ def load_config(path: str | Path) -> dict[str, Any]:
     except ConfigError as err:
         raise BenchConfigError(f"{path}: {err}") from None
     return config
+
+
+def _body_entries(bodies: Any, path: str | Path) -> list[dict[str, Any]]:
+    """``bodies``: names from benchmarks/corpus.py (or "mix"), or mappings of a name and
+    the concurrency and request count to send it with."""
+    corpus = _corpus()
+
+    entries = []
+    for entry in as_list(bodies):
+        entry = {"body": entry} if isinstance(entry, str) else entry
+        if not isinstance(entry, dict) or "body" not in entry or set(entry) - set(BODY_KEYS):
+            raise BenchConfigError(
+                f"{path}: bodies: got {entry!r}, expected a name or a mapping of "
+                f"{', '.join(BODY_KEYS)}"
+            )
+        if entry["body"] not in corpus.names():
+            raise BenchConfigError(
+                f"{path}: bodies: got {entry['body']!r}, expected one of "
+                f"{', '.join(corpus.names())}"
+            )
+        for key in ("concurrency", "requests"):
+            value = entry.get(key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise BenchConfigError(
+                    f"{path}: bodies: {key}: got {value!r}, expected an integer >= 1"
+                )
+        entries.append(entry)
+    return entries
+
+
+def _corpus() -> Any:
+    """benchmarks/corpus.py, which needs the example's prepare.py on the path."""
+    for path in (HERE, ROOT / "examples" / "image_classifier"):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    import corpus
+
+    return corpus
 
 
 def _int(value: Any) -> Any:
@@ -171,7 +224,8 @@ def sweep_points(config: dict[str, Any]) -> list[dict[str, Any]]:
     A point has the swept values, ``micro_batch_size`` and ``parallelism`` ("pre/inf/post")
     as the pipeline will run them, and ``micro_batching``, the settings to package."""
     points = []
-    for batch_size, settings, delay, concurrency, workers in itertools.product(
+    for body, batch_size, settings, delay, concurrency, workers in itertools.product(
+        config.get("bodies") or [{"body": "720px"}],
         as_list(config["batch_size"]),
         config["micro_batching"],
         as_list(config["max_batch_delay"]),
@@ -181,10 +235,12 @@ def sweep_points(config: dict[str, Any]) -> list[dict[str, Any]]:
         effective = MicroBatchingConfig.from_mapping(settings)
         points.append(
             {
+                "body": body["body"],
                 "batch_size": batch_size,
                 "micro_batch_size": effective.micro_batch_size,
                 "max_batch_delay": delay,
-                "concurrency": concurrency,
+                "concurrency": body.get("concurrency", concurrency),
+                "requests": body.get("requests", config["requests"]),
                 "workers": workers,
                 "parallelism": "/".join(str(n) for n in effective.parallelism.as_dict().values()),
                 "micro_batching": settings,
@@ -195,7 +251,7 @@ def sweep_points(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def point_tag(point: dict[str, Any]) -> str:
     """A short unique-enough name for a point, usable in a TorchServe model name."""
-    parts = [f"{key[:3]}{point[key]}" for key in SWEEP_KEYS]
+    parts = [point.get("body", "720px")] + [f"{key[:3]}{point[key]}" for key in SWEEP_KEYS]
     parts.append("par" + point["parallelism"].replace("/", "-"))
     extra = sorted(set(point["micro_batching"]) - {"micro_batch_size", "parallelism"})
     if extra:  # other settings differ between explicit configs: keep the names apart
@@ -240,6 +296,35 @@ def parse_percentiles(csv_text: str) -> dict[str, float]:
     return {"p50_ms": table[50], "p90_ms": table[90], "p99_ms": table[99], "max_ms": table[100]}
 
 
+def parse_gnuplot(tsv_text: str) -> list[float]:
+    """Each request's total time in ms from `ab -g` output (tab-separated, a header line,
+    columns starttime, seconds, ctime, dtime, ttime, wait)."""
+    lines = tsv_text.strip().splitlines()
+    if not lines:
+        return []
+    column = lines[0].split("\t").index("ttime")
+    return [float(line.split("\t")[column]) for line in lines[1:] if line.strip()]
+
+
+def merge_ab(
+    runs: list[dict[str, float]], ttimes_ms: list[float]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The summary and percentiles of several `ab` processes run at once (a mix of bodies):
+    counts add up, throughput is every request over the longest run, percentiles are of
+    every request's time."""
+    counts = ("complete_requests", "failed_requests", "length_mismatches", "non_2xx_responses")
+    summary = {key: sum(run[key] for run in runs) for key in counts}
+    summary["time_taken_s"] = max(run["time_taken_s"] for run in runs)
+    summary["requests_per_s"] = summary["complete_requests"] / summary["time_taken_s"]
+    latency = {
+        "p50_ms": percentile(ttimes_ms, 50),
+        "p90_ms": percentile(ttimes_ms, 90),
+        "p99_ms": percentile(ttimes_ms, 99),
+        "max_ms": max(ttimes_ms) if ttimes_ms else math.nan,
+    }
+    return summary, latency
+
+
 # -- TorchServe metric logs ----------------------------------------------------------------
 
 _HANDLER_TIME = re.compile(
@@ -274,6 +359,95 @@ def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["spread"] = (rates[-1] - rates[0]) / middle["requests_per_s"]
         rows.append(row)
     return rows
+
+
+COMPARISONS = (("ours-same", "upstream"), ("ours", "upstream"))
+
+
+def compare_rounds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per scenario, point and round: each of ``COMPARISONS`` (ours on upstream's stages,
+    ours with its decoder; both against upstream) as throughput and P99 ratios, and their
+    medians over the rounds. Ratios are taken within a round: the machine is shared."""
+    by_round: dict[tuple[str, str, int], dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        key = (run["scenario"], point_tag(run), run["repeat"])
+        by_round.setdefault(key, {})[run["handler"]] = run
+    out = []
+    for numerator, denominator in COMPARISONS:
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for (scenario, tag, repeat), handlers in sorted(by_round.items()):
+            if numerator in handlers and denominator in handlers:
+                a, b = handlers[numerator], handlers[denominator]
+                groups.setdefault((scenario, tag), []).append(
+                    {
+                        "round": repeat,
+                        "throughput": a["requests_per_s"] / b["requests_per_s"],
+                        "p99": a["p99_ms"] / b["p99_ms"],
+                        "body": a.get("body"),
+                    }
+                )
+        for (scenario, tag), rounds in groups.items():
+            out.append(
+                {
+                    "scenario": scenario,
+                    "point": tag,
+                    "body": rounds[0]["body"],
+                    "comparison": f"{numerator} / {denominator}",
+                    "rounds": rounds,
+                    "median_throughput": statistics.median([r["throughput"] for r in rounds]),
+                    "median_p99": statistics.median([r["p99"] for r in rounds]),
+                }
+            )
+    return out
+
+
+def format_comparisons(comparisons: list[dict[str, Any]]) -> str:
+    lines = []
+    for c in comparisons:
+        per_round = ", ".join(f"{r['throughput']:.2f}x/{r['p99']:.2f}x" for r in c["rounds"])
+        lines.append(
+            f"{c['scenario']} {c['body']} {c['comparison']}: throughput "
+            f"{c['median_throughput']:.2f}x, p99 {c['median_p99']:.2f}x (median); "
+            f"per round throughput/p99 {per_round}"
+        )
+    return "\n".join(lines)
+
+
+def plot_bodies(rows: list[dict[str, Any]], path: Path, title: str) -> bool:
+    """Median throughput and P99 per body, one bar per handler, the do-nothing handler's
+    ceiling marked; False (nothing written) with a single body."""
+    bodies = list(dict.fromkeys(r["body"] for r in rows))
+    if len(bodies) < 2:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    handlers = list(dict.fromkeys(r["handler"] for r in rows))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(handlers)
+    for i, handler in enumerate(handlers):
+        got = {r["body"]: r for r in rows if r["handler"] == handler}
+        xs = [b + (i - (len(handlers) - 1) / 2) * width for b in range(len(bodies))]
+        ax1.bar(
+            xs, [got[b]["requests_per_s"] if b in got else 0 for b in bodies], width, label=handler
+        )
+        ax2.bar(xs, [got[b]["p99_ms"] if b in got else 0 for b in bodies], width, label=handler)
+    ceilings = {r["body"]: r.get("server_overhead_requests_per_s") for r in rows}
+    for b, body in enumerate(bodies):
+        if ceilings.get(body):
+            ax1.plot([b - 0.45, b + 0.45], [ceilings[body]] * 2, "k--", linewidth=1)
+    ax1.plot([], [], "k--", label="do-nothing handler (server ceiling)")
+    ax1.set(ylabel="throughput (requests/s)", yscale="log", title=title)
+    ax2.set(ylabel="P99 latency (ms)", yscale="log", title=title)
+    for ax in (ax1, ax2):
+        ax.set_xticks(range(len(bodies)), bodies)
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
 
 
 def flatten_pipeline(pipeline: dict[str, Any]) -> dict[str, Any]:
@@ -447,7 +621,25 @@ def plot_sweep(
     return True
 
 
-ROOT = Path(__file__).resolve().parents[1]
+def cpu_seconds(server: TorchServe) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the server's frontend (Java) and by its
+    Python worker processes, from its process group."""
+    import psutil
+
+    used = {"frontend": 0.0, "workers": 0.0}
+    if server.process is None:
+        return used
+    root = psutil.Process(server.process.pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times, cmdline = proc.cpu_times(), " ".join(proc.cmdline())
+        except psutil.Error:
+            continue  # gone in between
+        if "model_service_worker" in cmdline:
+            used["workers"] += times.user + times.system
+        elif "java" in cmdline:
+            used["frontend"] += times.user + times.system
+    return used
 
 
 def project_server(

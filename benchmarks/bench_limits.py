@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_lib
+import corpus
 
 from ts_microbatch.config import MicroBatchingConfig
 
@@ -75,12 +76,13 @@ def stage_limits(
     scenario: str,
     point: dict[str, Any],
     config: dict[str, Any],
-    body: bytes,
+    paths: dict[str, Path],
     cache: dict[str, Any],
     log: Callable[[str], None] = print,
 ) -> dict[str, float] | None:
-    """In-process stage rates for the point's micro-batch size and threads (None for a
-    user's .mar, whose stages are unknown here). For "auto" the largest size it may pick."""
+    """In-process stage rates for the point's body, micro-batch size and threads (None for
+    a user's .mar, whose stages are unknown here). For "auto" the largest size it may pick.
+    For the mix, each body's preprocess rate is measured and combined by its share."""
     if scenario == "mar":
         return None
     effective = MicroBatchingConfig.from_mapping(point["micro_batching"])
@@ -88,12 +90,22 @@ def stage_limits(
     if size == "auto":
         size = min(point["batch_size"], effective.max_micro_batch_size)
     threads = effective.parallelism
-    key = f"{scenario}-mbs{size}-threads{point['parallelism']}"
+    key = f"{scenario}-{point['body']}-mbs{size}-threads{point['parallelism']}"
     if key not in cache:
         log(f"measuring stage limits for {key} in-process")
+        shares = corpus.MIX if point["body"] == "mix" else {point["body"]: 1.0}
+
+        def rate(decoder: str) -> float:
+            # Seconds per image add up by share: the mix's rate is the weighted harmonic mean.
+            seconds = sum(
+                share / preprocess_rate(decoder, threads.preprocess, size, paths[name].read_bytes())
+                for name, share in shares.items()
+            )
+            return sum(shares.values()) / seconds
+
         cache[key] = {
-            "preprocess_ours": preprocess_rate(config["decoder"], threads.preprocess, size, body),
-            "preprocess_pil": preprocess_rate("pil", threads.preprocess, size, body),
+            "preprocess_ours": rate(config["decoder"]),
+            "preprocess_pil": rate("pil"),
             "inference": inference_rate(scenario, config, size, threads.inference),
         }
         log("  " + ", ".join(f"{k} {v:.0f}/s" for k, v in cache[key].items()))
@@ -105,6 +117,7 @@ def ideal_for(scenario: str, handler: str, limits: dict[str, float], overhead: f
     rates = {
         "server": overhead,
         "inference": limits["inference"],
+        # ours-same, upstream and plain decode as ImageClassifier does
         "preprocess": limits["preprocess_ours" if handler == "ours" else "preprocess_pil"],
     }
     # On this machine's cores the server's own work (frontend, ab, IPC: the noop run) and

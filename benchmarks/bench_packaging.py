@@ -22,6 +22,7 @@ HANDLER_FILES = {
     "plain": "image_classifier",
     "upstream": str(HERE / "handlers/upstream_mb_handler.py"),
     "ours": str(ROOT / "handlers/micro_batching_handler.py"),
+    "ours-same": str(ROOT / "handlers/micro_batching_handler.py"),
     "noop": str(HERE / "handlers/noop_handler.py"),
 }
 
@@ -46,6 +47,8 @@ def model_yaml(config: dict[str, Any], point: dict[str, Any], handler: str) -> d
     }
     if handler == "ours":
         model["handler"] = {"decoder": config["decoder"]}
+    elif handler == "ours-same":  # upstream's stages exactly: ImageClassifier's decoding
+        model["handler"] = {"decoder": "pil", "exif_orientation": False}
     return model
 
 

@@ -30,7 +30,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "examples/image_classifier")]
 
 import bench_lib  # noqa: E402
-import prepare  # noqa: E402
+import corpus  # noqa: E402
 from bench_limits import ideal_for, stage_limits  # noqa: E402
 from bench_packaging import package  # noqa: E402
 
@@ -55,24 +55,29 @@ def run_ab(
     label: str,
     content_type: str = "image/jpeg",
 ) -> tuple[dict[str, float], dict[str, float]]:
+    proc, wait = start_ab(
+        url, body, requests, concurrency, token, ["-e", str(csv_path)], label, content_type
+    )
+    stdout = wait()
+    return bench_lib.parse_ab(stdout), bench_lib.parse_percentiles(csv_path.read_text())
+
+
+def start_ab(
+    url: str,
+    body: Path,
+    requests: int,
+    concurrency: int,
+    token: str | None,
+    output: list[str],
+    label: str,
+    content_type: str,
+) -> tuple[subprocess.Popen[str], Any]:
+    """Starts `ab`, its progress lines logged; returns it and a function that waits for it
+    and returns its output (raising if it failed)."""
     # -k: TorchServe answers ab's HTTP/1.0 requests with "connection: keep-alive" and keeps
     # the socket open, so without keep-alive ab waits on every response until its timeout.
-    cmd = [
-        "ab",
-        "-k",
-        "-n",
-        str(requests),
-        "-c",
-        str(concurrency),
-        "-p",
-        str(body),
-        "-T",
-        content_type,
-        "-s",
-        "180",
-        "-e",
-        str(csv_path),
-    ]
+    cmd = ["ab", "-k", "-n", str(requests), "-c", str(concurrency), "-p", str(body)]
+    cmd += ["-T", content_type, "-s", "180", *output]
     if token:
         cmd += ["-H", f"Authorization: Bearer {token}"]
     proc = subprocess.Popen(cmd + [url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -88,20 +93,75 @@ def run_ab(
 
     reader = threading.Thread(target=progress, daemon=True)
     reader.start()
-    assert proc.stdout is not None
-    stdout = proc.stdout.read()  # not communicate(): the reader thread owns stderr
-    proc.wait()
-    reader.join(5)
-    if proc.returncode != 0:
-        raise RuntimeError(f"ab failed ({proc.returncode}): {''.join(errors)}\n{stdout}")
-    return bench_lib.parse_ab(stdout), bench_lib.parse_percentiles(csv_path.read_text())
+
+    def wait() -> str:
+        assert proc.stdout is not None
+        stdout = proc.stdout.read()  # not communicate(): the reader thread owns stderr
+        proc.wait()
+        reader.join(5)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ab failed ({proc.returncode}): {''.join(errors)}\n{stdout}")
+        return stdout
+
+    return proc, wait
+
+
+def run_mix(
+    url: str,
+    paths: dict[str, Path],
+    requests: int,
+    concurrency: int,
+    token: str | None,
+    work: Path,
+    label: str,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The corpus mix: one `ab` per body, all at once, each with its share (corpus.MIX) of
+    the clients and of the requests; percentiles over every request of every body."""
+    clients = corpus.split(concurrency, corpus.MIX)
+    counts = corpus.split(requests, corpus.MIX)
+    bodies = corpus.bodies()
+    running = []
+    for name, share in clients.items():
+        tsv = work / f"mix-{name}.tsv"
+        _, wait = start_ab(
+            url,
+            paths[name],
+            max(counts[name], share),
+            share,
+            token,
+            ["-g", str(tsv)],
+            f"{label} {name}",
+            bodies[name].content_type,
+        )
+        running.append((wait, tsv))
+    runs = [bench_lib.parse_ab(wait()) for wait, _ in running]
+    ttimes = [t for _, tsv in running for t in bench_lib.parse_gnuplot(tsv.read_text())]
+    return bench_lib.merge_ab(runs, ttimes)
+
+
+def drive(
+    point: dict[str, Any],
+    url: str,
+    paths: dict[str, Path],
+    requests: int,
+    token: str | None,
+    work: Path,
+    label: str,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """ab at the point's concurrency with its body, or with the mix."""
+    if point["body"] == "mix":
+        return run_mix(url, paths, requests, point["concurrency"], token, work, label)
+    body = paths[point["body"]]
+    content_type = "image/png" if body.suffix == ".png" else "image/jpeg"
+    csv_path = work / "percentiles.csv"
+    return run_ab(url, body, requests, point["concurrency"], token, csv_path, label, content_type)
 
 
 def measure(
     server_dir: Path,
     store: Path,
     model: str,
-    body: Path,
+    paths: dict[str, Path],
     config: dict[str, Any],
     point: dict[str, Any],
     label: str,
@@ -129,30 +189,28 @@ def measure(
             )
         url = f"{server.inference_url}/predictions/{model}"
         token = server.token("inference")
+        server_dir.mkdir(parents=True, exist_ok=True)
         if config["warmup_requests"]:
-            run_ab(
-                url,
-                body,
-                max(config["warmup_requests"], point["concurrency"]),  # ab refuses n < c
-                point["concurrency"],
-                token,
-                server_dir / "warmup.csv",
-                f"{label} warm-up",
-            )
+            # ab refuses fewer requests than clients
+            warmup = max(config["warmup_requests"], point["concurrency"])
+            drive(point, url, paths, warmup, token, server_dir, f"{label} warm-up")
         if mode == "prometheus":
             before = settled_scrape(server)
         else:  # where the measured run's lines will start
             logs = {name: len(server.log(name)) for name in ("model_metrics.log", "ts_metrics.log")}
-        summary, latency = run_ab(
-            url,
-            body,
-            config["requests"],
-            point["concurrency"],
-            token,
-            server_dir / "percentiles.csv",
-            label,
-        )
-        samples = sample_responses(server, model, body.read_bytes())
+        cpu_before = bench_lib.cpu_seconds(server)
+        summary, latency = drive(point, url, paths, point["requests"], token, server_dir, label)
+        cpu_after = bench_lib.cpu_seconds(server)
+        # Where each request's CPU goes: the frontend (HTTP, batching, the bodies' bytes)
+        # and the worker (decoding, the pipeline, the model).
+        cpu_ms = {
+            f"{side}_cpu_ms_per_request": 1000
+            * (cpu_after[side] - cpu_before[side])
+            / max(1.0, summary["complete_requests"])
+            for side in cpu_before
+        }
+        sample_body = paths["1080p" if point["body"] == "mix" else point["body"]]
+        samples = sample_responses(server, model, sample_body.read_bytes())
         samples_path = scrape_path.parent.parent / "samples" / f"{scrape_path.stem}.json"
         samples_path.parent.mkdir(parents=True, exist_ok=True)
         samples_path.write_text(json.dumps(samples, indent=2) + "\n")
@@ -175,6 +233,7 @@ def measure(
     result = {
         **summary,
         **latency,
+        **cpu_ms,
         "errors": int(summary["failed_requests"] + summary["non_2xx_responses"]),
         "server_handler_ms": bench_lib.summarize([ms for ms, _ in handler_times]),
         "server_queue_ms": bench_lib.summarize(queue_times),
@@ -273,11 +332,15 @@ def main() -> int:
         return 0
     out = Path(args.out or HERE / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    body_path = Path(config["input"]) if config.get("input") else out / "input.jpg"
-    if not config.get("input"):
-        body_path.write_bytes(prepare.make_jpeg(seed=0))
-    log(f"input {body_path} ({body_path.stat().st_size} bytes); results in {out}")
-    runs = run_all(config, out, body_path, args.weights)
+    if config.get("input"):  # the user's body stands for every body
+        paths = {name: Path(config["input"]) for name in corpus.SPECS}
+    else:
+        paths = corpus.write(out / "bodies")
+    for point_body in sorted({p["body"] for p in bench_lib.sweep_points(config)}):
+        shown = corpus.MIX if point_body == "mix" else paths[point_body]
+        log(f"body {point_body}: {shown}")
+    log(f"results in {out}")
+    runs = run_all(config, out, paths, args.weights)
     bench_lib.write_csv(runs, out / "runs.csv")
     rows = bench_lib.medians(runs)
     bench_lib.write_csv(rows, out / "results.csv")
@@ -287,19 +350,25 @@ def main() -> int:
             png = out / f"{x_key}_{scenario}.png"
             if bench_lib.plot_sweep(scenario_rows, png, f"{scenario} scenario", x_key):
                 log(f"wrote {png}")
+    png = out / "bodies.png"
+    if bench_lib.plot_bodies(rows, png, "medians by request body"):
+        log(f"wrote {png}")
     print("\n" + bench_lib.format_table(rows))
+    comparisons = bench_lib.compare_rounds(runs)
+    if comparisons:
+        (out / "comparisons.json").write_text(json.dumps(comparisons, indent=2) + "\n")
+        print("\n" + bench_lib.format_comparisons(comparisons))
     for scratch in ("store", "work") + (() if args.keep_logs else ("servers",)):
         shutil.rmtree(out / scratch, ignore_errors=True)
     return 0
 
 
 def run_all(
-    config: dict[str, Any], out: Path, body_path: Path, weights: str | None
+    config: dict[str, Any], out: Path, paths: dict[str, Path], weights: str | None
 ) -> list[dict[str, Any]]:
     """Every scenario, point and handler, ``repeats`` times round-robin (so slow phases of a
     shared machine hit every config alike); one row per run. results.json is rewritten
     after each point with the runs so far and their medians."""
-    body = body_path.read_bytes()
     points = bench_lib.sweep_points(config)
     plan = [
         (repeat, scenario, point, handler)
@@ -312,7 +381,7 @@ def run_all(
     cache: dict[str, Any] = {}
     results: dict[str, dict[str, Any]] = {}
     for step, (repeat, scenario, point, handler) in enumerate(plan, start=1):
-        limits = stage_limits(scenario, point, config, body, cache, log)
+        limits = stage_limits(scenario, point, config, paths, cache, log)
         name = f"{scenario}-{handler}-{bench_lib.point_tag(point)}"
         shown = {k: v for k, v in point.items() if k != "micro_batching"}
         label = f"[{step}/{len(plan)}] {scenario} {handler} {shown}"
@@ -323,7 +392,7 @@ def run_all(
             out / "servers" / f"{name}-r{repeat}",
             out / "store",
             name,
-            body_path,
+            paths,
             config,
             point,
             label,

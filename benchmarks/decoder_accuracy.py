@@ -1,8 +1,8 @@
 """How close and how fast the image handler's decoders are, against the exact PIL path.
 
-A corpus generated here (no downloads): photo-like JPEGs (smooth colour fields plus
-sensor-like grain, quality 85 unless stated) at camera sizes, a portrait stored sideways
-with an EXIF orientation tag, and smaller sizes. Each image goes through the handler's
+The corpus generated here (no downloads; ``benchmarks/corpus.py``): photo-like JPEGs at
+camera and screen sizes, a portrait stored sideways with an EXIF orientation tag,
+thumbnails and a PNG screenshot. Each image goes through the handler's
 preprocess with ``pil`` (ImageClassifier's path, the reference), ``torchvision`` and
 ``pil-draft``; reported per image: max and mean absolute difference of the normalized
 3x224x224 tensor from ``pil``, the cosine similarity of the model's logits to ``pil``'s and
@@ -16,7 +16,6 @@ untrained ones unless built with WEIGHTS=), and the median time of preprocess on
 from __future__ import annotations
 
 import argparse
-import io
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,30 +32,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "examples" / "image_classifier"))
 
 import bench_lib  # noqa: E402
-import prepare  # noqa: E402
+import corpus  # noqa: E402
 
 from ts_microbatch import tune  # noqa: E402
 
 DECODERS = ("pil", "torchvision", "pil-draft")
-
-
-def corpus() -> dict[str, bytes]:
-    """name -> JPEG bytes; sizes and qualities in the names."""
-    images = {
-        "4032x3024-q92": prepare.make_jpeg(1, size=(4032, 3024), quality=92),
-        "1920x1080-q85": prepare.make_jpeg(2, size=(1920, 1080)),
-        "1280x720-q85": prepare.make_jpeg(3, size=(1280, 720)),
-        "720x720-q85": prepare.make_jpeg(0),
-        "640x480-q85": prepare.make_jpeg(4, size=(640, 480)),
-        "160x120-q85": prepare.make_jpeg(5, size=(160, 120)),
-    }
-    upright = Image.open(io.BytesIO(prepare.make_jpeg(6, size=(3024, 4032), quality=92)))
-    exif = Image.Exif()
-    exif[0x0112] = 6  # rotate 90 degrees clockwise to display, as phones store portraits
-    buf = io.BytesIO()
-    upright.transpose(Image.Transpose.ROTATE_90).save(buf, "JPEG", quality=92, exif=exif)
-    images["3024x4032-portrait-exif6-q92"] = buf.getvalue()
-    return images
 
 
 def load(mar: Path, decoder: str) -> tuple[Any, Any]:
@@ -69,7 +48,7 @@ def load(mar: Path, decoder: str) -> tuple[Any, Any]:
 
 def measure(mar: Path, repeats: int) -> dict[str, Any]:
     torch.set_num_threads(1)
-    images = corpus()
+    images = {name: body.data for name, body in corpus.bodies().items()}
     handlers = {d: load(mar, d)[0] for d in DECODERS}
     report: dict[str, Any] = {"images": {}}
     previous: torch.Tensor | None = None

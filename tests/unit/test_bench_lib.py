@@ -109,6 +109,8 @@ def test_config_defaults_sweeps_and_errors(tmp_path: Path) -> None:
     assert config["workers"] == 1 and config["concurrency"] == 64
     points = bench.sweep_points(config)
     assert len(points) == 4 and points[0] == {
+        "body": "720px",
+        "requests": 100,
         "batch_size": 8,
         "micro_batch_size": 2,
         "max_batch_delay": 50,
@@ -142,6 +144,25 @@ def test_config_defaults_sweeps_and_errors(tmp_path: Path) -> None:
     path.write_text(json.dumps({"metrics_mode": "statsd"}))
     with pytest.raises(bench.BenchConfigError, match="metrics_mode: got 'statsd'"):
         bench.load_config(path)
+    path.write_text(json.dumps({"bodies": ["8k"]}))
+    with pytest.raises(bench.BenchConfigError, match="bodies: got '8k', expected one of 720px"):
+        bench.load_config(path)
+    path.write_text(json.dumps({"bodies": [{"body": "12mp", "concurency": 8}]}))
+    with pytest.raises(bench.BenchConfigError, match="expected a name or a mapping"):
+        bench.load_config(path)
+
+
+def test_bodies_are_a_sweep_with_their_own_concurrency_and_requests(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    bodies = ["720px", {"body": "12mp", "concurrency": 32, "requests": 300}, "mix"]
+    path.write_text(json.dumps({"requests": 1500, "concurrency": 64, "bodies": bodies}))
+    points = bench.sweep_points(bench.load_config(path))
+    assert [(p["body"], p["concurrency"], p["requests"]) for p in points] == [
+        ("720px", 64, 1500),
+        ("12mp", 32, 300),
+        ("mix", 64, 1500),
+    ]
+    assert len({bench.point_tag(p) for p in points}) == 3
 
 
 def test_auto_parallelism_sweeps_and_explicit_micro_batching_configs(tmp_path: Path) -> None:
@@ -218,3 +239,43 @@ def test_outputs(tmp_path: Path) -> None:
     # A micro-batch size sweep with "auto" plots on a categorical axis.
     sizes = [dict(rows[-1], micro_batch_size=m) for m in (2, 8, "auto")]
     assert bench.plot_sweep(sizes, tmp_path / "sizes.png", "sizes", "micro_batch_size")
+
+
+def test_a_mix_of_ab_runs_adds_counts_and_takes_percentiles_over_every_request() -> None:
+    gnuplot = "starttime\tseconds\tctime\tdtime\tttime\twait\n" + "".join(
+        f"Mon Nov 23 2026\t1795000000\t0\t{t}\t{t}\t{t}\n" for t in range(1, 101)
+    )
+    times = bench.parse_gnuplot(gnuplot)
+    assert times == [float(t) for t in range(1, 101)]
+    run = bench.parse_ab(AB_OUTPUT)
+    summary, latency = bench.merge_ab([run, {**run, "time_taken_s": 11.228}], times)
+    assert summary["complete_requests"] == 3000 and summary["non_2xx_responses"] == 4
+    assert summary["requests_per_s"] == pytest.approx(3000 / 11.228)
+    assert (latency["p50_ms"], latency["p99_ms"], latency["max_ms"]) == (50.0, 99.0, 100.0)
+
+
+def test_comparisons_are_ratios_within_each_round() -> None:
+    runs = [
+        {
+            "scenario": "accelerator",
+            "handler": h,
+            "repeat": r,
+            "requests_per_s": rate,
+            "p99_ms": p99,
+        }
+        | {"body": "12mp", "batch_size": 32, "micro_batch_size": 4, "max_batch_delay": 50}
+        | {"concurrency": 32, "workers": 1, "parallelism": "2/1/2", "micro_batching": {}}
+        for h, r, rate, p99 in [
+            ("upstream", 1, 10.0, 1000.0),
+            ("ours-same", 1, 11.0, 900.0),
+            ("ours", 1, 40.0, 300.0),
+            ("upstream", 2, 20.0, 500.0),
+            ("ours-same", 2, 20.0, 500.0),
+            ("ours", 2, 60.0, 250.0),
+        ]
+    ]
+    same, best = bench.compare_rounds(runs)
+    assert same["comparison"] == "ours-same / upstream" and same["body"] == "12mp"
+    assert [r["throughput"] for r in same["rounds"]] == pytest.approx([1.1, 1.0])
+    assert best["median_throughput"] == pytest.approx((4.0 + 3.0) / 2)
+    assert [r["p99"] for r in best["rounds"]] == pytest.approx([0.3, 0.5])
