@@ -106,33 +106,22 @@ def start_ab(
     return proc, wait
 
 
-def run_mix(
+def run_bodies(
     url: str,
-    paths: dict[str, Path],
-    requests: int,
-    concurrency: int,
+    sends: list[tuple[Path, str, int, int]],
     token: str | None,
     work: Path,
     label: str,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """The corpus mix: one `ab` per body, all at once, each with its share (corpus.MIX) of
-    the clients and of the requests; percentiles over every request of every body."""
-    clients = corpus.split(concurrency, corpus.MIX)
-    counts = corpus.split(requests, corpus.MIX)
-    bodies = corpus.bodies()
+    """One `ab` per (body, content type, requests, clients), all at once; throughput over
+    the longest, percentiles over every request's time (`ab -g`), so a single body and a
+    mix are measured the same way."""
     running = []
-    for name, share in clients.items():
-        tsv = work / f"mix-{name}.tsv"
-        _, wait = start_ab(
-            url,
-            paths[name],
-            max(counts[name], share),
-            share,
-            token,
-            ["-g", str(tsv)],
-            f"{label} {name}",
-            bodies[name].content_type,
-        )
+    for i, (body, content_type, requests, clients) in enumerate(sends):
+        tsv = work / f"ab-{i}.tsv"
+        name = f"{label} {body.stem}" if len(sends) > 1 else label
+        output = ["-g", str(tsv)]
+        _, wait = start_ab(url, body, requests, clients, token, output, name, content_type)
         running.append((wait, tsv))
     runs = [bench_lib.parse_ab(wait()) for wait, _ in running]
     ttimes = [t for _, tsv in running for t in bench_lib.parse_gnuplot(tsv.read_text())]
@@ -148,13 +137,17 @@ def drive(
     work: Path,
     label: str,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """ab at the point's concurrency with its body, or with the mix."""
-    if point["body"] == "mix":
-        return run_mix(url, paths, requests, point["concurrency"], token, work, label)
-    body = paths[point["body"]]
-    content_type = "image/png" if body.suffix == ".png" else "image/jpeg"
-    csv_path = work / "percentiles.csv"
-    return run_ab(url, body, requests, point["concurrency"], token, csv_path, label, content_type)
+    """ab at the point's concurrency with its body, or with the corpus mix: each body of
+    corpus.MIX with its share of the clients and of the requests."""
+    shares = corpus.MIX if point["body"] == "mix" else {point["body"]: 1.0}
+    clients = corpus.split(point["concurrency"], shares)
+    counts = corpus.split(requests, shares)
+    sends = []
+    for name, share in clients.items():
+        path = paths[name]
+        content_type = "image/png" if path.suffix == ".png" else "image/jpeg"
+        sends.append((path, content_type, max(counts[name], share), share))
+    return run_bodies(url, sends, token, work, label)
 
 
 def measure(
