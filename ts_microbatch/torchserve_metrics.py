@@ -74,7 +74,11 @@ class TorchServeMetricsObserver(PipelineObserver):
                 name,
                 value,
                 unit,
-                None,
+                # The first request's id: without an index TorchServe appends every id of
+                # the batch to the line (1.2 KB at batch 32, ~57 lines a batch), and the
+                # frontend reads and parses every line. A stage thread may be reporting on
+                # an earlier batch than the one the ids belong to, so no id would be exact.
+                0,
                 # A new list each call: TorchServe appends ModelName and Level to it.
                 [self._dimension(k, v) for k, v in dims.items()],
                 self._histogram if histogram else self._counter,

@@ -58,6 +58,8 @@ def test_handler_emits_stage_times_sizes_and_errors(
     finally:
         handler.micro_batching.shutdown()
     lines = metric_lines(caplog)
+    # One request id per line, not the batch's eight: the frontend parses every line.
+    assert lines and all(line.count(",req-") == 1 for line in lines), lines[0]
     for name in set(METRIC_NAMES) - {PADDED_ITEMS, RECOMPILES}:  # those need padding, compiling
         assert any(line.startswith(f"{name}.") for line in lines), name
     stage_lines = [line for line in lines if line.startswith("MicroBatchStageSeconds.Seconds:")]
