@@ -289,7 +289,7 @@ def sideways_with_orientation_tag(upright: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("decoder", ["pil", "torchvision"])
+@pytest.mark.parametrize("decoder", ["pil", "torchvision", "pil-draft"])
 def test_a_photo_stored_sideways_is_turned_upright(model_dir: Path, decoder: str) -> None:
     upright = Image.open(io.BytesIO(make_jpeg(77, size=(480, 640)))).convert("RGB")  # portrait
     buf = io.BytesIO()
