@@ -351,7 +351,7 @@ def main() -> int:
     if comparisons:
         (out / "comparisons.json").write_text(json.dumps(comparisons, indent=2) + "\n")
         print("\n" + bench_lib.format_comparisons(comparisons))
-    for scratch in ("store", "work") + (() if args.keep_logs else ("servers",)):
+    for scratch in ("store", "work", "bodies") + (() if args.keep_logs else ("servers",)):
         shutil.rmtree(out / scratch, ignore_errors=True)
     return 0
 

@@ -86,7 +86,7 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
     (requests answered with an error, by status code), ``padded_per_micro_batch`` and
     ``padded_share`` (items added to reach an allowed size, per padded-stage micro-batch and
     as a share of the items that stage ran; NaN without allowed sizes) and ``recompiles``
-    (a compiled model's, after warm-up). Values with nothing to average are NaN.
+    (a compiled model's compiles on the request path). Values with nothing to average are NaN.
     Micro-batches re-run to isolate a failing request count again in the sizes.
     """
     a, b = parse_prometheus(after), parse_prometheus(before)
@@ -157,7 +157,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     if not math.isnan(padded):
         line += f"; padded {padded:.2f} items per micro-batch ({summary['padded_share']:.0%})"
     if summary.get("recompiles"):
-        line += f"; {summary['recompiles']} recompiles after warm-up"
+        line += f"; {summary['recompiles']} recompiles on the request path"
     return line
 
 

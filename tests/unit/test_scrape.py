@@ -110,3 +110,21 @@ def test_command_line_prints_a_line_per_interval(capsys: pytest.CaptureFixture[s
     assert main(["http://127.0.0.1:9/metrics"]) == 2  # nothing listens on port 9
     assert "cannot read" in capsys.readouterr().err
     assert format_summary(summarize("", "", "m")) == "no micro-batches"
+
+
+def test_padding_and_recompiles_in_the_summary() -> None:
+    labels = 'ModelName="m",Level="Model",Hostname="vm",'
+    padded = [
+        f"MicroBatchPaddedItems_count{{{labels}}} 16.0",
+        f"MicroBatchPaddedItems_sum{{{labels}}} 8.0",  # 8 padded items beside 64 real ones
+        f"MicroBatchRecompiles{{{labels}}} 2.0",
+    ]
+    summary = summarize(scrape(1.0) + "\n".join(padded) + "\n", model_name="m")
+    assert summary["padded_per_micro_batch"] == 0.5
+    assert summary["padded_share"] == pytest.approx(8 / 72)
+    assert summary["recompiles"] == 2
+    line = format_summary(summary)
+    assert line.endswith("; padded 0.50 items per micro-batch (11%); 2 recompiles on the request path")
+    plain = summarize(scrape(1.0), model_name="m")
+    assert math.isnan(plain["padded_per_micro_batch"]) and plain["recompiles"] == 0
+    assert "padded" not in format_summary(plain)
