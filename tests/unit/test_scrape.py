@@ -124,7 +124,9 @@ def test_padding_and_recompiles_in_the_summary() -> None:
     assert summary["padded_share"] == pytest.approx(8 / 72)
     assert summary["recompiles"] == 2
     line = format_summary(summary)
-    assert line.endswith("; padded 0.50 items per micro-batch (11%); 2 recompiles on the request path")
+    assert line.endswith(
+        "; padded 0.50 items per micro-batch (11%); 2 recompiles on the request path"
+    )
     plain = summarize(scrape(1.0), model_name="m")
     assert math.isnan(plain["padded_per_micro_batch"]) and plain["recompiles"] == 0
     assert "padded" not in format_summary(plain)
