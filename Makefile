@@ -19,7 +19,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv kserve-venv test test-unit mar serve stop metrics ab bench soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv kserve-venv test test-unit mar serve stop metrics ab bench bench-photos bench-compiled soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -28,6 +28,8 @@ help:
 	@echo "make test    set up and run every test"
 	@echo "make mar     build $(MAR)"
 	@echo "make bench   run the default benchmark comparison"
+	@echo "make bench-photos    upstream vs ours, same stages and best decoder, photo bodies (~17 min)"
+	@echo "make bench-compiled  eager vs torch.compile under the pipeline (~12 min)"
 	@echo "make soak    100,000 requests at concurrency 200, the worker's memory sampled (~8 min)"
 	@echo "make tune    find the best micro_batching.json for the example in-process"
 	@echo "make kserve-bundle  a KServe storage layout in $(KSERVE_OUT) (deploy/kserve/)"
@@ -95,6 +97,14 @@ ab:
 # The default comparison (results in benchmarks/runs/<time>/); under 10 minutes here.
 bench: $(STAMP) ab
 	$(PY) benchmarks/benchmark-ab.py --config benchmarks/config.json $(if $(WEIGHTS),--weights $(WEIGHTS))
+
+# Upstream vs ours on the same stages and with pil-draft, for 720px, 12 MP and the corpus mix.
+bench-photos: $(STAMP) ab
+	$(PY) benchmarks/benchmark-ab.py --config benchmarks/configs/photos.json --out benchmarks/results/photos
+
+# Eager vs torch.compile'd ResNet-18, with and without allowed sizes and warm-up.
+bench-compiled: $(STAMP) ab
+	$(PY) benchmarks/compiled.py --rounds 3 --out benchmarks/results/compiled
 
 # Not part of CI: no failed request, no worker restart, RSS flat after the first chunk.
 SOAK_REQUESTS ?= 100000

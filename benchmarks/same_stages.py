@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""The pipeline against upstream's on the same stages, with the CPU each request costs.
+
+Upstream's MicroBatching, ours on upstream's stages (PIL decoding as ImageClassifier, no
+EXIF turn: ``ours-same``), and the same without the pipeline's metric lines
+(``no-metrics``), round-robin, one body, the accelerator stand-in, batch 32, micro-batch
+4, threads 2/1/2, concurrency 64: throughput and the CPU milliseconds per request of the
+frontend (Java) and of the worker. On two busy cores throughput follows the CPU per
+request, so this says where a difference comes from.
+
+    python benchmarks/same_stages.py --rounds 3 --requests 3000 --out benchmarks/results/same_stages
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "examples" / "image_classifier")]
+
+import bench_lib  # noqa: E402
+import bench_packaging  # noqa: E402
+import corpus  # noqa: E402
+
+bench_packaging.HANDLER_FILES["no-metrics"] = str(HERE / "handlers/no_metrics_handler.py")
+HANDLERS = ("upstream", "ours-same", "no-metrics")
+
+
+def run(work: Path, handler: str, body: Path, requests: int, label: str) -> dict[str, Any]:
+    config = bench_lib.load_config(HERE / "configs/photos.json")
+    point = bench_lib.sweep_points(config)[0]
+    packaged = "ours-same" if handler == "no-metrics" else handler  # same model-config.yaml
+    yaml = bench_packaging.model_yaml(config, point, packaged)
+    name = f"same-{handler}"
+    bench_packaging.package(
+        work / "store", work / "build", name, "accelerator", handler, config, point, None
+    )
+    import yaml as pyyaml
+
+    (work / "store" / name / "model-config.yaml").write_text(pyyaml.safe_dump(yaml))
+    if handler == "no-metrics":  # it subclasses our handler, imported from the model dir
+        shutil.copy(HERE.parent / "handlers/micro_batching_handler.py", work / "store" / name)
+    with bench_lib.project_server(work / "store", work / f"server-{label}") as server:
+        resp = server.register(name, batch_size=32, max_batch_delay_ms=50)
+        if resp.status != 200:
+            raise RuntimeError(f"register {name}: {resp.status} {resp.body!r}")
+        url = f"{server.inference_url}/predictions/{name}"
+        ab = ["ab", "-k", "-c", "64", "-p", str(body), "-T", "image/jpeg"]
+        ab += ["-H", f"Authorization: Bearer {server.token('inference')}"]
+        subprocess.run([*ab, "-n", "300", url], capture_output=True, check=True)  # warm-up
+        before = bench_lib.cpu_seconds(server)
+        out = subprocess.run([*ab, "-n", str(requests), url], capture_output=True, text=True)
+        after = bench_lib.cpu_seconds(server)
+    summary = bench_lib.parse_ab(out.stdout)
+    done = summary["complete_requests"]
+    result = {"handler": handler, "requests_per_s": summary["requests_per_s"]}
+    for side in before:
+        result[f"{side}_cpu_ms_per_request"] = 1000 * (after[side] - before[side]) / done
+    print(label, {k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()})
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--body", default="720px", choices=list(corpus.SPECS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="same_stages_"))
+    body = corpus.write(work / "bodies")[args.body]
+    runs = []
+    for round_ in range(1, args.rounds + 1):
+        for handler in HANDLERS:
+            result = run(work, handler, body, args.requests, f"round {round_} {handler}")
+            runs.append({"round": round_, **result})
+    medians = {
+        handler: {
+            key: statistics.median(r[key] for r in runs if r["handler"] == handler)
+            for key in runs[0]
+            if key not in ("round", "handler")
+        }
+        for handler in HANDLERS
+    }
+    for handler, row in medians.items():
+        ratio = row["requests_per_s"] / medians["upstream"]["requests_per_s"]
+        print(
+            f"{handler}: median {row['requests_per_s']:.1f} req/s ({ratio:.2f}x upstream), "
+            f"CPU ms per request: frontend {row['frontend_cpu_ms_per_request']:.2f}, "
+            f"worker {row['workers_cpu_ms_per_request']:.2f}"
+        )
+    bench_lib.save_json(
+        args.out,
+        "results.json",
+        {"body": args.body, "requests": args.requests, "medians": medians, "runs": runs},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
