@@ -190,8 +190,10 @@ class MicroBatching:
     @micro_batch_size.setter
     def micro_batch_size(self, size: int | str) -> None:
         """An integer >= 1, or "auto" within the config's min/max_micro_batch_size."""
-        if size != "auto":
-            size = MicroBatchingConfig.from_mapping({"micro_batch_size": size}).micro_batch_size
+        if size != "auto":  # checked against the config in force (allowed sizes)
+            size = MicroBatchingConfig.from_mapping(
+                {"micro_batch_size": size}, self._config
+            ).micro_batch_size
         self._apply_size(self._pipeline, size, self._config)
 
     @property

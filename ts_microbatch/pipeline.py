@@ -146,6 +146,11 @@ class Pipeline:
     def micro_batch_size(self, size: int) -> None:
         # Plain attribute writes are atomic; submit() reads them once per batch.
         self._micro_batch_size = _positive_int(size, "micro_batching.micro_batch_size")
+        if self._allowed is not None and size > self._allowed[-1]:
+            raise ConfigError(
+                f"micro_batching.micro_batch_size: got {size}, expected at most the largest "
+                f"allowed_micro_batch_sizes ({self._allowed[-1]})"
+            )
         self._auto = None
 
     @property

@@ -259,3 +259,20 @@ def test_pipeline_refuses_allowed_sizes_without_a_padded_stage() -> None:
         Pipeline({"a": lambda x: x}, allowed_sizes=[1, 2])
     with pytest.raises(ConfigError, match="padded_stage"):
         Pipeline({"a": lambda x: x}, allowed_sizes=[1, 2], padded_stage="b")
+
+
+def test_a_micro_batch_size_over_the_largest_allowed_is_refused_at_run_time_too() -> None:
+    with MicroBatching(FakeHandler(), config=config()) as mb:
+        with pytest.raises(ConfigError, match="expected the largest to be at least"):
+            mb.micro_batch_size = 16
+        assert mb.micro_batch_size == 8
+        mb.micro_batch_size = 4
+        assert mb.handle(list(range(6))) == expected(list(range(6)))
+    pipeline = Pipeline(
+        {"inference": lambda x: x},
+        micro_batch_size=2,
+        allowed_sizes=[1, 2],
+        padded_stage="inference",
+    )
+    with pipeline, pytest.raises(ConfigError, match="expected at most the largest"):
+        pipeline.micro_batch_size = 3
