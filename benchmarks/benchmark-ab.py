@@ -55,7 +55,7 @@ def run_ab(
     label: str,
     content_type: str = "image/jpeg",
 ) -> tuple[dict[str, float], dict[str, float]]:
-    proc, wait = start_ab(
+    wait = start_ab(
         url, body, requests, concurrency, token, ["-e", str(csv_path)], label, content_type
     )
     stdout = wait()
@@ -71,9 +71,9 @@ def start_ab(
     output: list[str],
     label: str,
     content_type: str,
-) -> tuple[subprocess.Popen[str], Any]:
-    """Starts `ab`, its progress lines logged; returns it and a function that waits for it
-    and returns its output (raising if it failed)."""
+) -> Any:
+    """Starts `ab`, its progress lines logged; returns a function that waits for it and
+    returns its output (raising if it failed)."""
     # -k: TorchServe answers ab's HTTP/1.0 requests with "connection: keep-alive" and keeps
     # the socket open, so without keep-alive ab waits on every response until its timeout.
     cmd = ["ab", "-k", "-n", str(requests), "-c", str(concurrency), "-p", str(body)]
@@ -103,7 +103,7 @@ def start_ab(
             raise RuntimeError(f"ab failed ({proc.returncode}): {''.join(errors)}\n{stdout}")
         return stdout
 
-    return proc, wait
+    return wait
 
 
 def run_bodies(
@@ -121,7 +121,7 @@ def run_bodies(
         tsv = work / f"ab-{i}.tsv"
         name = f"{label} {body.stem}" if len(sends) > 1 else label
         output = ["-g", str(tsv)]
-        _, wait = start_ab(url, body, requests, clients, token, output, name, content_type)
+        wait = start_ab(url, body, requests, clients, token, output, name, content_type)
         running.append((wait, tsv))
     runs = [bench_lib.parse_ab(wait()) for wait, _ in running]
     ttimes = [t for _, tsv in running for t in bench_lib.parse_gnuplot(tsv.read_text())]

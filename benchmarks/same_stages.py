@@ -28,6 +28,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "examples" / "ima
 import bench_lib  # noqa: E402
 import bench_packaging  # noqa: E402
 import corpus  # noqa: E402
+import yaml as pyyaml  # noqa: E402
 
 bench_packaging.HANDLER_FILES["no-metrics"] = str(HERE / "handlers/no_metrics_handler.py")
 HANDLERS = ("upstream", "ours-same", "no-metrics")
@@ -36,16 +37,14 @@ HANDLERS = ("upstream", "ours-same", "no-metrics")
 def run(work: Path, handler: str, body: Path, requests: int, label: str) -> dict[str, Any]:
     config = bench_lib.load_config(HERE / "configs/photos.json")
     point = bench_lib.sweep_points(config)[0]
-    packaged = "ours-same" if handler == "no-metrics" else handler  # same model-config.yaml
-    yaml = bench_packaging.model_yaml(config, point, packaged)
     name = f"same-{handler}"
     bench_packaging.package(
         work / "store", work / "build", name, "accelerator", handler, config, point, None
     )
-    import yaml as pyyaml
-
-    (work / "store" / name / "model-config.yaml").write_text(pyyaml.safe_dump(yaml))
-    if handler == "no-metrics":  # it subclasses our handler, imported from the model dir
+    if handler == "no-metrics":
+        # ours-same's model-config.yaml, and our handler beside the subclass that imports it
+        yaml = pyyaml.safe_dump(bench_packaging.model_yaml(config, point, "ours-same"))
+        (work / "store" / name / "model-config.yaml").write_text(yaml)
         shutil.copy(HERE.parent / "handlers/micro_batching_handler.py", work / "store" / name)
     with bench_lib.project_server(work / "store", work / f"server-{label}") as server:
         resp = server.register(name, batch_size=32, max_batch_delay_ms=50)

@@ -107,6 +107,12 @@ def _sizes(value: Any, key: str) -> tuple[int, ...] | None:
     return tuple(sorted(value))
 
 
+def _file_name(value: Any, key: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{key}: got {value!r}, expected a file name")
+    return value
+
+
 def _on_recompile(value: Any, key: str) -> str:
     if value not in ON_RECOMPILE:
         raise ConfigError(f"{key}: got {value!r}, expected one of {', '.join(ON_RECOMPILE)}")
@@ -146,8 +152,7 @@ class WarmupConfig:
         prefix = f"{YAML_SECTION}.warmup"
         _sizes(self.sizes, f"{prefix}.sizes")
         _positive_int(self.iterations, f"{prefix}.iterations")
-        if self.sample is not None and (not isinstance(self.sample, str) or not self.sample):
-            raise ConfigError(f"{prefix}.sample: got {self.sample!r}, expected a file name")
+        _file_name(self.sample, f"{prefix}.sample")
 
     @classmethod
     def from_mapping(cls, mapping: Any, prefix: str) -> WarmupConfig | None:
@@ -159,13 +164,10 @@ class WarmupConfig:
                 f"{prefix}: got {mapping!r}, expected a mapping (sizes, iterations, sample) or null"
             )
         _check_keys(mapping, tuple(cls.__dataclass_fields__), prefix)
-        sample = mapping.get("sample")
-        if sample is not None and (not isinstance(sample, str) or not sample):
-            raise ConfigError(f"{prefix}.sample: got {sample!r}, expected a file name")
         return cls(
             sizes=_sizes(mapping.get("sizes"), f"{prefix}.sizes"),
             iterations=_positive_int(mapping.get("iterations", 1), f"{prefix}.iterations"),
-            sample=sample,
+            sample=_file_name(mapping.get("sample"), f"{prefix}.sample"),
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -63,7 +63,7 @@ class MicroBatchingMixin:
             self, config=config, observer=self.micro_batching_observer(context), compiled=compiled
         )
         if config.warmup is not None:
-            self._warm_up(pipeline, context, config.warmup, config.warmup_sizes())
+            self._warm_up(pipeline, context, config.warmup)
 
     def warmup_input(self) -> Any:
         """One request's input for warm-up when ``warmup.sample`` names no file; a handler
@@ -74,25 +74,22 @@ class MicroBatchingMixin:
             "(torch-model-archiver --extra-files)"
         )
 
-    def _warm_up(
-        self,
-        pipeline: MicroBatching,
-        context: Any,
-        warmup: WarmupConfig,
-        sizes: tuple[int, ...],
-    ) -> None:
+    def _warm_up(self, pipeline: MicroBatching, context: Any, warmup: WarmupConfig) -> None:
         if warmup.sample is None:
             sample = self.warmup_input()
         else:
             sample = {"body": bytearray(_read_sample(context, warmup.sample))}
         try:
-            seconds = pipeline.warm_up(sample, sizes, warmup.iterations)
+            seconds = pipeline.warm_up(sample)  # the config's sizes and iterations
         except BaseException:
             pipeline.shutdown(wait=False, cancel_pending=True)
             raise
         startup_s = (getattr(context, "model_yaml_config", None) or {}).get("startupTimeout", 120)
         logger.info(
-            "warm-up of sizes %s took %.1f s (startupTimeout %s s)", list(sizes), seconds, startup_s
+            "warm-up of sizes %s took %.1f s (startupTimeout %s s)",
+            list(pipeline.config.warmup_sizes()),
+            seconds,
+            startup_s,
         )
         if pipeline.compiled is not None:
             logger.info(

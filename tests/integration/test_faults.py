@@ -74,6 +74,13 @@ def send_in_background(
     return thread, results
 
 
+def register_one_worker(server: TorchServe, name: str) -> int:
+    """Registers ``name``.mar at batch BATCH; returns its one worker's pid."""
+    assert server.register(f"{name}.mar", batch_size=BATCH, response_timeout_s=60).status == 200
+    (pid,) = worker_pids(server, name)
+    return pid
+
+
 def wait_for_log(server: TorchServe, text: str, count: int = 1, timeout_s: float = 60) -> None:
     done = threading.Event()
     for _ in range(int(timeout_s / 0.1)):
@@ -114,8 +121,7 @@ def test_worker_killed_mid_batch_every_request_answered_and_model_serves_again(
     server: TorchServe,
 ) -> None:
     name = "fault-kill"
-    assert server.register(f"{name}.mar", batch_size=BATCH, response_timeout_s=60).status == 200
-    (pid,) = worker_pids(server, name)
+    pid = register_one_worker(server, name)
     bodies = [HANG + b" stuck"] + images(BATCH - 1, first_seed=500)
     load, results = send_in_background(server, bodies, name)
     wait_for_log(server, ENTERED)  # the batch is in the worker, one call stuck
@@ -149,8 +155,7 @@ def test_hang_stage_stuck_forever_times_out_its_batch_and_later_batches_are_serv
     server: TorchServe,
 ) -> None:
     name = "fault-timeout"
-    assert server.register(f"{name}.mar", batch_size=BATCH, response_timeout_s=60).status == 200
-    (pid,) = worker_pids(server, name)
+    pid = register_one_worker(server, name)
     worker = psutil.Process(pid)
     served = parallel(server, images(BATCH, first_seed=700), name)
     assert [r.status for r in served] == [200] * BATCH
