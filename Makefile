@@ -19,13 +19,14 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv kserve-venv test test-unit mar serve stop metrics ab bench bench-photos bench-compiled soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv kserve-venv test test-unit fuzz mar serve stop metrics ab bench bench-photos bench-compiled soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
 	@echo "make stop    stop TorchServe"
 	@echo "make metrics while it runs: per-stage times and micro-batch sizes every 10 s"
 	@echo "make test    set up and run every test"
+	@echo "make fuzz    the generative tests with a long random profile (not in CI)"
 	@echo "make mar     build $(MAR)"
 	@echo "make bench   run the default benchmark comparison"
 	@echo "make bench-photos    upstream vs ours, same stages and best decoder, photo bodies (~17 min)"
@@ -60,6 +61,11 @@ test: venv kserve-venv
 
 test-unit: venv
 	$(VENV)/bin/pytest tests/unit
+
+# The generative (hypothesis) tests with a long random profile; CI runs a bounded one.
+FUZZ_EXAMPLES ?= 3000
+fuzz: venv
+	HYPOTHESIS_PROFILE=fuzz FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VENV)/bin/pytest -m generative -p no:cacheprovider --timeout 3600
 
 # The .mar is rebuilt when the chosen MB_CONFIG or WEIGHTS change, not only when a file
 # gets newer: switching back to an older config must not serve the last one built.

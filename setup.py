@@ -29,7 +29,14 @@ setup(
         "prometheus_client>=0.17",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "requests>=2.31", "matplotlib>=3.7"],
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "requests>=2.31",
+            "matplotlib>=3.7",
+            # generative tests at the request and output boundaries
+            "hypothesis>=6.100",
+        ],
         "bench": ["matplotlib>=3.7", "requests>=2.31"],
         "dev": ["ruff>=0.6", "mypy>=1.10"],
     },

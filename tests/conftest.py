@@ -8,6 +8,26 @@ import sys
 from types import ModuleType
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Generative tests: CI runs a bounded, deterministic profile; `make fuzz` a long random one
+# (HYPOTHESIS_PROFILE=fuzz). A failure found by either is kept as an explicit @example.
+settings.register_profile(
+    "ci",
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "3000")),
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
