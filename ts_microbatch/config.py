@@ -26,6 +26,11 @@ Schema (every key optional)::
                                      # synthetic input (warmup_input())
     on_recompile: warn               # a compiled model that recompiles after warm-up: log a
                                      # warning, or "error" to log it as an error
+    kserve: auto                     # which bodies are KServe requests (ts_microbatch.protocols):
+                                     # "auto" only a body of the strict OIP v2 shape ({"inputs":
+                                     # [{"name", "shape", "datatype", "data"}, ...]}); true also
+                                     # {"instances": ...} (v1) and any {"inputs": ...} (the KServe
+                                     # bundle sets it); false none: every body is the handler's
 
 Where both exist, ``micro_batching.json`` in the model directory is read first and the
 ``micro_batching:`` section of model-config.yaml is applied over it, key by key (and stage
@@ -119,6 +124,13 @@ def _on_recompile(value: Any, key: str) -> str:
     return str(value)
 
 
+def _kserve(value: Any, key: str) -> bool | str:
+    # Compared by type: 1 == True, and `kserve: 1` is a mistake, not true.
+    if value != "auto" and not isinstance(value, bool):
+        raise ConfigError(f'{key}: got {value!r}, expected "auto", true or false')
+    return value if isinstance(value, bool) else "auto"
+
+
 def _boolean(value: Any, key: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{key}: got {value!r}, expected true or false")
@@ -137,6 +149,7 @@ _FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "join_timeout_s": lambda v, k: _positive_seconds(v, k, allow_none=False),
     "allowed_micro_batch_sizes": _sizes,
     "on_recompile": _on_recompile,
+    "kserve": _kserve,
 }
 
 
@@ -222,6 +235,7 @@ class MicroBatchingConfig:
     allowed_micro_batch_sizes: tuple[int, ...] | None = None
     warmup: WarmupConfig | None = None
     on_recompile: str = "warn"
+    kserve: bool | str = "auto"  # "auto" | True | False: see ts_microbatch.protocols
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallelism, Parallelism):
@@ -331,6 +345,7 @@ class MicroBatchingConfig:
             ),
             "warmup": self.warmup.as_dict() if self.warmup is not None else None,
             "on_recompile": self.on_recompile,
+            "kserve": self.kserve,
         }
 
 
