@@ -10,6 +10,11 @@ directory, which TorchServe puts on the worker's import path.
     python -m ts_microbatch.bundle --out build/kserve --mar model_store/resnet-18_mb.mar ...
 
 is what ``make kserve-bundle`` runs; see deploy/kserve/README.md.
+
+Every path config.properties names is absolute under the mount (``--mount-path``,
+``/mnt/models`` as KServe mounts the storage URI): TorchServe resolves a relative one
+against its working directory, the image's ``/home/model-server``, not against the config
+file, and a relative ``metrics_config`` kept the worker from ever loading (issue #18).
 """
 
 from __future__ import annotations
@@ -17,11 +22,26 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import shutil
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TOOLING = ("bundle", "scrape", "serve", "server", "tune")
+MOUNT_PATH = "/mnt/models"  # where KServe's storage initializer puts the storage URI
+# The keys of config.properties that name a file or directory (TorchServe 0.12's
+# *_config, *_path and model_store keys; the enable_*_config switches name none).
+_PATH_KEY = re.compile(r"^(?!enable_).*(_config|_path)$|^model_store$")
+
+
+def path_keys(properties: str) -> dict[str, str]:
+    """The keys of a config.properties text that name a path, with their values."""
+    lines = (line.split("=", 1) for line in properties.splitlines() if "=" in line)
+    return {
+        key.strip(): value.strip()
+        for key, value in lines
+        if not key.lstrip().startswith("#") and _PATH_KEY.match(key.strip())
+    }
 
 
 def worker_modules() -> list[str]:
@@ -66,8 +86,13 @@ def kserve_properties(
     response_timeout_s: int = 120,
     inference_port: int = 8085,
     metrics_port: int = 8082,
+    mount_path: str = MOUNT_PATH,
 ) -> str:
     """config.properties for KServe's TorchServe runtime.
+
+    ``mount_path`` is where the pod sees the bundle (KServe mounts the storage URI at
+    ``/mnt/models``); the model store and the metrics config are named under it, absolute,
+    because TorchServe resolves a relative path against its working directory.
 
     The model loads from ``model_snapshot`` (batchSize, maxBatchDelay and the workers come
     from there; without maxBatchDelay TorchServe stops). ``enable_envvars_config=false`` so
@@ -76,6 +101,9 @@ def kserve_properties(
     itself. The KServe wrapper sends no token, so token authorization is off: in the pod,
     only the wrapper reaches these addresses.
     """
+    mount = PurePosixPath(mount_path)
+    if not mount.is_absolute():
+        raise ValueError(f"mount_path: got {mount_path!r}, expected an absolute path")
     snapshot = {
         "name": "startup.cfg",
         "modelCount": 1,
@@ -101,14 +129,14 @@ def kserve_properties(
         "grpc_management_port": "7071",
         "enable_metrics_api": "true",
         "metrics_mode": "prometheus",
-        "metrics_config": "metrics.yaml",
+        "metrics_config": str(mount / "config" / "metrics.yaml"),
         "number_of_netty_threads": "4",
         "job_queue_size": "1000",
         "max_request_size": "33554432",  # camera photos, base64-encoded (configs/config.properties)
         "enable_envvars_config": "false",
         "install_py_dep_per_model": "false",
         "disable_token_authorization": "true",
-        "model_store": "/mnt/models/model-store",
+        "model_store": str(mount / "model-store"),
         "model_snapshot": json.dumps(snapshot, separators=(",", ":")),
     }
     return "".join(f"{key}={value}\n" for key, value in lines.items())
@@ -119,16 +147,24 @@ def write_bundle(
     mar: Path,
     model_name: str,
     metrics_yaml: Path,
+    *,
+    mount_path: str = MOUNT_PATH,
     **settings: int,
 ) -> Path:
-    """Writes ``out/config/config.properties`` (+ metrics.yaml) and ``out/model-store/``."""
+    """Writes ``out/config/config.properties`` (+ metrics.yaml) and ``out/model-store/``.
+
+    ``out`` is what the pod will see at ``mount_path``; a test that serves the bundle where
+    it lies passes ``mount_path=str(out)``, as the mount maps the prefix."""
+    properties = kserve_properties(mar.name, model_name, mount_path=mount_path, **settings)
+    keys = path_keys(properties)
+    relative = {k: v for k, v in keys.items() if not PurePosixPath(v).is_absolute()}
+    if relative:  # resolved against the image's working directory, not the bundle's
+        raise ValueError(f"config.properties names relative paths: {relative}")
     (out / "config").mkdir(parents=True, exist_ok=True)
     (out / "model-store").mkdir(parents=True, exist_ok=True)
     shutil.copy2(mar, out / "model-store" / mar.name)
     shutil.copy2(metrics_yaml, out / "config" / "metrics.yaml")
-    (out / "config" / "config.properties").write_text(
-        kserve_properties(mar.name, model_name, **settings), encoding="utf-8"
-    )
+    (out / "config" / "config.properties").write_text(properties, encoding="utf-8")
     return out
 
 
@@ -138,17 +174,25 @@ def main() -> int:
     parser.add_argument("--mar", type=Path, required=True, help="a self-contained .mar")
     parser.add_argument("--model-name", required=True)
     parser.add_argument("--metrics-yaml", type=Path, required=True)
+    parser.add_argument(
+        "--mount-path",
+        default=MOUNT_PATH,
+        help=f"where the pod sees --out; config.properties names paths under it ({MOUNT_PATH})",
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-batch-delay", type=int, default=50)
     parser.add_argument("--min-workers", type=int, default=1)
     parser.add_argument("--max-workers", type=int, default=1)
     parser.add_argument("--response-timeout", type=int, default=120)
     args = parser.parse_args()
+    if not PurePosixPath(args.mount_path).is_absolute():
+        parser.error(f"--mount-path: got {args.mount_path!r}, expected an absolute path")
     out = write_bundle(
         args.out,
         args.mar,
         args.model_name,
         args.metrics_yaml,
+        mount_path=args.mount_path,
         batch_size=args.batch_size,
         max_batch_delay_ms=args.max_batch_delay,
         min_workers=args.min_workers,
