@@ -119,13 +119,15 @@ soak: $(STAMP) ab
 	  --out benchmarks/runs/soak-$$(date +%Y%m%d-%H%M%S)
 
 # KServe's storage layout: config/config.properties and a self-contained .mar in model-store/.
+# config.properties names its paths under KSERVE_MOUNT, where the pod mounts the storage URI.
 KSERVE_OUT ?= build/kserve/$(MODEL_NAME)
+KSERVE_MOUNT ?= /mnt/models
 kserve-bundle: $(STAMP)
 	$(PY) examples/image_classifier/build_mar.py --export-path $(KSERVE_OUT)/.staging \
-	  --model-name $(MODEL_NAME) --micro-batching-json $(MB_CONFIG) --self-contained \
+	  --model-name $(MODEL_NAME) --micro-batching-json $(MB_CONFIG) --self-contained --kserve \
 	  $(if $(WEIGHTS),--weights $(WEIGHTS))
 	$(PY) -m ts_microbatch.bundle --out $(KSERVE_OUT) --mar $(KSERVE_OUT)/.staging/$(MODEL_NAME).mar \
-	  --model-name $(MODEL_NAME) --metrics-yaml configs/metrics.yaml \
+	  --model-name $(MODEL_NAME) --metrics-yaml configs/metrics.yaml --mount-path $(KSERVE_MOUNT) \
 	  --batch-size $(BATCH_SIZE) --max-batch-delay $(MAX_BATCH_DELAY)
 	rm -rf $(KSERVE_OUT)/.staging
 

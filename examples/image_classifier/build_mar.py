@@ -10,6 +10,7 @@ replaced (tests build a .mar with a broken config this way).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -33,18 +34,24 @@ def build_mar(
     model_config: str | os.PathLike[str] = HERE / "model-config.yaml",
     archive_format: str = "default",
     self_contained: bool = False,
+    kserve: bool = False,
 ) -> Path:
     """Writes ``<export_path>/<model_name>.mar`` and returns its path.
 
     ``self_contained``: the .mar also carries ts_microbatch's worker modules, so a
-    TorchServe without the package installed (KServe's runtime image) serves it."""
+    TorchServe without the package installed (KServe's runtime image) serves it.
+    ``kserve``: the packed micro_batching.json gets ``"kserve": true`` (v1 ``instances`` and
+    v2 ``inputs`` bodies are KServe requests, malformed ones 400), for a KServe bundle."""
     work = Path(work_dir or ROOT / "build" / model_name)
     work.mkdir(parents=True, exist_ok=True)
     weights_path = prepare.write_weights(str(work), weights)
     labels = prepare.write_labels(str(work))
     # torch-model-archiver names extra files by their base name; the handler looks for this one.
     config_copy = work / "micro_batching.json"
-    config_copy.write_bytes(Path(micro_batching_json).read_bytes())
+    config_bytes = Path(micro_batching_json).read_bytes()
+    if kserve:
+        config_bytes = json.dumps({**json.loads(config_bytes), "kserve": True}, indent=4).encode()
+    config_copy.write_bytes(config_bytes)
     extra = [str(labels), str(config_copy)]
     if self_contained:
         from ts_microbatch.bundle import vendor
@@ -98,6 +105,11 @@ def main() -> None:
         action="store_true",
         help="carry ts_microbatch's worker modules (for a TorchServe without the package)",
     )
+    parser.add_argument(
+        "--kserve",
+        action="store_true",
+        help='pack the micro-batching JSON with "kserve": true (for a KServe bundle)',
+    )
     args = parser.parse_args()
     work = ROOT / "build" / args.model_name
     build_mar(
@@ -108,6 +120,7 @@ def main() -> None:
         micro_batching_json=args.micro_batching_json,
         model_config=args.model_config,
         self_contained=args.self_contained,
+        kserve=args.kserve,
     )
     with open(work / "kitten.jpg", "wb") as f:
         f.write(prepare.make_jpeg(seed=0))
