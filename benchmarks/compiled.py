@@ -57,7 +57,9 @@ MICRO_BATCHING = {
     "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2},
 }
 PADDING = {"allowed_micro_batch_sizes": [1, 2, 4, 8]}
-WARMUP = {"warmup": {}}
+# The image handler's preprocess stacks one row per request: its tensors can be padded,
+# which pad: tensors declares (checked by the warm-up it requires).
+WARMUP = {"warmup": {}, "pad": "tensors"}
 PT2 = {"pt2": {"compile": {"enable": True, "backend": "inductor", "dynamic": False}}}
 VARIANTS: dict[str, dict[str, Any]] = {
     "eager": {"micro_batching": MICRO_BATCHING},

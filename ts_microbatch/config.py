@@ -14,9 +14,14 @@ Schema (every key optional)::
     timeout_s: null                  # seconds a batch may take before its requests get 504
     join_timeout_s: 30               # how long shutdown waits for each stage's threads
     allowed_micro_batch_sizes: null  # e.g. [1, 2, 4, 8]: the only sizes inference sees; a
-                                     # micro-batch of another size is padded after preprocess
-                                     # to the next allowed size by repeating its last item, and
-                                     # the padded outputs dropped before postprocess
+                                     # micro-batch of another size is padded to the next
+                                     # allowed size by repeating its last item, and the padded
+                                     # outputs dropped (ts_microbatch._padding)
+    pad: requests                    # where: "requests" repeats the last request before
+                                     # preprocess and drops the padded answers after
+                                     # postprocess (any handler); "tensors" pads preprocess's
+                                     # output and cuts inference's (the handler declares both
+                                     # batch-major; needs warmup, which checks a padded run)
     warmup:                          # run at load, before the worker is ready (null: none)
       sizes: null                    # default: every allowed size a micro-batch can be padded
                                      # to; without allowed sizes, the largest micro-batch
@@ -47,7 +52,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ._padding import padded_size
+from ._padding import PAD_MODES, padded_size
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -124,6 +129,12 @@ def _on_recompile(value: Any, key: str) -> str:
     return str(value)
 
 
+def _pad_mode(value: Any, key: str) -> str:
+    if value not in PAD_MODES:
+        raise ConfigError(f"{key}: got {value!r}, expected one of {', '.join(PAD_MODES)}")
+    return str(value)
+
+
 def _kserve(value: Any, key: str) -> bool | str:
     # Compared by type: 1 == True, and `kserve: 1` is a mistake, not true.
     if value != "auto" and not isinstance(value, bool):
@@ -148,6 +159,7 @@ _FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "timeout_s": lambda v, k: _positive_seconds(v, k, allow_none=True),
     "join_timeout_s": lambda v, k: _positive_seconds(v, k, allow_none=False),
     "allowed_micro_batch_sizes": _sizes,
+    "pad": _pad_mode,
     "on_recompile": _on_recompile,
     "kserve": _kserve,
 }
@@ -233,6 +245,7 @@ class MicroBatchingConfig:
     timeout_s: float | None = None
     join_timeout_s: float = 30.0
     allowed_micro_batch_sizes: tuple[int, ...] | None = None
+    pad: str = "requests"
     warmup: WarmupConfig | None = None
     on_recompile: str = "warn"
     kserve: bool | str = "auto"  # "auto" | True | False: see ts_microbatch.protocols
@@ -246,6 +259,9 @@ class MicroBatchingConfig:
             raise ConfigError(f"{YAML_SECTION}.warmup: got {self.warmup!r}, expected WarmupConfig")
         for name, check in _FIELD_CHECKS.items():
             check(getattr(self, name), f"{YAML_SECTION}.{name}")
+        # Sorted however the config was built: padding and warm-up pick the next size up.
+        allowed = _sizes(self.allowed_micro_batch_sizes, "allowed_micro_batch_sizes")
+        object.__setattr__(self, "allowed_micro_batch_sizes", allowed)
         if self.min_micro_batch_size > self.max_micro_batch_size:
             raise ConfigError(
                 f"{YAML_SECTION}.min_micro_batch_size: got {self.min_micro_batch_size}, expected "
@@ -269,6 +285,12 @@ class MicroBatchingConfig:
                 f"micro_batch_size ({self.micro_batch_size}): a micro-batch is padded up to an "
                 "allowed size, never split"
             )
+        if allowed is not None and self.pad == "tensors" and self.warmup is None:
+            raise ConfigError(
+                f"{YAML_SECTION}.pad: got 'tensors' without warmup: padding tensors is checked "
+                "at load against unpadded answers (a flat tensor whose length equals the "
+                "micro-batch size would be padded wrongly); add warmup: {} or use pad: requests"
+            )
         sizes = self.warmup.sizes if self.warmup is not None else None
         if allowed is not None and sizes is not None and not set(sizes) <= set(allowed):
             extra = sorted(set(sizes) - set(allowed))
@@ -285,6 +307,17 @@ class MicroBatchingConfig:
         if allowed is None:
             return self.max_micro_batch_size
         return max(n for n in allowed if n <= self.max_micro_batch_size)
+
+    def padded_check_size(self, sizes: tuple[int, ...]) -> int | None:
+        """A number of items that gets padded to one of ``sizes`` (sizes warm-up ran, so the
+        check compiles nothing new), for warm-up to check padding with; None if none does."""
+        allowed = self.allowed_micro_batch_sizes
+        if allowed is None:
+            return None
+        for size in sorted(sizes, reverse=True):
+            if size > 1 and size - 1 not in allowed and self.padded_size(size - 1) == size:
+                return size - 1
+        return None
 
     def padded_size(self, n: int) -> int:
         """The size inference sees for a micro-batch of ``n`` requests."""
@@ -343,6 +376,7 @@ class MicroBatchingConfig:
             "allowed_micro_batch_sizes": (
                 list(self.allowed_micro_batch_sizes) if self.allowed_micro_batch_sizes else None
             ),
+            "pad": self.pad,
             "warmup": self.warmup.as_dict() if self.warmup is not None else None,
             "on_recompile": self.on_recompile,
             "kserve": self.kserve,

@@ -8,8 +8,8 @@ resolved in ``_finish`` and nowhere else (or by its batch's timeout).
 Failures: a micro-batch that fails in a stage is re-run in halves to find the requests to
 blame, at a bounded cost (``ts_microbatch.isolation``).
 
-Allowed sizes: with ``allowed_sizes``, the ``padded_stage`` sees only those sizes: a
-micro-batch of another size is padded before it and cut back after it
+Allowed sizes: with ``allowed_sizes``, the ``padded_stages`` see only those sizes: a
+micro-batch of another size is padded before the first of them and cut back after the last
 (``ts_microbatch._padding``).
 
 Stale work: a micro-batch whose requests are all answered already (its batch timed out,
@@ -32,12 +32,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
-from ._padding import pad, padded_size, unpad
+from ._padding import pad, pad_rows, padded_size, unpad
 from ._queue import Signal, StageQueue
 from ._stall import StallGuard
 from .autosize import AutoMicroBatchSize
 from .batch import Batch, MicroBatchInfo, RequestFailure, _MicroBatch, _set_future
-from .config import _positive_int
+from .config import _positive_int, _sizes
 from .errors import (
     ConfigError,
     PipelineClosedError,
@@ -79,8 +79,9 @@ class Pipeline:
         isolate_failures: re-run a failed micro-batch in halves to find the bad requests.
         join_timeout_s: how long shutdown waits for queued work and then for the threads.
         observer: receives stage timings; see ``ts_microbatch.metrics``.
-        allowed_sizes: the only micro-batch sizes ``padded_stage`` is called with.
-        padded_stage: the stage whose input is padded to an allowed size and whose output
+        allowed_sizes: the only micro-batch sizes ``padded_stages`` are called with.
+        padded_stages: consecutive stages: the input of the first is padded to an allowed
+            size (the items themselves when it is the first stage), the output of the last
             is cut back to the real items.
     """
 
@@ -95,20 +96,12 @@ class Pipeline:
         join_timeout_s: float = 30.0,
         observer: PipelineObserver | None = None,
         allowed_sizes: Sequence[int] | None = None,
-        padded_stage: str | None = None,
+        padded_stages: Sequence[str] | None = None,
     ) -> None:
         if not stages:
             raise ConfigError("stages: got none, expected at least one stage")
         self._names = list(stages)
-        if (allowed_sizes is None) != (padded_stage is None) or (
-            padded_stage is not None and padded_stage not in self._names
-        ):
-            raise ConfigError(
-                f"padded_stage: got {padded_stage!r} with allowed_sizes {allowed_sizes!r}, "
-                f"expected both or neither, the stage one of {', '.join(self._names)}"
-            )
-        self._allowed = tuple(sorted(allowed_sizes)) if allowed_sizes is not None else None
-        self._padded = self._names.index(padded_stage) if padded_stage is not None else -1
+        self._allowed, self._padded = _padding_plan(self._names, allowed_sizes, padded_stages)
         self._fns = [stages[name] for name in self._names]
         self._auto: AutoMicroBatchSize | None = None
         self.micro_batch_size = micro_batch_size
@@ -124,6 +117,7 @@ class Pipeline:
         self._local = threading.local()
         self._lock = threading.Lock()  # guards the fields below
         self._idle = threading.Condition(self._lock)  # notified when no batch is in flight
+        self._exited = threading.Condition(self._lock)  # notified when a stage thread exits
         self._targets = {name: 0 for name in self._names}
         self._workers: dict[str, list[threading.Thread]] = {name: [] for name in self._names}
         self._thread_ids = {name: itertools.count() for name in self._names}
@@ -145,12 +139,14 @@ class Pipeline:
     @micro_batch_size.setter
     def micro_batch_size(self, size: int) -> None:
         # Plain attribute writes are atomic; submit() reads them once per batch.
-        self._micro_batch_size = _positive_int(size, "micro_batching.micro_batch_size")
+        # Checked whole before it is stored: a refused size must not stay in force.
+        _positive_int(size, "micro_batching.micro_batch_size")
         if self._allowed is not None and size > self._allowed[-1]:
             raise ConfigError(
                 f"micro_batching.micro_batch_size: got {size}, expected at most the largest "
                 f"allowed_micro_batch_sizes ({self._allowed[-1]})"
             )
+        self._micro_batch_size = size
         self._auto = None
 
     @property
@@ -270,6 +266,24 @@ class Pipeline:
         info: MicroBatchInfo | None = getattr(self._local, "info", None)
         return info
 
+    def threads(self) -> dict[str, list[threading.Thread]]:
+        """Each stage's threads that serve it (not those abandoned in a stuck call), now."""
+        with self._lock:
+            return {name: self._serving_locked(name) for name in self._names}
+
+    def _serving_locked(self, name: str) -> list[threading.Thread]:
+        return [t for t in self._workers[name] if not self._stall.is_abandoned(t)]
+
+    def wait_for_parallelism(self, timeout_s: float) -> bool:
+        """Waits until no stage has more serving threads than its count, that is until the
+        threads a scale-down retired have exited; False if some are still running after
+        ``timeout_s`` (a retired thread finishes the call it is in first)."""
+        with self._exited:
+            return self._exited.wait_for(
+                lambda: all(len(self._serving_locked(n)) <= self._targets[n] for n in self._names),
+                timeout_s,
+            )
+
     def stats(self) -> PipelineStats:
         with self._lock:
             return PipelineStats(
@@ -316,6 +330,7 @@ class Pipeline:
             with self._lock:
                 self._workers[name].remove(me)
                 self._stall.forget(me)
+                self._exited.notify_all()
 
     def _process(self, stage: int, mb: _MicroBatch) -> None:
         if mb.answered():
@@ -326,7 +341,7 @@ class Pipeline:
         last = stage == len(self._names) - 1
         me = threading.current_thread()
         observer = _QUIET if mb.batch.quiet else self._observer
-        size = padded_size(self._allowed, len(mb)) if stage == self._padded else len(mb)
+        size = padded_size(self._allowed, len(mb)) if stage in self._padded else len(mb)
         started = time.monotonic()
         with self._lock:
             self._stall.begin(me, name, mb)
@@ -360,14 +375,25 @@ class Pipeline:
             self._enqueue(stage + 1, mb)
 
     def _call(self, stage: int, mb: _MicroBatch, size: int, observer: PipelineObserver) -> Any:
-        """Calls the stage on ``mb``, padded to ``size`` and cut back when that is larger."""
-        if stage == self._padded:
-            observer.on_padding(self._names[stage], len(mb), size)
-        if size == len(mb):
+        """Calls the stage on ``mb``: its input padded to ``size`` when it is the first padded
+        stage, its output cut back to ``mb``'s items when it is the last."""
+        n, padded, name = len(mb), self._padded, self._names[stage]
+        if stage == padded.start:  # every micro-batch, so the metric gives a share
+            observer.on_padding(name, n, size)
+        if size == n:
             return self._fns[stage](mb.payload)
-        name, previous = self._names[stage], self._names[stage - 1] if stage else "the input"
-        output = self._fns[stage](pad(mb.payload, len(mb), size, f"{previous}'s output"))
-        return unpad(output, len(mb), size, f"{name}'s output")
+        payload = mb.payload
+        if stage == padded.start:
+            if stage == 0:  # the requests themselves: a list by the pipeline's contract
+                payload = pad_rows(list(payload), size)
+            else:
+                payload = pad(payload, n, size, f"{self._names[stage - 1]}'s output")
+        output = self._fns[stage](payload)
+        if stage != padded[-1]:
+            return output
+        if stage == len(self._names) - 1:
+            return self._check_outputs(name, output, size)[:n]
+        return unpad(output, n, size, f"{name}'s output")
 
     @staticmethod
     def _check_outputs(name: str, output: Any, expected: int) -> list[Any]:
@@ -532,3 +558,25 @@ class Pipeline:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown(wait=True)
+
+
+def _padding_plan(
+    names: list[str], allowed: Sequence[int] | None, padded: Sequence[str] | None
+) -> tuple[tuple[int, ...] | None, range]:
+    """The sorted allowed sizes and the range of stage indices that see them."""
+    if allowed is None and padded is None:
+        return None, range(0)
+    indices = [names.index(name) for name in padded or () if name in names]
+    if (
+        allowed is None
+        or padded is None
+        or not indices
+        or len(indices) != len(padded)
+        or indices != list(range(indices[0], indices[0] + len(indices)))
+    ):
+        raise ConfigError(
+            f"padded_stages: got {padded!r} with allowed_sizes {allowed!r}, expected both or "
+            f"neither, the stages consecutive ones of {', '.join(names)}"
+        )
+    sizes = _sizes(allowed, "micro_batching.allowed_micro_batch_sizes")  # [] and [0, 4] too
+    return sizes, range(indices[0], indices[-1] + 1)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import pytest
+import torch
 
+from tests.compiled_model import build
 from tests.handlers.conftest import jpeg_rows, load_handler_module, make_context
+from tests.handlers.ts_machinery import decode, load_service, request
 from ts_microbatch.torchserve_metrics import METRIC_NAMES, PADDED_ITEMS, RECOMPILES
 
 
@@ -24,9 +28,7 @@ def values(lines: list[str], prefix: str) -> list[float]:
     return [float(line.split(":")[1].split("|")[0]) for line in lines if line.startswith(prefix)]
 
 
-def test_handler_emits_padded_items_and_recompiles(
-    model_dir: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_handler_emits_padded_items(model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     module = load_handler_module()
     handler = module.MicroBatchingHandler()
     mb_config = {"micro_batch_size": 4, "allowed_micro_batch_sizes": [4]}
@@ -34,13 +36,36 @@ def test_handler_emits_padded_items_and_recompiles(
     try:
         with caplog.at_level(logging.INFO):
             handler.handle(jpeg_rows(6), make_context(model_dir, 6))
-            handler.micro_batching._observer.on_recompile(2)  # what CompiledInference reports
     finally:
         handler.micro_batching.shutdown()
-    lines = metric_lines(caplog)
     # Micro-batches of 4 and 2, the second padded to 4.
-    assert sorted(values(lines, f"{PADDED_ITEMS}.Count:")) == [0.0, 2.0]
-    assert values(lines, f"{RECOMPILES}.Count:") == [2.0]
+    assert sorted(values(metric_lines(caplog), f"{PADDED_ITEMS}.Count:")) == [0.0, 2.0]
+
+
+def test_a_real_recompile_is_a_counter_metric(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A compiled model warmed up at 4 only, then sent a batch of 3: inductor compiles again
+    # on the request path, which CompiledInference counts and reports as a metric.
+    torch._dynamo.reset()
+    config = build.model_config({"micro_batch_size": 4, "warmup": {"sizes": [4]}})
+    directory = build.model_dir(tmp_path / "tiny", config)
+    service = load_service(directory, model_name="tiny", handler="tiny_handler.py")
+    handler = service._entry_point.__self__
+    try:
+        assert handler.micro_batching.compiled.compiles == 1  # the warm-up's, at load
+        rows = [
+            request(i, json.dumps([0.1 * i] * 16).encode(), "application/json") for i in range(3)
+        ]
+        with caplog.at_level(logging.INFO):
+            code, answers = decode(service.predict(rows))
+        assert code == 200 and [status for _, status, _ in answers] == [200] * 3
+        assert handler.micro_batching.compiled.recompiles >= 1  # the scenario happened
+    finally:
+        handler.micro_batching.shutdown()
+        torch._dynamo.reset()
+    lines = metric_lines(caplog)
+    assert sum(values(lines, f"{RECOMPILES}.Count:")) == handler.micro_batching.compiled.recompiles
     assert any("#type:COUNTER" in line for line in lines if line.startswith(RECOMPILES))
 
 

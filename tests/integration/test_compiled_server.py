@@ -19,6 +19,7 @@ from ts_microbatch.server import TorchServe
 SERVED = {
     "micro_batch_size": 8,
     "allowed_micro_batch_sizes": [1, 2, 4, 8],
+    "pad": "tensors",
     "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2},
     "warmup": {"iterations": 2},
 }

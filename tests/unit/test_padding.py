@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from ts_microbatch import (
 )
 from ts_microbatch._padding import pad, unpad
 from ts_microbatch.autosize import AutoMicroBatchSize
+from ts_microbatch.config import WarmupConfig
 from ts_microbatch.errors import WarmupError
 
 ALLOWED = [1, 2, 4, 8]
@@ -46,18 +48,29 @@ class Recorder(PipelineObserver):
         self.batches += 1
 
 
+class Pair(NamedTuple):
+    ids: Any
+    mask: Any
+
+
 def config(**settings: Any) -> MicroBatchingConfig:
     return MicroBatchingConfig.from_mapping(
         {"micro_batch_size": 8, "allowed_micro_batch_sizes": ALLOWED, **settings}
     )
 
 
-def test_inference_sees_only_allowed_sizes_and_postprocess_only_real_items() -> None:
+def tensors(**settings: Any) -> MicroBatchingConfig:
+    """Padding of the handler's batch-major tensors (needs a warm-up to check it)."""
+    return config(pad="tensors", warmup={}, **settings)
+
+
+@pytest.mark.parametrize("pad", ["requests", "tensors"])
+def test_inference_sees_only_allowed_sizes_and_every_request_is_answered_once(pad: str) -> None:
     handler = FakeHandler(jitter_s=0.001)
     observer = Recorder()
     rng = random.Random(1)
     sizes = [rng.randint(1, 32) for _ in range(30)]
-    with MicroBatching(handler, config=config(), observer=observer) as mb:
+    with MicroBatching(handler, config=config(pad=pad, warmup={}), observer=observer) as mb:
         for n in sizes:
             items = list(range(100 * n, 100 * n + n))
             assert mb.handle(items) == expected(items)
@@ -68,21 +81,27 @@ def test_inference_sees_only_allowed_sizes_and_postprocess_only_real_items() -> 
     for call in inference:  # padding repeats the last real item
         real = len(set(call))
         assert call == call[:real] + [call[real - 1]] * (len(call) - real)
-    # Postprocess got each request exactly once: no padded item reached it.
+    every = sorted(x for n in sizes for x in range(100 * n, 100 * n + n))
     posted = [x for call in handler.calls["postprocess"] for x in call]
-    assert sorted(posted) == sorted(x for n in sizes for x in range(100 * n, 100 * n + n))
-    padded = [(n, to) for stage, n, to in observer.padding]
-    assert all(stage == "inference" for stage, _, _ in observer.padding)
+    if pad == "tensors":  # postprocess got each request exactly once: no padded item
+        assert sorted(posted) == every
+        assert all(stage == "inference" for stage, _, _ in observer.padding)
+    else:  # whole requests are padded: every stage sees the allowed sizes
+        assert {len(call) for call in handler.calls["postprocess"]} <= set(ALLOWED)
+        assert sorted(set(posted)) == sorted(set(every)) and len(posted) > len(every)
+        assert all(stage == "preprocess" for stage, _, _ in observer.padding)
+    padded = [(n, to) for _, n, to in observer.padding]
     assert (3, 4) in padded or (5, 8) in padded or (6, 8) in padded or (7, 8) in padded
     assert all(to == min(a for a in ALLOWED if a >= n) for n, to in padded)
     # Stage metrics count requests, never padded items.
     assert sum(n for stage, n in observer.stages if stage == "inference") == sum(sizes)
 
 
-def test_a_bad_item_in_a_padded_micro_batch_is_isolated_and_the_rest_answered() -> None:
+@pytest.mark.parametrize("pad", ["requests", "tensors"])
+def test_a_bad_item_in_a_padded_micro_batch_is_isolated_and_the_rest_answered(pad: str) -> None:
     handler = FakeHandler()
     handler.fail_on["inference"] = {5}
-    with MicroBatching(handler, config=config(micro_batch_size=7)) as mb:
+    with MicroBatching(handler, config=config(micro_batch_size=7, pad=pad, warmup={})) as mb:
         futures = mb.submit(list(range(7)))
         results = [f.exception() or f.result() for f in futures]
     assert isinstance(results[5], Bad)
@@ -104,23 +123,40 @@ def test_a_bad_item_in_a_padded_micro_batch_is_isolated_and_the_rest_answered() 
             lambda p: p["ids"].shape == (4, 2) and p["mask"].shape == (4, 2),
         ),
         ((torch.ones(3), [7, 8, 9]), lambda p: p[0].shape == (4,) and p[1] == [7, 8, 9, 9]),
+        (
+            Pair(torch.arange(3), np.arange(3)),
+            lambda p: type(p) is Pair and p.ids.tolist() == [0, 1, 2, 2],
+        ),
+        (
+            torch.topk(torch.arange(12.0).reshape(3, 4), 2),
+            lambda p: type(p).__name__ == "topk" and p.indices.shape == (4, 2),
+        ),
+        ((torch.ones(3, 2), None), lambda p: p[0].shape == (4, 2) and p[1] is None),
     ],
 )
-def test_pad_and_unpad_batch_major_payloads(payload: Any, check: Any) -> None:
+def test_pad_and_unpad_batch_major_payloads_keep_their_types(payload: Any, check: Any) -> None:
     padded = pad(payload, 3, 4, "preprocess's output")
     assert check(padded)
     assert same(unpad(padded, 3, 4, "inference's output"), payload)
 
 
 def same(a: Any, b: Any) -> bool:
-    """Equal structure and values (tensors and arrays compared by value)."""
+    """Equal types, structure and values (tensors and arrays compared by value)."""
+    if type(a) is not type(b):
+        return False
     if isinstance(a, dict):
-        return type(a) is type(b) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, tuple):
-        return isinstance(b, tuple) and len(a) == len(b) and all(map(same, a, b))
-    if isinstance(a, list):
-        return a == b
-    return type(a) is type(b) and np.array_equal(np.asarray(a), np.asarray(b))
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(map(same, a, b))
+    if a is None:
+        return True
+    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+
+
+def test_same_tells_tuple_types_apart() -> None:
+    assert (
+        not same(Pair(1, 2), (1, 2)) and not same((1, 2), [1, 2]) and same(Pair(1, 2), Pair(1, 2))
+    )
 
 
 @pytest.mark.parametrize(
@@ -142,7 +178,7 @@ def test_a_stage_output_that_cannot_be_padded_fails_its_requests_with_the_reason
         def preprocess(self, data: list[int]) -> Any:
             return {"count": len(data)}  # not batch-major
 
-    with MicroBatching(Scalar(), config=config(micro_batch_size=3, isolate_failures=False)) as mb:
+    with MicroBatching(Scalar(), config=tensors(micro_batch_size=3, isolate_failures=False)) as mb:
         futures = mb.submit([1, 2, 3])
         errors = [f.exception() for f in futures]
     assert all(isinstance(e, StageOutputError) for e in errors)
@@ -232,13 +268,15 @@ def test_warm_up_runs_each_size_on_the_pipeline_inference_thread_and_reports_not
     observer = Recorder()
     cfg = config(micro_batch_size=4, warmup={"iterations": 2})
     with MicroBatching(Handler(), config=cfg, observer=observer) as mb:
+        before = time.monotonic()
         seconds = mb.warm_up(7)
-        assert seconds >= 0
-        assert [n for _, n in seen] == [1, 1, 2, 2, 4, 4]
+        assert 0 < seconds <= time.monotonic() - before
+        # Each size twice, then the padding check: 4 unpadded, and 3 padded to 4.
+        assert [n for _, n in seen] == [1, 1, 2, 2, 4, 4, 4, 4]
         assert {name for name, _ in seen} == {"ts-microbatch-inference-0"}
         assert observer.stages == [] and observer.padding == [] and observer.batches == 0
         assert mb.handle([1, 2, 3]) == expected([1, 2, 3])
-    assert observer.batches == 1 and ("inference", 3, 4) in observer.padding
+    assert observer.batches == 1 and ("preprocess", 3, 4) in observer.padding
 
 
 def test_warm_up_failure_names_the_size() -> None:
@@ -254,11 +292,30 @@ def test_warm_up_failure_names_the_size() -> None:
     )
 
 
-def test_pipeline_refuses_allowed_sizes_without_a_padded_stage() -> None:
-    with pytest.raises(ConfigError, match="padded_stage"):
+def test_pipeline_refuses_allowed_sizes_without_padded_stages() -> None:
+    with pytest.raises(ConfigError, match="padded_stages"):
         Pipeline({"a": lambda x: x}, allowed_sizes=[1, 2])
-    with pytest.raises(ConfigError, match="padded_stage"):
-        Pipeline({"a": lambda x: x}, allowed_sizes=[1, 2], padded_stage="b")
+    with pytest.raises(ConfigError, match="padded_stages"):
+        Pipeline({"a": lambda x: x}, allowed_sizes=[1, 2], padded_stages=["b"])
+    with pytest.raises(ConfigError, match="consecutive"):
+        Pipeline(
+            {"a": lambda x: x, "b": lambda x: x, "c": lambda x: x},
+            allowed_sizes=[1, 2],
+            padded_stages=["a", "c"],
+        )
+
+
+@pytest.mark.parametrize(
+    ("allowed", "message"),
+    [([], "expected a non-empty list"), ([0, 4], "allowed_micro_batch_sizes[0]: got 0")],
+)
+def test_hang_pipeline_accepted_allowed_sizes_it_cannot_pad_to(
+    allowed: list[int], message: str
+) -> None:
+    # Defect: [] was accepted (IndexError at the first batch), [0, 4] too.
+    with pytest.raises(ConfigError) as info:
+        Pipeline({"a": lambda x: x}, allowed_sizes=allowed, padded_stages=["a"])
+    assert message in str(info.value)
 
 
 def test_a_micro_batch_size_over_the_largest_allowed_is_refused_at_run_time_too() -> None:
@@ -268,11 +325,136 @@ def test_a_micro_batch_size_over_the_largest_allowed_is_refused_at_run_time_too(
         assert mb.micro_batch_size == 8
         mb.micro_batch_size = 4
         assert mb.handle(list(range(6))) == expected(list(range(6)))
+
+
+def test_hang_refused_micro_batch_size_stayed_in_force() -> None:
+    # Defect: Pipeline stored the size, then raised; later batches were cut at 3.
+    calls: list[list[int]] = []
+
+    def inference(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        return items
+
     pipeline = Pipeline(
-        {"inference": lambda x: x},
+        {"inference": inference},
         micro_batch_size=2,
         allowed_sizes=[1, 2],
-        padded_stage="inference",
+        padded_stages=["inference"],
     )
-    with pipeline, pytest.raises(ConfigError, match="expected at most the largest"):
-        pipeline.micro_batch_size = 3
+    with pipeline:
+        with pytest.raises(ConfigError, match="expected at most the largest"):
+            pipeline.micro_batch_size = 3
+        assert pipeline.micro_batch_size == 2
+        assert [f.result(timeout=10) for f in pipeline.submit([1, 2, 3])] == [1, 2, 3]
+    assert calls == [[1, 2], [3]]
+
+
+def test_hang_fixed_size_with_allowed_sizes_below_min_was_refused_for_a_size_never_set() -> None:
+    # Defect: "micro_batch_size: got 8" (the min, used as a placeholder) for a valid config.
+    cfg = MicroBatchingConfig.from_mapping(
+        {"micro_batch_size": 2, "min_micro_batch_size": 8, "allowed_micro_batch_sizes": [1, 2]}
+    )
+    handler = FakeHandler()
+    with MicroBatching(handler, config=cfg) as mb:
+        assert mb.micro_batch_size == 2
+        assert mb.handle([1, 2, 3]) == expected([1, 2, 3])
+    assert [len(c) for c in handler.calls["inference"]] == [2, 1]
+
+
+def test_hang_unsorted_allowed_sizes_built_directly_padded_to_the_wrong_size() -> None:
+    # Defect: MicroBatchingConfig(allowed_micro_batch_sizes=(8, 1, 4)) kept that order, so
+    # 3 items padded to 8 (the first size that holds them) and warm-up ran 8, 1, 4.
+    cfg = MicroBatchingConfig(
+        micro_batch_size=4, allowed_micro_batch_sizes=(8, 1, 4), warmup=WarmupConfig()
+    )
+    assert cfg.allowed_micro_batch_sizes == (1, 4, 8)
+    assert cfg.warmup_sizes() == (1, 4) and cfg.padded_size(3) == 4
+    handler = FakeHandler()
+    with MicroBatching(handler, config=cfg) as mb:
+        assert mb.handle([1, 2, 3]) == expected([1, 2, 3])
+    assert [len(c) for c in handler.calls["inference"]] == [4]
+
+
+class FlatTokens(FakeHandler):
+    """Like examples/text_classifier: one flat tensor of every request's tokens and the
+    offsets where each request starts; inference sums each request's bag (empty bag: 0)."""
+
+    def preprocess(self, data: list[int]) -> Any:
+        self.calls["preprocess"].append(list(data))
+        return torch.tensor(data), torch.arange(len(data))  # one token per request
+
+    def inference(self, batch: Any) -> Any:
+        tokens, offsets = batch
+        ends = [*offsets.tolist()[1:], len(tokens)]
+        return torch.stack([tokens[a:b].sum() for a, b in zip(offsets.tolist(), ends)])
+
+    def postprocess(self, batch: Any) -> list[int]:
+        return [int(x) for x in batch]
+
+
+def test_hang_padding_a_flat_token_tensor_answered_an_empty_bag_with_200() -> None:
+    # Defect (examples/text_classifier, allowed [1, 2, 4], three one-word requests):
+    # request 2 got the prediction of an empty bag. Whole requests are padded by default.
+    cfg = MicroBatchingConfig.from_mapping(
+        {"micro_batch_size": 4, "allowed_micro_batch_sizes": [1, 2, 4], "warmup": {}}
+    )
+    handler = FlatTokens()
+    with MicroBatching(handler, config=cfg) as mb:
+        mb.warm_up(5)
+        assert mb.handle([7, 8, 9]) == [7, 8, 9]
+    assert handler.calls["preprocess"][-1] == [7, 8, 9, 9]  # the padded request
+
+
+def test_warm_up_refuses_tensor_padding_that_changes_answers() -> None:
+    cfg = tensors(micro_batch_size=4, allowed_micro_batch_sizes=[1, 2, 4])
+    with MicroBatching(FlatTokens(), config=cfg) as mb, pytest.raises(WarmupError) as info:
+        mb.warm_up(5)
+    assert "a micro-batch of 3 padded to 4 answered row 2 differently" in str(info.value)
+    assert "use pad: requests" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        lambda t: torch.topk(t.float().unsqueeze(1).repeat(1, 3), 2),  # torch.return_types
+        lambda t: Pair(t * 2, None),  # a namedtuple holding None
+        lambda t: (t * 2, None),
+    ],
+)
+def test_hang_padded_structured_outputs_failed_every_request(output: Any) -> None:
+    # Defect: a namedtuple, torch.return_types or a tuple holding None from inference got
+    # 500 for every request when padded (200 unpadded).
+    class Structured(FakeHandler):
+        def preprocess(self, data: list[int]) -> Any:
+            return torch.tensor(data)
+
+        def inference(self, batch: Any) -> Any:
+            return output(batch)
+
+        def postprocess(self, batch: Any) -> list[Any]:
+            self.calls["postprocess"].append([type(batch).__name__])
+            first = batch[0]
+            return [row.tolist() for row in first]
+
+    handler = Structured()
+    with MicroBatching(handler, config=tensors(micro_batch_size=4)) as mb:
+        padded = mb.handle([1, 2, 3])  # padded to 4
+        alone = [mb.handle([x])[0] for x in (1, 2, 3)]
+    assert padded == alone
+    assert handler.calls["postprocess"][0] == [type(output(torch.tensor([1]))).__name__]
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ({"pad": "rows"}, "micro_batching.pad: got 'rows', expected one of requests, tensors"),
+        (
+            {"allowed_micro_batch_sizes": [1, 2], "pad": "tensors"},
+            "micro_batching.pad: got 'tensors' without warmup",
+        ),
+    ],
+)
+def test_pad_config_errors_name_the_key(mapping: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        MicroBatchingConfig.from_mapping(mapping)
+    assert message in str(info.value)
