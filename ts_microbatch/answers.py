@@ -10,11 +10,20 @@ Which status (``ts_microbatch.status`` maps the exception): a ``RequestError`` o
 ``PredictionException`` carries its own; any other error is a 500, except that an error in
 the first stage that bisection pinned on one request alone, while other requests of the
 same batch got through that stage, is that request's input: 400 with the message. An
-error every request hits alike (a broken handler) stays a 500.
+error every request hits alike (a broken handler) stays a 500. A body that could not be
+read (``protocols.unpack``) is a 400 and never enters the pipeline.
+
+What a handler returned is read here too, one guard per request: an output that its
+protocol cannot encode, or that TorchServe's own serializer (``create_predict_response``:
+bytes, str and tensors as they are, anything else through ``json.dumps``) would fail on,
+fails its own request with a 500 naming the type; TorchServe would otherwise answer the
+whole batch 503, or lose the worker to an exception it does not catch.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +32,7 @@ from .batch import Batch
 from .context import BatchContext
 from .errors import PipelineStalledError
 from .metrics import PipelineObserver
-from .status import error_status
+from .status import ErrorStatus, error_status
 
 
 @dataclass
@@ -41,11 +50,27 @@ def answer_batch(submitted: SubmittedBatch, observer: PipelineObserver) -> list[
     """One answer per request of ``submitted``, in order; statuses set, errors observed."""
     answers = []
     for idx, request in enumerate(submitted.requests):
-        if request.protocol == protocols.PLAIN:
+        if request.protocol == protocols.PLAIN and request.error is not None:
+            answers.append(_unread_answer(submitted, idx, request.error, observer))
+        elif request.protocol == protocols.PLAIN:
             answers.append(_plain_answer(submitted, idx, request.start, observer))
         else:
             answers.append(_protocol_answer(submitted, idx, request, observer))
     return answers
+
+
+def _unread_answer(
+    submitted: SubmittedBatch, idx: int, error: BaseException, observer: PipelineObserver
+) -> Any:
+    """A plain body that could not be read (``protocols.unpack``): it has no item."""
+    status = error_status(error, _request_id(submitted, idx))
+    _report_status(submitted, idx, status.code, status.phrase, observer)
+    return status.body
+
+
+def _request_id(submitted: SubmittedBatch, idx: int) -> str | None:
+    view = submitted.target
+    return view.get_request_id(idx) if view is not None else None
 
 
 def _outcome(submitted: SubmittedBatch, item: int) -> tuple[Any, BaseException | None]:
@@ -61,8 +86,7 @@ def _outcome(submitted: SubmittedBatch, item: int) -> tuple[Any, BaseException |
 
 
 def _status(submitted: SubmittedBatch, idx: int, item: int, exc: BaseException) -> Any:
-    view = submitted.target
-    request_id = view.get_request_id(idx) if view is not None else None
+    request_id = _request_id(submitted, idx)
     return error_status(exc, request_id, bad_input=_is_bad_input(submitted.batch, item))
 
 
@@ -71,10 +95,63 @@ def _plain_answer(
 ) -> Any:
     output, exc = _outcome(submitted, item)
     if exc is None:
-        return output
-    status = _status(submitted, idx, item, exc)
+        try:
+            check_sendable(output)
+        except Exception as unsendable:  # the per-request boundary
+            status = _unsendable(submitted, idx, unsendable)
+        else:
+            return output
+    else:
+        status = _status(submitted, idx, item, exc)
     _report_status(submitted, idx, status.code, status.phrase, observer)
     return status.body
+
+
+def check_sendable(answer: Any) -> None:
+    """Raises what TorchServe's ``create_predict_response`` would raise sending ``answer``.
+
+    It sends bytes, str and tensors as they are and anything else as ``json.dumps(answer,
+    indent=2)``, catching only TypeError (then 503 for the whole batch): a ValueError
+    (circular reference) or RecursionError (deep nesting) escapes ``Service.predict``. The
+    same call runs here, deeper in the stack than TorchServe's, so whatever passes here
+    passes there. A flat list or dict of plain scalars, the common answer, skips it.
+    """
+    if isinstance(answer, (bytes, bytearray, str)) or _is_tensor(answer):
+        return
+    if _flat_scalars(answer):
+        return
+    json.dumps(answer, indent=2)
+
+
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
+def _flat_scalars(answer: Any) -> bool:
+    if type(answer) in (list, tuple):
+        return all(type(v) in _SCALAR_TYPES for v in answer)
+    if type(answer) is dict:
+        return all(type(k) in _SCALAR_TYPES and type(v) in _SCALAR_TYPES for k, v in answer.items())
+    return type(answer) in _SCALAR_TYPES
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")  # no tensor can exist unless torch is loaded
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _unsendable(submitted: SubmittedBatch, idx: int, exc: BaseException) -> ErrorStatus:
+    """A 500 for an output that cannot be sent: the handler's doing, not the client's (a
+    UnicodeDecodeError here is no bad input)."""
+    body: dict[str, Any] = {
+        "code": 500,
+        "type": type(exc).__name__,
+        "message": "the handler's output cannot be sent: "
+        f"{type(exc).__name__}: {error_status(exc).body['message']}",
+    }
+    request_id = _request_id(submitted, idx)
+    if request_id is not None:
+        body["request_id"] = request_id
+    return ErrorStatus(500, "Internal Server Error", body)
 
 
 def _protocol_answer(
@@ -93,9 +170,15 @@ def _protocol_answer(
     if request.protocol == protocols.V2 and request.request_id is None and submitted.view:
         request.request_id = submitted.view.get_request_id(idx)
     model = (getattr(submitted.view, "manifest", None) or {}).get("model", {})
-    answer = protocols.regroup(
-        request, outputs, errors, model.get("modelName"), model.get("modelVersion")
-    )
+    try:
+        answer = protocols.regroup(
+            request, outputs, errors, model.get("modelName"), model.get("modelVersion")
+        )
+        if request.protocol == protocols.V1:  # v1 predictions nest as deep as the outputs
+            check_sendable(answer.body)
+    except Exception as exc:  # the per-request boundary
+        status = _unsendable(submitted, idx, exc)
+        answer = protocols.Answer({"error": status.body["message"]}, 500, status.phrase)
     if answer.status is not None:
         _report_status(submitted, idx, answer.status, answer.phrase, observer)
     return answer.body

@@ -289,7 +289,7 @@ class MicroBatching:
     def _submit(self, data: Sequence[Any], context: Any) -> SubmittedBatch:
         live = context if context is not None else getattr(self.handler, "context", None)
         view = BatchContext(live) if live is not None else None
-        requests, items = protocols.unpack(list(data))
+        requests, items = protocols.unpack(list(data), self._config.kserve, view)
         # Statuses go on the context only when row i is request i: a request envelope
         # (TorchServe's json) may have flattened several instances per request.
         aligned = view is not None and view.request_count in (None, len(data))

@@ -10,26 +10,50 @@ fails its own request (400, ``{"error": ...}`` as KServe servers answer) without
 the pipeline, and a bad instance fails its own request and nothing else (the protocols
 have no per-instance status).
 
+Which bodies are KServe requests is the config's ``kserve`` key: ``"auto"`` (the default)
+takes only a body of the strict v2 shape (a JSON object whose ``inputs`` is a non-empty
+list of objects each with name, shape, datatype and data), so ``{"inputs": "some text"}``
+or ``{"instances": ...}`` sent to ``/predictions`` reaches the handler unchanged;
+``True`` (what the KServe bundle sets) also takes any ``{"instances": ...}`` object as v1
+and any ``{"inputs": ...}`` object as v2, answering the malformed ones 400; ``False`` none.
+The binary data extension (``Inference-Header-Content-Length``, ``binary_data_size``) is
+not supported: such a request gets 400 naming it rather than reaching the handler as raw
+bytes (unless ``kserve`` is ``False``).
+
 Items are rows in TorchServe's own shape (``{"data": ...}``), so a handler's preprocess
 reads them as it reads plain requests: a v1 instance ``{"b64": s}`` becomes ``{"data": s}``,
 any other dict instance is passed unchanged (``{"data": "<base64>"}`` in KServe's image
-examples), and a value that is not a dict becomes ``{"data": value}``. A v2 BYTES element
-is ``{"data": element}``; a numeric input of shape ``[n, ...]`` gives n instances of shape
-``[...]`` as nested lists.
+examples), and a value that is not a dict becomes ``{"data": value}``. A v2 input of shape
+``[n, ...]`` gives n instances: a numeric one ``{"data": <nested list of shape [...]>}``, a
+BYTES one ``{"data": element}`` when each instance holds one element (shape ``[n]``,
+``[n, 1]``), else ``{"data": <nested list of its elements>}``.
 
-This module runs inside the worker and needs only numpy.
+Answers are encoded as each protocol says, whatever the handler returned: v1 predictions
+as JSON values (tensors and arrays as nested lists, numpy scalars as numbers, bytes as
+``{"b64": ...}`` as TensorFlow Serving and KServe do); a v2 output as one tensor whose
+datatype is the outputs' own (a tensor's or array's dtype; ``INT64``, ``FP64`` or ``BOOL``
+for Python numbers), else ``BYTES`` with one text per instance.
+
+This module runs inside the worker and needs only numpy (torch is used when loaded).
 """
 
 from __future__ import annotations
 
+import base64
+import http
 import json
+import logging
 import math
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .errors import RequestError
+from .errors import InvalidInputError, RequestError
+
+logger = logging.getLogger(__name__)
 
 PLAIN, V1, V2 = "plain", "v1", "v2"
 
@@ -49,6 +73,13 @@ V2_DATATYPES = {
     "FP64": np.float64,
     "BYTES": None,
 }
+_V2_NAMES = {np.dtype(t): name for name, t in V2_DATATYPES.items() if t is not None}
+_V2_KEYS = ("name", "shape", "datatype", "data")
+BINARY_HEADER = "inference-header-content-length"
+_BINARY_MESSAGE = (
+    "the binary data extension (Inference-Header-Content-Length, binary_data_size) is not "
+    "supported: send each input's data as JSON in the body"
+)
 
 
 class ProtocolError(RequestError):
@@ -64,8 +95,91 @@ class Request:
     protocol: str
     start: int
     count: int
-    error: ProtocolError | None = None  # malformed: no items, answered with this
+    error: RequestError | None = None  # unreadable or malformed: no items, answered with it
     request_id: str | None = None  # v2 "id"
+
+
+def unpack(
+    rows: list[Any], kserve: bool | str = "auto", context: Any = None
+) -> tuple[list[Request], list[Any]]:
+    """The requests of a batch and the pipeline items their instances become.
+
+    Args:
+        rows: the batch as TorchServe hands it to ``handle``, one row per request.
+        kserve: which bodies are KServe requests: "auto", True or False (module docstring).
+        context: the batch's context, for the request headers; None when there is none.
+    """
+    requests: list[Request] = []
+    items: list[Any] = []
+    if getattr(context, "request_count", None) not in (None, len(rows)):
+        context = None  # rows are not requests (an envelope flattened them): no headers
+    for index, row in enumerate(rows):
+        request = Request(PLAIN, len(items), 0)
+        # The one guard of this request: whatever reading its body raises (a RecursionError
+        # from json.loads on deep nesting, an OverflowError from numpy on UINT8 -1, an error
+        # nobody listed) is this request's error, and the other requests are read as usual.
+        try:
+            instances = _read(row, kserve, _headers(context, index), request)
+        except Exception as exc:  # the per-request boundary
+            request.error = _unreadable(exc, request.protocol)
+            instances = []
+        request.count = len(instances)
+        requests.append(request)
+        items.extend(instances)
+    return requests, items
+
+
+def _unreadable(exc: Exception, protocol: str) -> RequestError:
+    if isinstance(exc, RequestError):
+        return exc
+    logger.info("a request body cannot be read: %s: %s", type(exc).__name__, exc)
+    code = 507 if isinstance(exc, MemoryError) else 400
+    what = "request body" if protocol == PLAIN else f"KServe {protocol} body"
+    error_type = InvalidInputError if protocol == PLAIN else ProtocolError
+    error = error_type(f"the {what} cannot be read: {type(exc).__name__}: {exc}", code)
+    error.__cause__ = exc
+    return error
+
+
+def _headers(context: Any, index: int) -> dict[str, str]:
+    """The request's HTTP headers (TorchServe passes them all), names lower-cased: HTTP
+    names are case-insensitive and TorchServe keeps the client's spelling."""
+    getter = getattr(context, "get_all_request_header", None)
+    if getter is None:
+        return {}
+    try:
+        headers = getter(index)
+    except Exception:  # a context without per-request headers (mocks) has none
+        return {}
+    if not isinstance(headers, Mapping):
+        return {}
+    return {str(name).lower(): value for name, value in headers.items()}
+
+
+def _read(row: Any, kserve: bool | str, headers: Mapping[str, Any], request: Request) -> list[Any]:
+    """The items of one request; sets ``request``'s protocol (and v2 id) as it finds them."""
+    if kserve is False:
+        return [row]
+    if BINARY_HEADER in headers:
+        request.protocol = V2
+        raise ProtocolError(_BINARY_MESSAGE)
+    body = _json_body(_body(row))
+    if not isinstance(body, dict):
+        return [row]
+    if _uses_binary_extension(body):
+        request.protocol = V2
+        raise ProtocolError(_BINARY_MESSAGE)
+    if kserve == "auto":
+        if not _is_strict_v2(body):
+            return [row]
+    elif "instances" in body:
+        request.protocol = V1
+        return _v1_instances(body["instances"])
+    elif "inputs" not in body:
+        return [row]
+    request.protocol = V2
+    request.request_id = _v2_id(body)
+    return _v2_rows(body["inputs"])
 
 
 def _body(row: Any) -> Any:
@@ -80,42 +194,47 @@ def _json_body(body: Any) -> Any:
     types arrive as bytes); anything else unchanged."""
     # Only a prefix is looked at: TorchServe hands bodies over as bytearrays, whose
     # lstrip() would copy a whole photo for every plain request.
-    if isinstance(body, (bytes, bytearray)) and bytes(body[:64]).lstrip()[:1] == b"{":
-        try:
-            return json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return body  # not JSON after all: a plain body for the handler to judge
-    return body
+    if not isinstance(body, (bytes, bytearray)) or bytes(body[:64]).lstrip()[:1] != b"{":
+        return body
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        # Not JSON: a plain body for the handler to judge, unless it is a v2 JSON header
+        # followed by the binary data extension's raw tensors.
+        head = _json_head(body)
+        return head if isinstance(head, dict) and _uses_binary_extension(head) else body
 
 
-def unpack(rows: list[Any]) -> tuple[list[Request], list[Any]]:
-    """The requests of a batch and the pipeline items their instances become."""
-    requests: list[Request] = []
-    items: list[Any] = []
-    for row in rows:
-        body = _json_body(_body(row))
-        start = len(items)
-        if isinstance(body, dict) and "instances" in body:
-            request = Request(V1, start, 0)
-            instances = _v1_instances(body, request)
-        elif isinstance(body, dict) and "inputs" in body:
-            request = Request(V2, start, 0, request_id=_v2_id(body))
-            instances = _v2_instances(body, request)
-        else:
-            requests.append(Request(PLAIN, start, 1))
-            items.append(row)
-            continue
-        items.extend(instances)
-        request.count = len(instances)
-        requests.append(request)
-    return requests, items
+def _json_head(body: bytes | bytearray) -> Any:
+    text = bytes(body).decode("utf-8", errors="replace").lstrip()
+    try:
+        return json.JSONDecoder().raw_decode(text)[0]
+    except json.JSONDecodeError:
+        return None
 
 
-def _v1_instances(body: dict[str, Any], request: Request) -> list[Any]:
-    instances = body["instances"]
+def _uses_binary_extension(body: dict[str, Any]) -> bool:
+    inputs = body.get("inputs")
+    return isinstance(inputs, list) and any(
+        isinstance(t, dict)
+        and isinstance(t.get("parameters"), dict)
+        and "binary_data_size" in t["parameters"]
+        for t in inputs
+    )
+
+
+def _is_strict_v2(body: dict[str, Any]) -> bool:
+    inputs = body.get("inputs")
+    return (
+        isinstance(inputs, list)
+        and bool(inputs)
+        and all(isinstance(t, dict) and all(k in t for k in _V2_KEYS) for t in inputs)
+    )
+
+
+def _v1_instances(instances: Any) -> list[Any]:
     if not isinstance(instances, list) or not instances:
-        request.error = ProtocolError('"instances" must be a non-empty list')
-        return []
+        raise ProtocolError('"instances" must be a non-empty list')
     rows = []
     for instance in instances:
         if isinstance(instance, dict) and list(instance) == ["b64"]:
@@ -132,24 +251,15 @@ def _v2_id(body: dict[str, Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _v2_instances(body: dict[str, Any], request: Request) -> list[Any]:
-    try:
-        return _v2_rows(body)
-    except ProtocolError as exc:
-        request.error = exc
-        return []
-
-
-def _v2_rows(body: dict[str, Any]) -> list[Any]:
-    inputs = body["inputs"]
+def _v2_rows(inputs: Any) -> list[Any]:
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise ProtocolError('"inputs" must be a list of one input (one tensor per request)')
     tensor = inputs[0]
-    missing = [k for k in ("name", "shape", "datatype", "data") if k not in tensor]
+    missing = [k for k in _V2_KEYS if k not in tensor]
     if missing:
         raise ProtocolError(f"input is missing {', '.join(repr(k) for k in missing)}")
-    name, shape, datatype, data = (tensor[k] for k in ("name", "shape", "datatype", "data"))
-    if datatype not in V2_DATATYPES:
+    name, shape, datatype, data = (tensor[k] for k in _V2_KEYS)
+    if not isinstance(datatype, str) or datatype not in V2_DATATYPES:
         raise ProtocolError(
             f"input {name!r}: unknown datatype {datatype!r}; expected one of "
             + ", ".join(V2_DATATYPES)
@@ -160,25 +270,84 @@ def _v2_rows(body: dict[str, Any]) -> list[Any]:
         or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     ):
         raise ProtocolError(f"input {name!r}: shape must be a list of sizes, got {shape!r}")
+    if shape[0] == 0:
+        raise ProtocolError(f"input {name!r}: shape {shape} holds no instance")
     if not isinstance(data, list):
         raise ProtocolError(f"input {name!r}: data must be a list")
+    flat = _flatten(data, shape, name)
     if datatype == "BYTES":
-        if math.prod(shape) != len(data) or len(shape) != 1:
-            raise ProtocolError(
-                f"input {name!r}: shape {shape} does not match {len(data)} BYTES elements "
-                "(expected shape [n], one element per instance)"
-            )
-        return [{"data": element} for element in data]
-    try:
-        array = np.asarray(data, dtype=V2_DATATYPES[datatype])
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"input {name!r}: data is not {datatype} ({exc})") from exc
-    if array.size != math.prod(shape):
-        raise ProtocolError(
-            f"input {name!r}: shape {shape} holds {math.prod(shape)} values, data has {array.size}"
-        )
-    array = array.reshape(shape)
+        return _bytes_rows(flat, shape, name)
+    array = _numeric(flat, datatype, name).reshape(shape)
     return [{"data": array[i].tolist()} for i in range(shape[0])]
+
+
+def _flatten(data: list[Any], shape: list[int], name: Any) -> list[Any]:
+    """The elements of ``data`` in row-major order: OIP sends it flat, or nested as the shape."""
+    size = math.prod(shape)
+    if not any(isinstance(x, list) for x in data):
+        if len(data) != size:
+            raise ProtocolError(
+                f"input {name!r}: shape {shape} holds {size} values, data has {len(data)}"
+            )
+        return data
+    level: list[Any] = [data]
+    for dim in shape:
+        if not all(isinstance(x, list) and len(x) == dim for x in level):
+            raise ProtocolError(f"input {name!r}: nested data does not have shape {shape}")
+        level = [element for x in level for element in x]
+    if any(isinstance(x, list) for x in level):
+        raise ProtocolError(f"input {name!r}: nested data is deeper than shape {shape}")
+    return level
+
+
+def _bytes_rows(flat: list[Any], shape: list[int], name: Any) -> list[Any]:
+    if not all(isinstance(x, str) for x in flat):
+        raise ProtocolError(f"input {name!r}: BYTES data must be strings")
+    n = shape[0]
+    per = len(flat) // n
+    if per == 1:  # shape [n], [n, 1], ...: one element per instance
+        return [{"data": element} for element in flat]
+    instances = np.array(flat, dtype=object).reshape(shape)
+    return [{"data": instances[i].tolist()} for i in range(n)]
+
+
+def _numeric(flat: list[Any], datatype: str, name: Any) -> np.ndarray[Any, Any]:
+    """``flat`` as an array of ``datatype``, refusing values that would change on the way
+    (numpy would wrap 300 into INT8, read "1" as 1, or truncate 1.5 to 1)."""
+    target = np.dtype(V2_DATATYPES[datatype])
+    if not flat:
+        return np.zeros(0, dtype=target)
+    values = np.asarray(flat)
+    kind = values.dtype.kind
+    if kind == "O" and target.kind == "f" and all(_is_number(x) for x in flat):
+        values = np.asarray([float(x) for x in flat])  # integers past 64 bits, as floats
+        kind = "f"
+    if kind == "O" and target.kind in "iu" and all(_is_number(x) for x in flat):
+        raise ProtocolError(f"input {name!r}: data is not {datatype}: a value is out of range")
+    allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[target.kind]
+    if kind not in allowed:
+        expected = {"b": "true or false", "i": "integers", "u": "integers", "f": "numbers"}
+        raise ProtocolError(
+            f"input {name!r}: data is not {datatype}: expected {expected[target.kind]}"
+        )
+    if target.kind in "iu":
+        info = np.iinfo(target)  # type: ignore[type-var]
+        low, high = values.min(), values.max()
+        if low < info.min or high > info.max:
+            raise ProtocolError(
+                f"input {name!r}: data is not {datatype}: {low if low < info.min else high} "
+                f"is out of range {info.min}..{info.max}"
+            )
+        return values.astype(target)
+    with np.errstate(all="ignore"):
+        converted = values.astype(target)
+    if target.kind == "f" and not np.array_equal(np.isfinite(converted), np.isfinite(values)):
+        raise ProtocolError(f"input {name!r}: data is not {datatype}: a value is out of range")
+    return converted
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -202,15 +371,20 @@ def regroup(
     Args:
         outputs: one output per item (anything for a failed item).
         errors: per item, None or (status, phrase, message).
+
+    Raises:
+        Exception: an output the protocol cannot carry (a complex tensor, an object, bytes
+            that are not UTF-8 in a v2 BYTES output); the caller fails this request alone.
     """
     if request.error is not None:
-        return Answer({"error": str(request.error)}, request.error.status_code, "Bad Request")
-    for index, error in enumerate(errors):
-        if error is not None:
-            status, phrase, message = error
+        error = request.error
+        return Answer({"error": str(error)}, error.status_code, _phrase(error.status_code))
+    for index, error_tuple in enumerate(errors):
+        if error_tuple is not None:
+            status, phrase, message = error_tuple
             return Answer({"error": f"instance {index}: {message}"}, status, phrase)
     if request.protocol == V1:
-        return Answer({"predictions": outputs})
+        return Answer({"predictions": [to_json(o) for o in outputs]})
     response: dict[str, Any] = {"model_name": model_name, "id": request.request_id}
     if model_version:
         response["model_version"] = model_version
@@ -218,24 +392,109 @@ def regroup(
     return Answer(response)
 
 
+def _phrase(code: int) -> str:
+    try:
+        return http.HTTPStatus(code).phrase
+    except ValueError:
+        return "Error"
+
+
+def to_json(value: Any) -> Any:
+    """``value`` as JSON values: tensors and arrays as nested lists, numpy scalars as Python
+    numbers, bytes as ``{"b64": ...}``, tuples (named or not) as lists.
+
+    Raises:
+        TypeError: a value JSON has no form for (complex numbers, sets, other objects).
+    """
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"b64": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, Mapping):
+        return {_json_key(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    array = _as_array(value)
+    if array is not None:
+        return to_json(array.tolist())
+    if isinstance(value, np.generic):
+        return to_json(value.item())
+    raise TypeError(f"an output of type {type(value).__name__} has no JSON form")
+
+
+def _json_key(key: Any) -> Any:
+    if isinstance(key, np.generic):
+        key = key.item()
+    if key is None or isinstance(key, (str, bool, int, float)):
+        return key
+    raise TypeError(f"a dict key of type {type(key).__name__} has no JSON form")
+
+
+def _as_array(value: Any) -> np.ndarray[Any, Any] | None:
+    """A tensor or an array as a numpy array (half precisions widened to FP32, which JSON
+    clients read: KServe refuses FP16 in JSON); None for anything else."""
+    torch = sys.modules.get("torch")  # no tensor can exist unless torch is loaded
+    if torch is not None and isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu()
+        if tensor.dtype in (torch.float16, torch.bfloat16):
+            tensor = tensor.float()
+        return tensor.resolve_conj().resolve_neg().numpy()  # type: ignore[no-any-return]
+    if isinstance(value, np.ndarray):
+        return value.astype(np.float32) if value.dtype == np.float16 else value
+    return None
+
+
+def _numeric_array(output: Any) -> np.ndarray[Any, Any] | None:
+    """One instance's output as a numeric array of a v2 datatype, or None if it is not one.
+
+    Python numbers take the widest exact type (INT64, FP64, BOOL); tensors and arrays keep
+    their dtype."""
+    array = _as_array(output)
+    if array is None:
+        if isinstance(output, np.generic):
+            array = np.asarray(output)
+        elif isinstance(output, (bool, int, float, list, tuple)):
+            try:
+                array = np.asarray(output)
+            except Exception:  # ragged or mixed lists are simply not numeric
+                return None
+        else:
+            return None
+    if array.dtype == np.float16:
+        array = array.astype(np.float32)
+    return array if array.dtype in _V2_NAMES else None
+
+
 def _v2_output(outputs: list[Any]) -> dict[str, Any]:
-    """Numbers (or equal-shaped lists of them) as FP32 of shape [n, ...]; anything else as
-    BYTES of shape [n], one JSON text per instance (a dict of class to probability, say)."""
-    numeric = all(
-        isinstance(o, (int, float)) and not isinstance(o, bool) or isinstance(o, list)
-        for o in outputs
-    )
-    if numeric:
-        try:
-            array = np.asarray(outputs, dtype=np.float32)
-        except (TypeError, ValueError):
-            array = None
-        if array is not None and array.dtype != object:
-            return {
-                "name": "predictions",
-                "shape": list(array.shape),
-                "datatype": "FP32",
-                "data": array.reshape(-1).tolist(),
-            }
-    texts = [o if isinstance(o, str) else json.dumps(o) for o in outputs]
+    """One tensor of shape [n, ...] in the outputs' own datatype when every instance's
+    output is numeric and of one shape; else BYTES of shape [n], one text per instance
+    (a string as it is, bytes as UTF-8, anything else as JSON)."""
+    arrays = [_numeric_array(o) for o in outputs]
+    if arrays and all(a is not None for a in arrays):
+        numeric = [a for a in arrays if a is not None]
+        if len({a.shape for a in numeric}) == 1:
+            dtype = np.result_type(*numeric)
+            if dtype in _V2_NAMES:
+                stacked = np.stack([a.astype(dtype) for a in numeric])
+                return {
+                    "name": "predictions",
+                    "shape": list(stacked.shape),
+                    "datatype": _V2_NAMES[dtype],
+                    "data": stacked.reshape(-1).tolist(),
+                }
+    texts = [_text(o) for o in outputs]
     return {"name": "predictions", "shape": [len(texts)], "datatype": "BYTES", "data": texts}
+
+
+def _text(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, (bytes, bytearray, memoryview)):
+        # JSON carries text only; KServe refuses bytes that are not UTF-8 alike.
+        return bytes(output).decode("utf-8")
+    return json.dumps(to_json(output))
+
+
+def owners(requests: Sequence[Request]) -> list[int]:
+    """For each item, the index of the request it belongs to."""
+    return [index for index, r in enumerate(requests) for _ in range(r.count)]

@@ -77,12 +77,18 @@ def error_status(
         phrase = http.HTTPStatus(code).phrase
     except ValueError:
         phrase = "Error"
-    message = getattr(exc, "message", None) if type(exc).__name__ == "PredictionException" else None
-    body: dict[str, Any] = {
-        "code": code,
-        "type": type(exc).__name__,
-        "message": str(message if message is not None else exc) or type(exc).__name__,
-    }
+    body: dict[str, Any] = {"code": code, "type": type(exc).__name__, "message": _message(exc)}
     if request_id is not None:
         body["request_id"] = request_id
     return ErrorStatus(code, phrase, body)
+
+
+def _message(exc: BaseException) -> str:
+    """The exception's message; its type name when it has none or cannot say (a handler's
+    exception whose ``__str__`` raises must not fail the batch's other answers)."""
+    try:
+        is_prediction = type(exc).__name__ == "PredictionException"
+        message = getattr(exc, "message", None) if is_prediction else None
+        return str(message if message is not None else exc) or type(exc).__name__
+    except Exception:  # the exception is the handler's: anything may happen in its __str__
+        return type(exc).__name__

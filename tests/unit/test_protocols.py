@@ -2,23 +2,53 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+from collections import namedtuple
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
+from tests.unit.fakes import Bad
 from tests.unit.test_micro_batching import FakeContext, FakeTorchServeHandler
 from ts_microbatch import MicroBatching
-from ts_microbatch.protocols import PLAIN, V1, V2, ProtocolError, Request, regroup, unpack
+from ts_microbatch.answers import check_sendable
+from ts_microbatch.config import MicroBatchingConfig
+from ts_microbatch.errors import RequestError
+from ts_microbatch.protocols import (
+    PLAIN,
+    V1,
+    V2,
+    ProtocolError,
+    Request,
+    regroup,
+    to_json,
+    unpack,
+)
+
+KSERVE = MicroBatchingConfig(kserve=True)
 
 
 def v1(*instances: Any) -> dict[str, Any]:
     return {"body": {"instances": list(instances)}}
 
 
-def v2(datatype: str, shape: list[int], data: list[Any], **extra: Any) -> dict[str, Any]:
+def v2_body(datatype: str, shape: list[int], data: Any, **extra: Any) -> dict[str, Any]:
     tensor = {"name": "input-0", "shape": shape, "datatype": datatype, "data": data}
-    return {"body": {"inputs": [tensor], **extra}}
+    return {"inputs": [tensor], **extra}
+
+
+def v2(datatype: str, shape: list[int], data: Any, **extra: Any) -> dict[str, Any]:
+    return {"body": v2_body(datatype, shape, data, **extra)}
+
+
+def sent(answer: Any) -> Any:
+    """What the client reads: TorchServe's serializer (json.dumps, indent=2) and back."""
+    check_sendable(answer)
+    return json.loads(json.dumps(answer, indent=2))
 
 
 def test_every_instance_of_every_request_is_one_item() -> None:
@@ -29,7 +59,7 @@ def test_every_instance_of_every_request_is_one_item() -> None:
         v2("FP32", [2, 3], [1, 2, 3, 4, 5, 6], id="r-7"),
         v2("BYTES", [2], ["aGk=", "aGk="]),
     ]
-    requests, items = unpack(rows)
+    requests, items = unpack(rows, kserve=True)
     assert [(r.protocol, r.start, r.count) for r in requests] == [
         (PLAIN, 0, 1),
         (V1, 1, 3),
@@ -48,27 +78,235 @@ def test_every_instance_of_every_request_is_one_item() -> None:
     assert requests[3].request_id == "r-7"
 
 
+# -- which bodies are KServe requests ---------------------------------------------------
+
+STRICT_V2 = v2_body("INT64", [2], [1, 2])
+HUGGING_FACE = {"inputs": "I love this movie"}
+NOT_STRICT = {"inputs": [{"name": "x", "datatype": "FP32"}]}  # no shape, no data
+
+
+@pytest.mark.parametrize(
+    ("body", "kserve", "protocol", "malformed"),
+    [
+        (HUGGING_FACE, "auto", PLAIN, False),
+        (HUGGING_FACE, True, V2, True),  # a KServe deployment answers it 400
+        (HUGGING_FACE, False, PLAIN, False),
+        ({"instances": [1, 2, 3]}, "auto", PLAIN, False),
+        ({"instances": [1, 2, 3]}, True, V1, False),
+        (NOT_STRICT, "auto", PLAIN, False),
+        (NOT_STRICT, True, V2, True),
+        (STRICT_V2, "auto", V2, False),
+        (json.dumps(STRICT_V2).encode(), "auto", V2, False),
+        (STRICT_V2, True, V2, False),
+        (STRICT_V2, False, PLAIN, False),
+    ],
+)
+def test_defect_plain_bodies_taken_as_kserve_requests(
+    body: Any, kserve: bool | str, protocol: str, malformed: bool
+) -> None:
+    # {"inputs": "I love this movie"} (the common Hugging Face body) on /predictions got 400
+    # where the handler without micro-batching answered it. Only the config's kserve key, or
+    # by default the strict v2 shape, makes a body a KServe request.
+    row = {"body": body}
+    requests, items = unpack([row], kserve=kserve)
+    assert requests[0].protocol == protocol
+    if protocol == PLAIN:
+        assert items == [row] and items[0] is row  # reaches the handler unchanged
+    assert (requests[0].error is not None) == malformed
+
+
+def test_defect_plain_bodies_reach_the_handler_unchanged_with_the_default_config() -> None:
+    handler = RowHandler()
+    rows = [{"body": HUGGING_FACE}, {"body": {"instances": [1, 2, 3]}}]
+    with MicroBatching(handler, micro_batch_size=2) as mb:
+        context = FakeContext(2)
+        out = mb(rows, context)
+    assert context.statuses == {}
+    assert handler.calls["preprocess"] == [[HUGGING_FACE, {"instances": [1, 2, 3]}]]
+    assert [o["item"] for o in out] == [HUGGING_FACE, {"instances": [1, 2, 3]}]
+
+
+# -- bodies that cannot be read -------------------------------------------------------------
+
+DEEP = b'{"a": ' + b"[" * 2000  # RecursionError in json.loads
+
+
+class HostileRow(dict[str, Any]):
+    """A row whose reading raises an exception nobody would list."""
+
+    def get(self, *args: Any) -> Any:
+        raise ZeroDivisionError("hostile row")
+
+
+@pytest.mark.parametrize("kserve", ["auto", True])
+def test_defect_one_body_failed_its_whole_batch(kserve: bool | str) -> None:
+    # A 4 KB body of nested brackets (RecursionError), a UINT8 of -1, an INT8 of 300, an
+    # INT64 of 2**70 (OverflowError in numpy), an integer of 5,000 digits (ValueError in
+    # json.loads), a row that raises what nobody expects: the parser caught a list of
+    # exception types outside any per-request guard, so each failed the whole batch (503).
+    bad = [
+        {"body": DEEP},
+        v2("UINT8", [1], [-1]),
+        v2("INT8", [1], [300]),
+        v2("INT64", [1], [2**70]),
+        {"body": b'{"inputs": ' + b"9" * 5000 + b"}"},
+        HostileRow(),
+    ]
+    rows = [{"body": b"first"}, *bad, {"body": b"last"}]
+    requests, items = unpack(rows, kserve=kserve)
+    assert [r.count for r in requests] == [1] + [0] * len(bad) + [1]
+    assert items == [rows[0], rows[-1]]
+    for request in requests[1:-1]:
+        assert isinstance(request.error, RequestError) and request.error.status_code == 400
+    assert "RecursionError" in str(requests[1].error)
+    assert "out of range 0..255" in str(requests[2].error)
+    assert "ZeroDivisionError" in str(requests[6].error)
+    handler = RowHandler()
+    with MicroBatching(
+        handler, micro_batch_size=3, config=MicroBatchingConfig(kserve=kserve)
+    ) as mb:
+        context = FakeContext(len(rows))
+        out = mb(rows, context)
+    assert {i: code for i, (code, _) in context.statuses.items()} == dict.fromkeys(range(1, 7), 400)
+    assert out[0] == {"item": "first", "value": "first!"}
+    assert out[-1] == {"item": "last", "value": "last!"}
+    assert out[1]["code"] == 400 and "RecursionError" in out[1]["message"]  # a plain body
+    assert "out of range" in out[2]["error"]  # a v2 body: KServe's error shape
+
+
 @pytest.mark.parametrize(
     ("row", "message"),
     [
         (v1(), '"instances" must be a non-empty list'),
         ({"body": {"instances": "x"}}, '"instances" must be a non-empty list'),
         (v2("FP33", [1], [1.0]), "unknown datatype 'FP33'"),
+        (v2(["FP32"], [1], [1.0]), "unknown datatype ['FP32']"),  # unhashable
         (v2("FP32", [2, 2], [1.0, 2.0, 3.0]), "shape [2, 2] holds 4 values, data has 3"),
-        (v2("BYTES", [3], ["a"]), "shape [3] does not match 1 BYTES elements"),
-        (v2("INT64", [2], ["x", "y"]), "data is not INT64"),
+        (v2("BYTES", [3], ["a"]), "shape [3] holds 3 values, data has 1"),
+        (v2("BYTES", [2], ["a", 1]), "BYTES data must be strings"),
+        (v2("INT64", [2], ["x", "y"]), "data is not INT64: expected integers"),
+        (v2("INT64", [2], ["1", "2"]), "data is not INT64"),  # numpy would read "1" as 1
+        (v2("INT32", [1], [1.5]), "data is not INT32"),  # numpy would truncate it to 1
+        (v2("INT64", [2], [1, None]), "data is not INT64"),
+        (v2("BOOL", [2], [1, 0]), "data is not BOOL: expected true or false"),
+        (v2("FP32", [1], [True]), "data is not FP32"),
+        (v2("UINT8", [1], [-1]), "-1 is out of range 0..255"),
+        (v2("INT8", [2], [1, 300]), "300 is out of range -128..127"),
+        (v2("INT64", [1], [2**70]), "data is not INT64: a value is out of range"),
+        (v2("UINT64", [1], [-(2**70)]), "out of range"),
+        (v2("FP16", [1], [1e6]), "data is not FP16: a value is out of range"),
+        (v2("FP32", [2, 2], [[1.0, 2.0], [3.0]]), "nested data does not have shape [2, 2]"),
+        (v2("FP32", [2], [[1.0], [2.0]]), "nested data is deeper than shape [2]"),
         (v2("FP32", [-1], []), "shape must be a list of sizes"),
+        (v2("FP32", [True], [1.0]), "shape must be a list of sizes"),
+        (v2("FP32", "2", [1.0, 2.0]), "shape must be a list of sizes"),
+        (v2("FP32", [0, 3], []), "shape [0, 3] holds no instance"),
+        (v2("FP32", [1], {"a": 1}), "data must be a list"),
         ({"body": {"inputs": []}}, '"inputs" must be a list of one input'),
+        ({"body": {"inputs": "I love this movie"}}, '"inputs" must be a list of one input'),
+        ({"body": {"inputs": [STRICT_V2["inputs"][0]] * 2}}, "list of one input"),
         ({"body": {"inputs": [{"name": "x"}]}}, "missing 'shape', 'datatype', 'data'"),
     ],
 )
 def test_malformed_bodies_fail_their_request_with_a_message(row: Any, message: str) -> None:
-    requests, items = unpack([row, {"body": b"plain"}])
+    requests, items = unpack([row, {"body": b"plain"}], kserve=True)
     assert requests[0].count == 0 and isinstance(requests[0].error, ProtocolError)
     assert message in str(requests[0].error)
     assert items == [{"body": b"plain"}]  # the other request is untouched
     answer = regroup(requests[0], [], [])
     assert answer.status == 400 and message in answer.body["error"]
+    assert answer.phrase == "Bad Request"
+
+
+# -- valid v2 shapes ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "data", "instances"),
+    [
+        ([2, 1], ["aGk=", "b2s="], ["aGk=", "b2s="]),
+        ([2, 1], [["aGk="], ["b2s="]], ["aGk=", "b2s="]),  # nested as the shape
+        ([1, 1], ["aGk="], ["aGk="]),
+        ([1, 1, 1], [[["aGk="]]], ["aGk="]),
+        ([2, 2], ["a", "b", "c", "d"], [["a", "b"], ["c", "d"]]),
+    ],
+)
+def test_defect_v2_bytes_shapes_with_more_dimensions_refused(
+    shape: list[int], data: list[Any], instances: list[Any]
+) -> None:
+    # BYTES of shape [2, 1] or [1, 1] got 400 while FP32 of the same layout was accepted:
+    # n instances is shape[0] whatever the datatype.
+    requests, items = unpack([v2("BYTES", shape, data)], kserve="auto")
+    assert requests[0].error is None and requests[0].count == shape[0]
+    assert items == [{"data": x} for x in instances]
+
+
+def test_v2_numbers_are_read_exactly_in_their_datatype() -> None:
+    rows = [
+        v2("INT64", [2], [2**62 + 1, -(2**62)]),
+        v2("UINT64", [1], [2**64 - 1]),
+        v2("BOOL", [2, 1], [[True], [False]]),
+        v2("FP64", [1], [0.1]),
+        v2("FP64", [1], [2**70]),  # an integer literal is a number too
+        v2("INT8", [2, 2], [[1, -128], [127, 0]]),
+        v2("FP32", [2, 0], []),
+    ]
+    requests, items = unpack(rows)
+    assert all(r.error is None for r in requests), [str(r.error) for r in requests]
+    assert [i["data"] for i in items] == [
+        2**62 + 1,
+        -(2**62),
+        2**64 - 1,
+        [True],
+        [False],
+        0.1,
+        float(2**70),
+        [1, -128],
+        [127, 0],
+        [],
+        [],
+    ]
+
+
+def test_defect_v2_binary_data_extension_handed_to_the_handler_as_plain() -> None:
+    # A body using the binary data extension was treated as plain and its raw bytes handed
+    # to the handler. It is refused, naming the extension, found by the header TorchServe
+    # passes through or by binary_data_size in the JSON head, however the JSON ends.
+    tensor = {"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}
+    head = json.dumps({"inputs": [tensor]}).encode()
+    body = head + np.array([1.5, 2.5], dtype=np.float32).tobytes()
+    with_header = v2("FP32", [1], [1.0])  # a JSON body, but the header says binary follows
+    rows = [{"body": body}, {"body": head}, with_header, {"body": b"plain"}]
+
+    class Headers(FakeContext):
+        def get_all_request_header(self, idx: int) -> dict[str, str]:
+            return {"Inference-Header-Content-Length": str(len(head))} if idx == 2 else {}
+
+    for kserve in ("auto", True):
+        requests, items = unpack(rows, kserve=kserve, context=Headers(len(rows)))
+        for request in requests[:3]:
+            assert request.protocol == V2 and request.error is not None
+            assert "binary data extension (Inference-Header-Content-Length" in str(request.error)
+        assert items == [{"body": b"plain"}]
+    requests, items = unpack(rows, kserve=False, context=Headers(len(rows)))
+    assert items == rows  # kserve: false reads no body
+
+
+def test_headers_of_a_context_without_them_are_none() -> None:
+    # TorchServe's MockContext and hand-made contexts lack get_all_request_header, or fail
+    # in it: no request fails for that.
+    class Broken(FakeContext):
+        def get_all_request_header(self, idx: int) -> dict[str, str]:
+            raise IndexError(idx)
+
+    for context in (FakeContext(2), Broken(2)):
+        requests, _ = unpack([v2("FP32", [1], [1.0]), {"body": b"x"}], context=context)
+        assert [r.error for r in requests] == [None, None]
+
+
+# -- answers -----------------------------------------------------------------------------
+
+Prediction = namedtuple("Prediction", "label score")
 
 
 def test_answers_in_each_protocols_shape() -> None:
@@ -83,7 +321,7 @@ def test_answers_in_each_protocols_shape() -> None:
         "id": "r-1",
         "model_version": "1.0",
         "outputs": [
-            {"name": "predictions", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3, 4]}
+            {"name": "predictions", "shape": [2, 2], "datatype": "FP64", "data": [1, 2, 3, 4]}
         ],
     }
     texts = regroup(v2_request, [{"cat": 0.5}, "dog"], [None, None], "m").body["outputs"][0]
@@ -97,11 +335,140 @@ def test_answers_in_each_protocols_shape() -> None:
     assert (failed.status, failed.body) == (400, {"error": "instance 0: not an image"})
 
 
-class RowHandler(FakeTorchServeHandler):
-    """The fake handler reading TorchServe-shaped rows ({"data": x} or {"body": x})."""
+def v2_output(*outputs: Any) -> dict[str, Any]:
+    body = regroup(Request(V2, 0, len(outputs)), list(outputs), [None] * len(outputs)).body
+    return sent(body)["outputs"][0]  # type: ignore[no-any-return]
 
-    def preprocess(self, data: list[Any]) -> list[int]:
-        return super().preprocess([row.get("data", row.get("body")) for row in data])
+
+@pytest.mark.parametrize(
+    ("outputs", "datatype", "shape", "data"),
+    [
+        ((16777217, 2**31 - 1), "INT64", [2], [16777217, 2**31 - 1]),
+        ((2**63,), "UINT64", [1], [2**63]),
+        ((True, False), "BOOL", [2], [True, False]),
+        ((0.1, 1), "FP64", [2], [0.1, 1.0]),
+        (([1, 2], [3, 4]), "INT64", [2, 2], [1, 2, 3, 4]),
+        ((torch.tensor([0.1, 0.2]),), "FP32", [1, 2], np.float32([0.1, 0.2]).tolist()),
+        ((torch.tensor([0.1], dtype=torch.float64),), "FP64", [1, 1], [0.1]),
+        ((torch.tensor([-3], dtype=torch.int8),), "INT8", [1, 1], [-3]),
+        ((torch.tensor(2**40),), "INT64", [1], [2**40]),
+        ((torch.tensor([True]),), "BOOL", [1, 1], [True]),
+        ((torch.tensor([0.5], dtype=torch.float16),), "FP32", [1, 1], [0.5]),
+        ((torch.tensor([0.5], dtype=torch.bfloat16),), "FP32", [1, 1], [0.5]),
+        ((torch.ones(2, requires_grad=True) * 2,), "FP32", [1, 2], [2.0, 2.0]),
+        ((np.uint8([255, 0]), np.uint8([1, 2])), "UINT8", [2, 2], [255, 0, 1, 2]),
+        ((np.float64(0.1), np.float64(0.2)), "FP64", [2], [0.1, 0.2]),
+        ((np.int32(7),), "INT32", [1], [7]),
+        ((np.bool_(True),), "BOOL", [1], [True]),
+        ((np.float32(0.5), 1), "FP64", [2], [0.5, 1.0]),  # mixed: the common type
+    ],
+)
+def test_defect_v2_numbers_lose_precision(
+    outputs: tuple[Any, ...], datatype: str, shape: list[int], data: list[Any]
+) -> None:
+    # Every numeric output went as FP32: 16777217 came back 16777216.0, 2**31 - 1 as
+    # 2147483648.0, True as BYTES "true". The datatype is the outputs' own.
+    output = v2_output(*outputs)
+    assert (output["datatype"], output["shape"], output["data"]) == (datatype, shape, data)
+    assert all(type(x) is type(y) for x, y in zip(output["data"], data))
+
+
+@pytest.mark.parametrize(
+    ("outputs", "data"),
+    [
+        (({"cat": np.float32(0.5)}, "dog"), ['{"cat": 0.5}', "dog"]),
+        ((b"caf\xc3\xa9", bytearray(b"tea")), ["café", "tea"]),
+        ((None, Prediction("cat", np.float64(0.25))), ["null", '["cat", 0.25]']),
+        (([1, "x"], [1, 2]), ['[1, "x"]', "[1, 2]"]),  # not numeric: text per instance
+        (([1, 2], [3]), ["[1, 2]", "[3]"]),  # ragged
+        ((2**70,), ["1180591620717411303424"]),
+        ((torch.tensor([1, 2]), "x"), ["[1, 2]", "x"]),
+    ],
+)
+def test_v2_outputs_that_are_not_one_tensor_are_bytes_texts(
+    outputs: tuple[Any, ...], data: list[str]
+) -> None:
+    output = v2_output(*outputs)
+    assert (output["datatype"], output["shape"], output["data"]) == ("BYTES", [len(data)], data)
+
+
+def test_v1_predictions_are_json_values() -> None:
+    outputs = [
+        torch.tensor([[1.5, 2.0]]),
+        np.arange(3, dtype=np.int16),
+        np.float32(0.25),
+        b"\x00\xff",
+        Prediction("cat", torch.tensor(0.5)),
+        {"top": torch.topk(torch.tensor([0.1, 0.7, 0.2]), 2), np.int64(3): None},
+        None,
+    ]
+    body = regroup(Request(V1, 0, len(outputs)), outputs, [None] * len(outputs)).body
+    assert sent(body)["predictions"] == [
+        [[1.5, 2.0]],
+        [0, 1, 2],
+        0.25,
+        {"b64": base64.b64encode(b"\x00\xff").decode()},
+        ["cat", 0.5],
+        {"top": [[pytest.approx(0.7), pytest.approx(0.2)], [1, 2]], "3": None},
+        None,
+    ]
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        object(),
+        {1, 2},
+        torch.tensor([1 + 2j]),
+        np.array([1 + 2j]),
+        {(1, 2): 0.5},  # a key JSON has no form for
+        [math.inf, object()],
+    ],
+)
+def test_outputs_with_no_json_form_raise(output: Any) -> None:
+    with pytest.raises(TypeError):
+        to_json(output)
+    with pytest.raises(TypeError):
+        regroup(Request(V2, 0, 1), [output], [None])
+
+
+# -- through MicroBatching ------------------------------------------------------------------
+
+
+class RowHandler(FakeTorchServeHandler):
+    """Reads TorchServe-shaped rows ({"data": x} or {"body": x}) of any body; answers
+    ``{"item": body, "value": "<body>!"}``; preprocess fails on the ints in ``fail_on``."""
+
+    def preprocess(self, data: list[Any]) -> list[Any]:
+        bodies = [row.get("data", row.get("body")) for row in data]
+        self.calls["preprocess"].append(bodies)
+        bad = [b for b in bodies if isinstance(b, int) and b in self.fail_on["preprocess"]]
+        if bad:
+            raise Bad(f"preprocess rejects {bad}")
+        return bodies
+
+    def inference(self, data: list[Any]) -> list[Any]:
+        return [x.decode() if isinstance(x, bytes) else x for x in data]
+
+    def postprocess(self, data: list[Any]) -> list[Any]:
+        return [{"item": x, "value": f"{x}!"} for x in data]
+
+
+class OutputHandler(FakeTorchServeHandler):
+    """Postprocess returns ``outputs[body]``: a tensor, an array, bytes, anything."""
+
+    def __init__(self, outputs: dict[str, Any]) -> None:
+        super().__init__()
+        self.outputs = outputs
+
+    def preprocess(self, data: list[Any]) -> list[str]:
+        return [row.get("data", row.get("body")) for row in data]
+
+    def inference(self, data: list[str]) -> list[str]:
+        return data
+
+    def postprocess(self, data: list[str]) -> list[Any]:
+        return [self.outputs[key] for key in data]
 
 
 def test_instances_of_different_requests_share_micro_batches() -> None:
@@ -109,9 +476,9 @@ def test_instances_of_different_requests_share_micro_batches() -> None:
     # of 1; a 6-instance request is cut into micro-batches of its own.
     handler = RowHandler()
     rows = [{"body": {"instances": [i]}} for i in range(8)]
-    with MicroBatching(handler, micro_batch_size=4) as mb:
+    with MicroBatching(handler, micro_batch_size=4, config=KSERVE) as mb:
         out = mb(rows, FakeContext(8))
-        assert out == [{"predictions": [{"item": i, "value": i * 10 + 1}]} for i in range(8)]
+        assert out == [{"predictions": [{"item": i, "value": f"{i}!"}]} for i in range(8)]
         assert sorted(len(c) for c in handler.calls["preprocess"]) == [4, 4]
         handler.calls["preprocess"].clear()
         out = mb([{"body": {"instances": list(range(6))}}], FakeContext(1))
@@ -131,13 +498,111 @@ def test_a_batch_mixing_protocols_answers_each_request_alone() -> None:
         {"body": 7},
     ]
     context = FakeContext(len(rows))
-    with MicroBatching(handler, micro_batch_size=3) as mb:
+    with MicroBatching(handler, micro_batch_size=3, config=KSERVE) as mb:
         out = mb(rows, context)
-    assert out[0] == {"item": 1, "value": 11}
-    assert out[1] == {"predictions": [{"item": 2, "value": 21}, {"item": 3, "value": 31}]}
+    assert out[0] == {"item": 1, "value": "1!"}
+    assert out[1] == {"predictions": [{"item": 2, "value": "2!"}, {"item": 3, "value": "3!"}]}
     assert out[2] == {"error": "instance 1: preprocess rejects [13]"}
     assert out[3]["id"] == "req-v2" and out[3]["outputs"][0]["datatype"] == "BYTES"
     assert [json.loads(x)["item"] for x in out[3]["outputs"][0]["data"]] == [5, 6]
     assert "shape [2] holds 2 values, data has 1" in out[4]["error"]
-    assert out[5] == {"item": 7, "value": 71}
+    assert out[5] == {"item": 7, "value": "7!"}
     assert {i: code for i, (code, _) in context.statuses.items()} == {2: 400, 4: 400}
+
+
+OUTPUTS: dict[str, Any] = {
+    "tensor": torch.tensor([0.25, 0.75]),
+    "ints": torch.tensor([16777217, 2**31 - 1]),
+    "array": np.array([[1, 2]], dtype=np.uint8),
+    "scalar": np.float32(0.5),
+    "utf8": "café".encode(),
+    "png": b"\x89PNG",  # not UTF-8: v1 sends base64, v2 JSON has no form for it
+    "complex": torch.tensor([1j]),
+    "object": object(),
+}
+
+
+def test_defect_tensor_outputs_over_kserve_failed_the_batch() -> None:
+    # A postprocess returning tensors, arrays, numpy scalars or bytes: every batch holding a
+    # v1 or v2 request answered 503 (json.dumps of a tensor in the v2 answer; TorchServe's
+    # serializer on {"predictions": [tensor]}). Each is encoded as its protocol says, and
+    # one the protocol cannot carry fails its own request (500), nothing else.
+    keys = ["tensor", "ints", "array", "scalar", "utf8"]
+    rows = [v1(*keys, "png"), v2("BYTES", [len(keys)], keys)]
+    rows += [v1("complex"), v2("BYTES", [1], ["object"]), v2("BYTES", [1], ["png"])]
+    rows += [v1(key) for key in keys] + [v2("BYTES", [1], [key]) for key in keys]
+    context = FakeContext(len(rows))
+    with MicroBatching(OutputHandler(OUTPUTS), micro_batch_size=3, config=KSERVE) as mb:
+        out = [sent(answer) for answer in mb(rows, context)]
+    assert {i: code for i, (code, _) in context.statuses.items()} == dict.fromkeys([2, 3, 4], 500)
+    assert out[0]["predictions"] == [
+        [0.25, 0.75],
+        [16777217, 2**31 - 1],
+        [[1, 2]],
+        0.5,
+        {"b64": base64.b64encode("café".encode()).decode()},
+        {"b64": base64.b64encode(b"\x89PNG").decode()},
+    ]
+    assert out[1]["outputs"][0]["datatype"] == "BYTES"  # shapes differ: one text each
+    assert json.loads(out[1]["outputs"][0]["data"][1]) == [16777217, 2**31 - 1]
+    assert out[1]["outputs"][0]["data"][4] == "café"
+    assert "complex" in out[2]["error"] and "object" in out[3]["error"]
+    assert "UnicodeDecodeError" in out[4]["error"]
+    assert out[5 : 5 + len(keys)] == [{"predictions": [p]} for p in out[0]["predictions"][:-1]]
+    singles = [o["outputs"][0] for o in out[-len(keys) :]]
+    assert [(s["datatype"], s["shape"]) for s in singles] == [
+        ("FP32", [1, 2]),
+        ("INT64", [1, 2]),
+        ("UINT8", [1, 1, 2]),
+        ("FP32", [1]),
+        ("BYTES", [1]),
+    ]
+    assert singles[1]["data"] == [16777217, 2**31 - 1]
+
+
+class Circular(dict[str, Any]):
+    def __init__(self) -> None:
+        super().__init__(me=self)
+
+
+def deep_list(depth: int) -> list[Any]:
+    nested: list[Any] = []
+    for _ in range(depth):
+        nested = [nested]
+    return nested
+
+
+@pytest.mark.parametrize(
+    ("output", "error"),
+    [
+        (np.array([1.0, 2.0]), "TypeError"),  # TorchServe answered the batch 503
+        ({"p": np.float32(0.5)}, "TypeError"),
+        (Circular(), "ValueError"),  # escaped Service.predict: the worker died
+        (deep_list(5000), "RecursionError"),  # escaped Service.predict too
+    ],
+)
+def test_defect_unsendable_plain_output_failed_the_batch(output: Any, error: str) -> None:
+    # TorchServe serializes a plain answer itself; one it cannot (TypeError: 503 for the
+    # whole batch; anything else escapes and kills the worker) fails its own request.
+    outputs = {"bad": output, "good": {"label": "cat"}}
+    rows = [{"body": "good"}, {"body": "bad"}, {"body": "good"}]
+    context = FakeContext(len(rows))
+    with MicroBatching(OutputHandler(outputs), micro_batch_size=3) as mb:
+        out = mb(rows, context)
+    assert {i: code for i, (code, _) in context.statuses.items()} == {1: 500}
+    assert out[0] == out[2] == {"label": "cat"}
+    assert out[1]["type"] == error and out[1]["request_id"] == "req-1"
+    assert out[1]["message"].startswith("the handler's output cannot be sent: ")
+    for answer in out:
+        check_sendable(answer)
+
+
+@pytest.mark.parametrize(
+    "output",
+    [b"\x00raw", bytearray(b"x"), "text", torch.ones(2), [1, 2.5, None], {"a": 1}, None, 3],
+)
+def test_plain_outputs_torchserve_sends_are_answered_unchanged(output: Any) -> None:
+    with MicroBatching(OutputHandler({"k": output})) as mb:
+        context = FakeContext(1)
+        (answer,) = mb([{"body": "k"}], context)
+    assert answer is output and context.statuses == {}
