@@ -21,9 +21,26 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .config import ON_RECOMPILE, YAML_SECTION
+from .errors import ConfigError
 from .metrics import PipelineObserver
 
 logger = logging.getLogger(__name__)
+
+
+def check_inference_threads(threads: int) -> None:
+    """Refuses more than one inference thread for a compiled model, at load or at run time.
+
+    Raises:
+        ConfigError: naming ``micro_batching.parallelism.inference``.
+    """
+    if threads > 1:
+        raise ConfigError(
+            f"{YAML_SECTION}.parallelism.inference: got {threads}, expected 1 for a compiled "
+            "model: Dynamo and Inductor are not thread-safe (pytorch/pytorch#118260) and CUDA "
+            "graphs replay only on the thread that recorded them (#123177); the pipeline "
+            "overlaps preprocess and postprocess with the one inference thread"
+        )
 
 
 def is_compiled(model: Any) -> bool:
@@ -79,12 +96,27 @@ class CompiledInference:
     ) -> None:
         self._fn = fn
         self._observer = observer
-        self._level = logging.ERROR if on_recompile == "error" else logging.WARNING
+        self._level = logging.WARNING
+        self.on_recompile = on_recompile  # checked
         self._lock = threading.Lock()
         self._warming = False
         self.compiles = 0  # compiles seen during calls, warm-up included
         self.recompiles = 0  # compiles seen on the request path
         self.compiled_on: set[str] = set()  # names of the threads that compiled
+
+    @property
+    def on_recompile(self) -> str:
+        """How a recompile after warm-up is logged: "warn" or "error"; may change at run time."""
+        return "error" if self._level == logging.ERROR else "warn"
+
+    @on_recompile.setter
+    def on_recompile(self, value: str) -> None:
+        if value not in ON_RECOMPILE:
+            raise ConfigError(
+                f"{YAML_SECTION}.on_recompile: got {value!r}, expected one of "
+                + ", ".join(ON_RECOMPILE)
+            )
+        self._level = logging.ERROR if value == "error" else logging.WARNING
 
     @contextlib.contextmanager
     def warming_up(self) -> Iterator[None]:

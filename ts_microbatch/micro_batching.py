@@ -14,6 +14,7 @@ import contextlib
 import inspect
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -24,8 +25,8 @@ from . import protocols
 from .answers import SubmittedBatch, answer_batch
 from .autosize import AutoMicroBatchSize
 from .batch import MicroBatchInfo
-from .compiled import CompiledInference
-from .config import STAGES, MicroBatchingConfig, Parallelism
+from .compiled import CompiledInference, check_inference_threads
+from .config import STAGES, MicroBatchingConfig, Parallelism, _positive_int
 from .context import BatchContext
 from .errors import ConfigError, PipelineStalledError, WarmupError
 from .metrics import PipelineObserver
@@ -123,6 +124,7 @@ class MicroBatching:
         self._stages = {name: stage(name) for name in STAGES}
         self.compiled: CompiledInference | None = None
         if compiled:
+            check_inference_threads(config.parallelism.inference)
             self.compiled = CompiledInference(
                 self._stages["inference"], self._observer, config.on_recompile
             )
@@ -169,17 +171,23 @@ class MicroBatching:
         )
 
     def configure(self, config: MicroBatchingConfig) -> None:
-        """Applies ``config``; sizes and thread counts change in place, other settings
-        replace the pipeline once the work already queued is done."""
-        current = self.config
-        if replace(config, micro_batch_size=1, parallelism=Parallelism()) == replace(
-            current, micro_batch_size=1, parallelism=Parallelism()
-        ):
+        """Applies ``config``; sizes, thread counts and ``on_recompile`` change in place, other
+        settings replace the pipeline once the work already queued is done.
+
+        Raises:
+            ConfigError: ``config`` breaks a rule of a compiled model (one inference thread);
+                nothing has changed then.
+        """
+        if self.compiled is not None:
+            check_inference_threads(config.parallelism.inference)
+        if _rest(config) == _rest(self.config):
             self.micro_batch_size = config.micro_batch_size
             self.parallelism = config.parallelism.as_dict()
         else:
             old, self._pipeline = self._pipeline, self._new_pipeline(config)
             old.shutdown(wait=True)
+        if self.compiled is not None:
+            self.compiled.on_recompile = config.on_recompile
         self._config = config
 
     @property
@@ -203,7 +211,34 @@ class MicroBatching:
 
     @parallelism.setter
     def parallelism(self, parallelism: Mapping[str, int]) -> None:
+        """As upstream's: returns once the threads a scale-down retires have exited (each
+        finishes the call it is in first), or after ``join_timeout_s`` with a warning.
+
+        Raises:
+            ConfigError: an unknown stage, a count that is not an integer >= 1, or a second
+                inference thread for a compiled model.
+        """
+        if self.compiled is not None and "inference" in parallelism:
+            threads = parallelism["inference"]
+            check_inference_threads(_positive_int(threads, "micro_batching.parallelism.inference"))
         self._pipeline.set_parallelism(parallelism)
+        # From inside a stage call the caller may be a thread to retire: it cannot wait for itself.
+        timeout_s = self._config.join_timeout_s
+        if self.current_micro_batch() is None and not self._pipeline.wait_for_parallelism(
+            timeout_s
+        ):
+            logger.warning(
+                "parallelism %s: threads retired by the scale-down still running after %.1f s "
+                "(each exits when its current call returns)",
+                dict(parallelism),
+                timeout_s,
+            )
+
+    @property
+    def thread_groups(self) -> dict[str, list[threading.Thread]]:
+        """Stage name to the threads serving it, as upstream's ``thread_groups`` (whose
+        tests count them); a snapshot taken at each read."""
+        return self._pipeline.threads()
 
     # -- warming up ------------------------------------------------------------------
 
@@ -393,6 +428,11 @@ class MicroBatching:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown(wait=True)
+
+
+def _rest(config: MicroBatchingConfig) -> MicroBatchingConfig:
+    """``config`` without the settings ``configure`` changes in place."""
+    return replace(config, micro_batch_size=1, parallelism=Parallelism(), on_recompile="warn")
 
 
 def _in_event_loop() -> bool:

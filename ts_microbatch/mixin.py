@@ -11,6 +11,10 @@ marks the worker ready; ``handle`` runs batches through it.
 A compiled model (TorchServe's ``pt2:`` section makes ``self.model`` a ``torch.compile``d
 module) gets one inference thread: a second is refused at load (``ts_microbatch.compiled``
 says why).
+
+A batch must be answered before TorchServe's ``responseTimeout``, or the frontend kills the
+worker and every request of the batch fails: ``timeout_s`` null runs with 90% of it, and a
+``timeout_s`` at or above it is refused at load (:func:`check_timeout`).
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from .compiled import is_compiled, recompile_limit
+from .compiled import check_inference_threads, is_compiled, recompile_limit
 from .config import YAML_SECTION, MicroBatchingConfig, WarmupConfig, load_config
 from .errors import ConfigError
 from .metrics import PipelineObserver
@@ -28,6 +34,14 @@ from .micro_batching import MicroBatching
 from .torchserve_metrics import TorchServeMetricsObserver
 
 logger = logging.getLogger(__name__)
+
+# TorchServe's default_response_timeout (config.properties), in force when model-config.yaml
+# sets no responseTimeout.
+DEFAULT_RESPONSE_TIMEOUT_S = 120
+# timeout_s null runs with this share of responseTimeout: the frontend's clock starts when it
+# sends the batch, a little before handle() is called, so the margin keeps the batch's own
+# answers (504 for what is late) ahead of the frontend killing the worker.
+RESPONSE_TIMEOUT_SHARE = 0.9
 
 
 class MicroBatchingMixin:
@@ -50,7 +64,9 @@ class MicroBatchingMixin:
 
     def initialize(self, context: Any) -> None:
         warn_if_async_batches_break(context)
-        config = self.micro_batching_config(context)
+        config = check_timeout(
+            self.micro_batching_config(context), getattr(context, "model_yaml_config", None)
+        )
         # In the model log, so what a worker actually runs with is never a guess.
         logger.info("micro-batching config: %s", json.dumps(config.as_dict(), sort_keys=True))
         super().initialize(context)  # type: ignore[misc]
@@ -114,14 +130,7 @@ class MicroBatchingMixin:
 
 def check_compiled_config(config: MicroBatchingConfig) -> None:
     """Refuses what a compiled model cannot run; warns about what makes it slow."""
-    threads = config.parallelism.inference
-    if threads > 1:
-        raise ConfigError(
-            f"{YAML_SECTION}.parallelism.inference: got {threads}, expected 1 for a compiled "
-            "model: Dynamo and Inductor are not thread-safe (pytorch/pytorch#118260) and CUDA "
-            "graphs replay only on the thread that recorded them (#123177); the pipeline "
-            "overlaps preprocess and postprocess with the one inference thread"
-        )
+    check_inference_threads(config.parallelism.inference)
     allowed = config.allowed_micro_batch_sizes
     if allowed is None:
         logger.warning(
@@ -136,6 +145,45 @@ def check_compiled_config(config: MicroBatchingConfig) -> None:
             len(allowed),
             recompile_limit(),
         )
+
+
+def response_timeout_s(model_yaml_config: Mapping[str, Any] | None) -> float:
+    """TorchServe's responseTimeout for the model, as far as the worker can know it:
+    model-config.yaml's ``responseTimeout`` (which wins over the register API's
+    ``response_timeout`` in the frontend too), else TorchServe's default, 120 s. A value
+    given only to the register API or as ``default_response_timeout`` never reaches the
+    worker: repeat it in model-config.yaml, or set ``timeout_s``."""
+    value = (model_yaml_config or {}).get("responseTimeout")
+    # As the frontend: a value that is not > 0 is not set.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return DEFAULT_RESPONSE_TIMEOUT_S
+    return float(value)
+
+
+def check_timeout(
+    config: MicroBatchingConfig, model_yaml_config: Mapping[str, Any] | None
+) -> MicroBatchingConfig:
+    """``config`` with a ``timeout_s`` that ends a batch before TorchServe's responseTimeout.
+
+    With ``timeout_s`` null it is 90% of responseTimeout, so ``handle()`` always returns,
+    with a 504 for each request still unanswered, before the frontend gives up on the worker.
+
+    Raises:
+        ConfigError: ``timeout_s`` is at or above responseTimeout: the frontend would kill
+            the worker first, failing every request of the batch and the ones queued behind.
+    """
+    response_s = response_timeout_s(model_yaml_config)
+    if config.timeout_s is None:
+        return replace(config, timeout_s=round(RESPONSE_TIMEOUT_SHARE * response_s, 3))
+    if config.timeout_s >= response_s:
+        raise ConfigError(
+            f"{YAML_SECTION}.timeout_s: got {config.timeout_s:g}, expected less than "
+            f"TorchServe's responseTimeout ({response_s:g} s: model-config.yaml's, else "
+            f"TorchServe's default {DEFAULT_RESPONSE_TIMEOUT_S} s): the frontend kills the "
+            "worker at responseTimeout, failing every request of the batch; lower timeout_s "
+            "or raise responseTimeout in model-config.yaml"
+        )
+    return config
 
 
 def _read_sample(context: Any, name: str) -> bytes:

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+from dataclasses import replace
 
+import pytest
 import torch
 
-from ts_microbatch import PipelineObserver
+from tests.unit.fakes import FakeHandler, expected
+from ts_microbatch import (
+    ConfigError,
+    MicroBatching,
+    MicroBatchingConfig,
+    Parallelism,
+    PipelineObserver,
+)
 from ts_microbatch.compiled import CompiledInference, is_compiled
+
+INFERENCE_REFUSED = "micro_batching.parallelism.inference: got {}, expected 1 for a compiled model"
 
 
 class Recompiles(PipelineObserver):
@@ -62,3 +74,111 @@ def test_without_warm_up_every_compile_is_on_the_request_path() -> None:
         inference(torch.ones(2, 4))
     assert inference.recompiles == 1 and observer.counts == [1]
     torch._dynamo.reset()
+
+
+class WatchedLock:
+    """A lock that tells when a second caller had to wait for it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.contended = threading.Event()
+
+    def __enter__(self) -> WatchedLock:
+        if not self._lock.acquire(blocking=False):
+            self.contended.set()
+            self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.release()
+
+
+def test_calls_from_two_threads_are_serialized() -> None:
+    # A replacement for a stuck inference thread must wait for the model, not enter it
+    # beside the stuck call (Dynamo is not thread-safe).
+    log: list[str] = []
+    first_inside, release = threading.Event(), threading.Event()
+
+    def model(name: str) -> list[str]:
+        log.append(f"{name} in")
+        if name == "a":
+            first_inside.set()
+            assert release.wait(10)
+        log.append(f"{name} out")
+        return [name]
+
+    inference = CompiledInference(model, PipelineObserver())
+    lock = WatchedLock()
+    inference._lock = lock  # type: ignore[assignment]
+    a = threading.Thread(target=inference, args=("a",))
+    b = threading.Thread(target=inference, args=("b",))
+    a.start()
+    assert first_inside.wait(10)
+    b.start()
+    # The scenario: b called while a was inside the model, and had to wait for it.
+    assert lock.contended.wait(10)
+    assert log == ["a in"]
+    release.set()
+    a.join(10)
+    b.join(10)
+    assert log == ["a in", "a out", "b in", "b out"]
+
+
+class Linear(FakeHandler):
+    """FakeHandler whose inference is a compiled model, so recompiles really happen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = torch.compile(torch.nn.Linear(1, 1), backend="eager", dynamic=False)
+
+    def preprocess(self, data: list[int]) -> torch.Tensor:  # type: ignore[override]
+        return torch.tensor(data, dtype=torch.float32).reshape(-1, 1)
+
+    def inference(self, batch: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        with torch.inference_mode():
+            return self.model(batch)  # type: ignore[no-any-return]
+
+    def postprocess(self, batch: torch.Tensor) -> list[float]:  # type: ignore[override]
+        return batch.reshape(-1).tolist()  # type: ignore[no-any-return]
+
+
+def test_defect_compiled_rules_hold_at_run_time() -> None:
+    with pytest.raises(ConfigError, match=INFERENCE_REFUSED.format(2)):
+        MicroBatching(FakeHandler(), parallelism={"inference": 2}, compiled=True)
+    with MicroBatching(FakeHandler(), 2, compiled=True) as mb:
+        before = mb.config
+        with pytest.raises(ConfigError, match=INFERENCE_REFUSED.format(2)):
+            mb.parallelism = {"preprocess": 2, "inference": 2}
+        with pytest.raises(ConfigError, match=INFERENCE_REFUSED.format(3)):
+            mb.configure(replace(before, parallelism=Parallelism(inference=3)))
+        # Refused whole: nothing changed, and one thread still serves inference.
+        assert mb.config == before
+        assert len(mb.thread_groups["inference"]) == 1
+        assert mb.handle([1, 2, 3]) == expected([1, 2, 3])
+        # What a compiled model may change still changes.
+        mb.parallelism = {"preprocess": 2, "inference": 1}
+        assert mb.parallelism == {"preprocess": 2, "inference": 1, "postprocess": 1}
+
+
+def test_defect_configure_applies_on_recompile(caplog: pytest.LogCaptureFixture) -> None:
+    torch._dynamo.reset()
+    config = MicroBatchingConfig(micro_batch_size=2)
+    with MicroBatching(Linear(), config=config, compiled=True) as mb:
+        assert mb.compiled is not None and mb.compiled.on_recompile == "warn"
+        threads = mb.thread_groups
+        mb.configure(replace(config, on_recompile="error"))
+        assert mb.compiled.on_recompile == "error" and mb.config.on_recompile == "error"
+        assert mb.thread_groups == threads  # changed in place: the same inference thread
+        with caplog.at_level(logging.WARNING, logger="ts_microbatch.compiled"):
+            mb.handle([1, 2])  # no warm-up: this compile is on the request path
+        assert mb.compiled.recompiles == 1
+        (record,) = [r for r in caplog.records if r.name == "ts_microbatch.compiled"]
+        assert record.levelno == logging.ERROR and "recompiled" in record.getMessage()
+    torch._dynamo.reset()
+
+
+def test_on_recompile_refuses_an_unknown_level() -> None:
+    inference = CompiledInference(lambda x: x, PipelineObserver())
+    with pytest.raises(ConfigError, match="micro_batching.on_recompile: got 'loud'"):
+        inference.on_recompile = "loud"
+    assert inference.on_recompile == "warn"

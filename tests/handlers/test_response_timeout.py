@@ -1,0 +1,90 @@
+"""``timeout_s`` against TorchServe's ``responseTimeout``, through TorchServe's own loader.
+
+The frontend kills a worker that has not answered a batch within responseTimeout, failing
+every request of the batch: ``handle()`` must answer first. So ``timeout_s: null`` runs
+with 90% of responseTimeout, and a ``timeout_s`` at or above it fails the load.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.compiled_model import build
+from tests.handlers.ts_machinery import decode, load_service, request
+from ts_microbatch import ConfigError
+
+ROW = json.dumps([0.5] * 16).encode()
+
+
+def load(tmp_path: Path, micro_batching: dict[str, Any], **top: Any) -> tuple[Any, Any]:
+    config = build.model_config(micro_batching, compiled=False, **top)
+    directory = build.model_dir(tmp_path / "tiny", config)
+    service = load_service(directory, model_name="tiny", handler="tiny_handler.py")
+    return service, service._entry_point.__self__
+
+
+@pytest.mark.parametrize(("top", "timeout_s"), [({}, 108.0), ({"responseTimeout": 20}, 18.0)])
+def test_timeout_null_runs_with_90_percent_of_response_timeout(
+    tmp_path: Path, top: dict[str, Any], timeout_s: float
+) -> None:
+    _, handler = load(tmp_path, {"timeout_s": None}, **top)
+    try:
+        assert handler.micro_batching.config.timeout_s == timeout_s
+    finally:
+        handler.micro_batching.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "top", "response_s"),
+    [(20, {"responseTimeout": 20}, 20), (30, {"responseTimeout": 20}, 20), (120, {}, 120)],
+)
+def test_timeout_s_at_or_above_response_timeout_fails_the_load(
+    tmp_path: Path, timeout_s: int, top: dict[str, Any], response_s: int
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, {"timeout_s": timeout_s}, **top)
+    message = str(info.value)
+    assert message.startswith(f"micro_batching.timeout_s: got {timeout_s}, expected less than")
+    assert f"responseTimeout ({response_s} s" in message
+
+
+def test_timeout_s_below_response_timeout_is_kept(tmp_path: Path) -> None:
+    _, handler = load(tmp_path, {"timeout_s": 19.5}, responseTimeout=20)
+    try:
+        assert handler.micro_batching.config.timeout_s == 19.5
+    finally:
+        handler.micro_batching.shutdown()
+
+
+def test_hang_timeout_null_answers_a_stuck_batch_before_response_timeout(
+    tmp_path: Path,
+) -> None:
+    service, handler = load(tmp_path, {"micro_batch_size": 2}, responseTimeout=1)
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(batch: Any) -> Any:
+        entered.set()
+        release.wait(60)
+        raise RuntimeError("released")
+
+    handler.inference = stuck
+    answers: list[bytes] = []
+    caller = threading.Thread(
+        target=lambda: answers.append(service.predict([request(i, ROW) for i in range(3)]))
+    )
+    try:
+        caller.start()
+        assert entered.wait(30), "the batch never reached inference"
+        caller.join(30)
+        assert not caller.is_alive(), "handle() did not return while inference was stuck"
+    finally:
+        release.set()
+        caller.join(60)
+        handler.micro_batching.shutdown()
+    code, got = decode(answers[0])
+    assert code == 200 and [status for _, status, _ in got] == [504] * 3
