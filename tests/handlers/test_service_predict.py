@@ -9,6 +9,7 @@ the way the frontend reads it, so each request's status and body are what a clie
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shutil
 from collections.abc import Iterator
@@ -145,7 +146,13 @@ def test_hang_json_envelope_status_landed_on_another_request(extracted_mar: Path
         service._entry_point.__self__._handle_fn.shutdown()
 
 
-def test_kserve_v1_and_v2_requests_mixed_with_plain_ones_in_one_batch(service: Any) -> None:
+def test_kserve_v1_and_v2_requests_mixed_with_plain_ones_in_one_batch(
+    service: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As the KServe bundle deploys it (kserve: true): {"instances": ...} bodies are v1
+    # requests too, not only the strict v2 shape the default "auto" takes.
+    drop_in = service._entry_point  # DropInHandler.handle is the MicroBatching object
+    monkeypatch.setattr(drop_in, "_config", dataclasses.replace(drop_in.config, kserve=True))
     images = good_jpegs(5, first_seed=90)
     b64 = [base64.b64encode(image).decode() for image in images]
     _, plain = decode(service.predict([request(i, image) for i, image in enumerate(images)]))
