@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import http
+import itertools
 import json
 import logging
 import math
@@ -274,34 +275,37 @@ def _v2_rows(inputs: Any) -> list[Any]:
         raise ProtocolError(f"input {name!r}: shape {shape} holds no instance")
     if not isinstance(data, list):
         raise ProtocolError(f"input {name!r}: data must be a list")
-    flat = _flatten(data, shape, name)
+    flat, types = _flatten(data, shape, name)
     if datatype == "BYTES":
-        return _bytes_rows(flat, shape, name)
-    array = _numeric(flat, datatype, name).reshape(shape)
+        return _bytes_rows(flat, types, shape, name)
+    array = _numeric(flat, types, datatype, name).reshape(shape)
     return [{"data": array[i].tolist()} for i in range(shape[0])]
 
 
-def _flatten(data: list[Any], shape: list[int], name: Any) -> list[Any]:
-    """The elements of ``data`` in row-major order: OIP sends it flat, or nested as the shape."""
+def _flatten(data: list[Any], shape: list[int], name: Any) -> tuple[list[Any], set[type]]:
+    """The elements of ``data`` in row-major order (OIP sends it flat, or nested as the
+    shape) and the set of their types."""
     size = math.prod(shape)
-    if not any(isinstance(x, list) for x in data):
+    types = set(map(type, data))  # one pass in C: a large tensor is 150,000 numbers
+    if list not in types:
         if len(data) != size:
             raise ProtocolError(
                 f"input {name!r}: shape {shape} holds {size} values, data has {len(data)}"
             )
-        return data
+        return data, types
     level: list[Any] = [data]
     for dim in shape:
-        if not all(isinstance(x, list) and len(x) == dim for x in level):
+        if not all(type(x) is list and len(x) == dim for x in level):
             raise ProtocolError(f"input {name!r}: nested data does not have shape {shape}")
-        level = [element for x in level for element in x]
-    if any(isinstance(x, list) for x in level):
+        level = list(itertools.chain.from_iterable(level))
+    types = set(map(type, level))
+    if list in types:
         raise ProtocolError(f"input {name!r}: nested data is deeper than shape {shape}")
-    return level
+    return level, types
 
 
-def _bytes_rows(flat: list[Any], shape: list[int], name: Any) -> list[Any]:
-    if not all(isinstance(x, str) for x in flat):
+def _bytes_rows(flat: list[Any], types: set[type], shape: list[int], name: Any) -> list[Any]:
+    if not types <= {str}:
         raise ProtocolError(f"input {name!r}: BYTES data must be strings")
     n = shape[0]
     per = len(flat) // n
@@ -311,43 +315,45 @@ def _bytes_rows(flat: list[Any], shape: list[int], name: Any) -> list[Any]:
     return [{"data": instances[i].tolist()} for i in range(n)]
 
 
-def _numeric(flat: list[Any], datatype: str, name: Any) -> np.ndarray[Any, Any]:
+# The JSON types each kind of datatype accepts: numpy would read "1" as 1, true as 1 and
+# truncate 1.5 to 1 without a word.
+_JSON_TYPES: dict[str, tuple[set[type], str]] = {
+    "b": ({bool}, "true or false"),
+    "i": ({int}, "integers"),
+    "u": ({int}, "integers"),
+    "f": ({int, float}, "numbers"),
+}
+
+
+def _numeric(flat: list[Any], types: set[type], datatype: str, name: Any) -> np.ndarray[Any, Any]:
     """``flat`` as an array of ``datatype``, refusing values that would change on the way
-    (numpy would wrap 300 into INT8, read "1" as 1, or truncate 1.5 to 1)."""
+    (numpy would wrap 300 into INT8)."""
     target = np.dtype(V2_DATATYPES[datatype])
+    allowed, expected = _JSON_TYPES[target.kind]
+    if not types <= allowed:
+        raise ProtocolError(f"input {name!r}: data is not {datatype}: expected {expected}")
     if not flat:
         return np.zeros(0, dtype=target)
-    values = np.asarray(flat)
-    kind = values.dtype.kind
-    if kind == "O" and target.kind == "f" and all(_is_number(x) for x in flat):
-        values = np.asarray([float(x) for x in flat])  # integers past 64 bits, as floats
-        kind = "f"
-    if kind == "O" and target.kind in "iu" and all(_is_number(x) for x in flat):
-        raise ProtocolError(f"input {name!r}: data is not {datatype}: a value is out of range")
-    allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[target.kind]
-    if kind not in allowed:
-        expected = {"b": "true or false", "i": "integers", "u": "integers", "f": "numbers"}
-        raise ProtocolError(
-            f"input {name!r}: data is not {datatype}: expected {expected[target.kind]}"
-        )
     if target.kind in "iu":
+        values = np.asarray(flat)  # int64, uint64, or objects past 64 bits
         info = np.iinfo(target)  # type: ignore[type-var]
-        low, high = values.min(), values.max()
+        low, high = (
+            (min(flat), max(flat)) if values.dtype.kind == "O" else (values.min(), values.max())
+        )
         if low < info.min or high > info.max:
             raise ProtocolError(
                 f"input {name!r}: data is not {datatype}: {low if low < info.min else high} "
                 f"is out of range {info.min}..{info.max}"
             )
         return values.astype(target)
+    values = np.asarray(flat, dtype=np.float64)
+    if target == values.dtype:
+        return values
     with np.errstate(all="ignore"):
         converted = values.astype(target)
-    if target.kind == "f" and not np.array_equal(np.isfinite(converted), np.isfinite(values)):
+    if not np.array_equal(np.isfinite(converted), np.isfinite(values)):
         raise ProtocolError(f"input {name!r}: data is not {datatype}: a value is out of range")
     return converted
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass

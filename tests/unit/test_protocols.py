@@ -190,9 +190,11 @@ def test_defect_one_body_failed_its_whole_batch(kserve: bool | str) -> None:
         (v2("INT64", [2], [1, None]), "data is not INT64"),
         (v2("BOOL", [2], [1, 0]), "data is not BOOL: expected true or false"),
         (v2("FP32", [1], [True]), "data is not FP32"),
+        (v2("INT64", [2], [True, 2]), "data is not INT64"),  # numpy would read True as 1
+        (v2("FP32", [2], [False, 1.5]), "data is not FP32"),
         (v2("UINT8", [1], [-1]), "-1 is out of range 0..255"),
         (v2("INT8", [2], [1, 300]), "300 is out of range -128..127"),
-        (v2("INT64", [1], [2**70]), "data is not INT64: a value is out of range"),
+        (v2("INT64", [1], [2**70]), f"data is not INT64: {2**70} is out of range"),
         (v2("UINT64", [1], [-(2**70)]), "out of range"),
         (v2("FP16", [1], [1e6]), "data is not FP16: a value is out of range"),
         (v2("FP32", [2, 2], [[1.0, 2.0], [3.0]]), "nested data does not have shape [2, 2]"),
