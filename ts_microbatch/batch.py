@@ -1,9 +1,16 @@
 """What the pipeline carries: a batch with its own context, and the micro-batches cut from it.
 
 A ``Batch`` is created per ``Pipeline.submit_batch`` call and owns everything that belongs
-to that batch alone: one future per request, the caller's context (request ids, headers,
-statuses), and where each failed request failed. Micro-batches point at their batch, so a
-stage thread running a micro-batch of an old batch never reads the state of a newer one.
+to that batch alone: one future per item, which request each item belongs to (``owners``),
+the caller's context (request ids, headers, statuses), and where each failed item failed.
+Micro-batches point at their batch, so a stage thread running a micro-batch of an old batch
+never reads the state of a newer one.
+
+Items and requests: an item is what a stage sees as one row; a request is a row of the
+batch TorchServe handed over. A plain request is one item; a KServe request of n instances
+is n consecutive items (``ts_microbatch.protocols``); a malformed one has none. ``owners[i]``
+is the request index of item i, so whatever is per request (ids, headers, statuses, metric
+lines, whether a failure is one request's) is looked up through it, never by item index.
 """
 
 from __future__ import annotations
@@ -46,26 +53,73 @@ class MicroBatchInfo(NamedTuple):
     """Where the micro-batch a stage thread is working on sits in its batch."""
 
     micro_batch_idx: int  # its place among the batch's micro-batches; re-run halves keep it
-    offset: int  # index of its first request in the full batch
-    size: int  # number of requests in it
+    offset: int  # index of its first item among the batch's items
+    size: int  # number of items in it (real ones: padding is not counted)
     attempt: int  # 0 on the first run, n when re-run n times to isolate a failure
     context: Any = None  # the context its batch was submitted with; never another batch's
+    # The request index of each of its items, in order; None: item i is request i.
+    owners: tuple[int, ...] | None = None
 
     @property
-    def request_indices(self) -> range:
-        """Indices of its requests in the full batch (for context.request_ids and headers)."""
-        return range(self.offset, self.offset + self.size)
+    def item_requests(self) -> tuple[int, ...]:
+        """The request index (a row of ``context``) of each of its items, in order."""
+        if self.owners is None:
+            return tuple(range(self.offset, self.offset + self.size))
+        return self.owners
+
+    @property
+    def request_indices(self) -> tuple[int, ...]:
+        """The distinct request indices of its items, in order (rows of ``context``)."""
+        return tuple(dict.fromkeys(self.item_requests))
+
+
+def check_owners(owners: Sequence[int], size: int) -> tuple[int, ...]:
+    """``owners`` as a tuple, checked: one request index (an int >= 0) per item, each
+    request's items consecutive and the requests in order (non-decreasing).
+
+    Raises:
+        ValueError: ``owners`` breaks one of those rules.
+    """
+    checked = tuple(owners)
+    if len(checked) != size:
+        raise ValueError(f"owners: got {len(checked)} request indices for {size} items")
+    previous = 0
+    for item, owner in enumerate(checked):
+        if not isinstance(owner, int) or isinstance(owner, bool) or owner < previous:
+            raise ValueError(
+                f"owners[{item}]: got {owner!r}, expected an integer >= {previous} (each "
+                "request's items consecutive, requests in order)"
+            )
+        previous = owner
+    return checked
+
+
+_thread = threading.local()  # the micro-batch whose stage call this thread is running
+
+
+def current_micro_batch() -> MicroBatchInfo | None:
+    """The micro-batch whose stage call the calling thread is running, during the call and
+    its report to the observer (a thread runs one stage call at a time); None elsewhere."""
+    info: MicroBatchInfo | None = getattr(_thread, "info", None)
+    return info
+
+
+def set_current_micro_batch(info: MicroBatchInfo | None) -> None:
+    """Called by the pipeline around a stage call; None once it is over."""
+    _thread.info = info
 
 
 class Batch:
-    """One submitted batch: its futures, its context and the failures of its requests.
+    """One submitted batch: its futures, its context and the failures of its items.
 
     Args:
-        size: number of requests.
+        size: number of items.
         context: the caller's object for this batch (a TorchServe context); the pipeline
             hands it to stage threads through ``MicroBatchInfo.context`` and never reads it.
-        on_timeout: called after ``wait`` timed out and failed the late requests.
+        on_timeout: called after ``wait`` timed out and failed the late items.
         quiet: a warm-up batch: not reported to metrics or to the automatic size.
+        owners: the request index of each item (see ``check_owners``); None: item i is
+            request i.
     """
 
     def __init__(
@@ -75,24 +129,20 @@ class Batch:
         on_timeout: Callable[[], None] | None = None,
         *,
         quiet: bool = False,
+        owners: Sequence[int] | None = None,
     ) -> None:
         self.futures: list[Future[Any]] = [Future() for _ in range(size)]
         self.context = context
         self.quiet = quiet
+        self.owners = check_owners(owners, size) if owners is not None else None
         self.created_at = time.monotonic()
         self._on_timeout = on_timeout
         self._lock = threading.Lock()
         self._failures: dict[int, RequestFailure] = {}
-        # True once any request of the batch got through the first stage: a request that
-        # then fails there alone is evidently failing because of its own input.
+        # True once any item of the batch got through the first stage: a request that then
+        # fails there alone is evidently failing because of its own input.
         self.first_stage_passed = False
-        # For ts_microbatch.isolation: the stage index -> exception type judged systemic for
-        # this batch, how many micro-batches it was cut into, and how many of their first
-        # runs failed, by (stage index, exception type).
-        self.systemic: dict[int, type[BaseException]] = {}
-        self.micro_batches = 0
-        self.timed_out = False  # set once its late requests were failed with a timeout
-        self.first_run_failures: dict[tuple[int, type[BaseException]], int] = {}
+        self.timed_out = False  # set once its late items were failed with a timeout
         self._remaining = size
         self._when_answered: list[Callable[[Batch], None]] = []
         for future in self.futures:
@@ -118,12 +168,16 @@ class Batch:
     def __len__(self) -> int:
         return len(self.futures)
 
+    def owner(self, item: int) -> int:
+        """The request index of item ``item``."""
+        return item if self.owners is None else self.owners[item]
+
     def record_failure(self, index: int, failure: RequestFailure) -> None:
         with self._lock:
             self._failures.setdefault(index, failure)
 
     def failure(self, index: int) -> RequestFailure | None:
-        """Where request ``index`` failed in a stage; None if it did not fail in one."""
+        """Where item ``index`` failed in a stage; None if it did not fail in one."""
         with self._lock:
             return self._failures.get(index)
 
@@ -152,7 +206,7 @@ class Batch:
 
 
 class _MicroBatch:
-    """A slice of a batch on its way through the stages."""
+    """A slice of a batch's items on its way through the stages."""
 
     __slots__ = (
         "batch",
@@ -170,7 +224,7 @@ class _MicroBatch:
     ) -> None:
         self.batch = batch
         self.index = index  # its place among the batch's micro-batches; halves keep it
-        self.offset = offset  # index of its first request in the batch
+        self.offset = offset  # index of its first item in the batch
         self.items = items
         self.payload: Any = list(items)
         self.attempt = attempt
@@ -182,19 +236,36 @@ class _MicroBatch:
 
     @property
     def indices(self) -> range:
-        """Its requests' places in the batch."""
+        """Its items' places in the batch."""
         return range(self.offset, self.offset + len(self.items))
+
+    @property
+    def owners(self) -> tuple[int, ...]:
+        """The request index of each of its items."""
+        owners = self.batch.owners
+        if owners is None:
+            return tuple(self.indices)
+        return owners[self.offset : self.offset + len(self.items)]
+
+    def one_request(self) -> bool:
+        """True when its items all belong to one request (owners are non-decreasing)."""
+        owners = self.owners
+        return owners[0] == owners[-1]
 
     @property
     def futures(self) -> list[Future[Any]]:
         return self.batch.futures[self.offset : self.offset + len(self.items)]
 
     def answered(self) -> bool:
-        """True when every request is resolved already (timed out or cancelled): stale work."""
+        """True when every item is resolved already (timed out or cancelled): stale work."""
         return all(f.done() for f in self.futures)
 
     def halves(self) -> tuple[_MicroBatch, _MicroBatch]:
-        mid = len(self.items) // 2
+        """Two halves that split no request: cut at the request boundary nearest the middle
+        (the middle itself when each item is its own request, or all are one request's)."""
+        owners, middle = self.owners, len(self.items) // 2
+        boundaries = [i for i in range(1, len(owners)) if owners[i] != owners[i - 1]]
+        mid = min(boundaries, key=lambda i: abs(i - middle)) if boundaries else middle
         return (
             _MicroBatch(self.batch, self.index, self.offset, self.items[:mid], self.attempt + 1),
             _MicroBatch(

@@ -1,22 +1,45 @@
-"""A TorchServe context pinned to one batch.
+"""A TorchServe context pinned to one batch, and the view of it a stage call gets.
 
 TorchServe's synchronous worker keeps one ``ts.context.Context`` for the life of the model
-and overwrites its ``request_ids`` and ``request_processor`` (headers and statuses) for each
-batch. A micro-batch still running after its batch timed out would read the next batch's
-requests through it. ``BatchContext`` takes the per-request parts when the batch arrives
-and delegates everything else (model name, system properties, metrics) to the live context.
+and overwrites its ``request_ids`` and ``request_processor`` for each batch
+(``ts.service.Service.predict``). Everything per request lives there: the request ids, the
+request headers (and the sequence id, which is one), the response status and the response
+headers (content type included). A micro-batch still running after its batch timed out
+would read and write the next batch's requests through the live context. ``BatchContext``
+pins all of it when the batch arrives; what is the model's (name, manifest, system
+properties, metrics) is read from the live context.
+
+Indexing. A ``BatchContext`` is indexed by request, as TorchServe's: index i is row i of the
+batch ``handle()`` got. A stage call sees items, not requests (a KServe request of n
+instances is n items; a malformed one none), so ``BatchContext.for_rows(owners)`` gives the
+view a stage call gets: index i is row i of the stage's input, resolved to the request that
+row came from (``owners[i]``). Every row of one KServe request resolves to that request; a
+row that holds no request (padding, out of range) resolves to none: it reads as unknown
+(None, {}) and writes to it are dropped. So no index can reach a request outside the
+micro-batch, let alone another batch's. ``get_response_status`` of such a row raises
+IndexError, as TorchServe's does for an index past its batch.
+
+Not pinned: ``context.metrics`` is TorchServe's metrics cache, which looks request ids up in
+the live batch; the pipeline's own metric lines carry their micro-batch's request id
+(``ts_microbatch.torchserve_metrics``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+_SEQUENCE_ID_HEADER = "ts_request_sequence_id"  # TorchServe's default (TS_REQUEST_SEQUENCE_ID)
+_NO_REQUEST = -1  # in a view's rows: a row that holds no request
 
 
 class BatchContext:
     """The per-request view of ``context`` as it was when a batch arrived.
 
-    Works with any object shaped like ``ts.context.Context``: when it has no
-    ``request_ids`` dict or ``request_processor`` list, the calls go to it unchanged.
+    Works with any object shaped like ``ts.context.Context``. When it has no
+    ``request_ids`` dict or ``request_processor`` list (TorchServe's ``MockContext``, what
+    handler authors unit-test with), calls go to it when it has the method, and otherwise
+    read as unknown and write nothing.
     """
 
     def __init__(self, context: Any) -> None:
@@ -26,79 +49,186 @@ class BatchContext:
         # Each batch gets a new list of RequestProcessor objects, so holding the list pins it.
         processors = getattr(context, "request_processor", None)
         self._processors: list[Any] | None = processors if isinstance(processors, list) else None
+        self._rows: tuple[int, ...] | None = None  # set on a view made by for_rows
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_context":  # copy, pickle, a half-built view
+            raise AttributeError(name)
         return getattr(self._context, name)
+
+    def for_rows(self, owners: Sequence[int]) -> BatchContext:
+        """The view of this batch a stage call gets: index i is row i of the stage's input,
+        whose request is ``owners[i]``, an index of this context (``for_rows(())`` reaches
+        no request at all)."""
+        if self._rows is None:
+            return self._view(tuple(owners))
+        rows = self._rows
+        return self._view(tuple(rows[o] if 0 <= o < len(rows) else _NO_REQUEST for o in owners))
+
+    def _view(self, rows: tuple[int, ...] | None) -> BatchContext:
+        view = BatchContext.__new__(BatchContext)
+        view._context = self._context
+        view._request_ids = self._request_ids  # shared: pinned when the batch arrived
+        view._processors = self._processors
+        view._rows = rows
+        return view
 
     @property
     def context(self) -> Any:
         """The live context this view was taken from."""
         return self._context
 
+    # -- index resolution --------------------------------------------------------------
+
+    def _row(self, idx: object) -> int | None:
+        """The request index (a row of the live batch) ``idx`` resolves to; None for none."""
+        if not isinstance(idx, int) or idx < 0:
+            return None
+        if self._rows is None:
+            return idx
+        request = self._rows[idx] if idx < len(self._rows) else _NO_REQUEST
+        return None if request == _NO_REQUEST else request
+
+    def _indices(self) -> list[int]:
+        """The distinct requests this view reaches, in order."""
+        if self._rows is not None:
+            return [r for r in dict.fromkeys(self._rows) if r != _NO_REQUEST]
+        if self._processors is not None:
+            return list(range(len(self._processors)))
+        return list(self._request_ids or {})
+
+    def _processor(self, idx: Any) -> Any:
+        request = self._row(idx)
+        processors = self._processors
+        if request is None or processors is None or request >= len(processors):
+            return None
+        return processors[request]
+
+    def _live(self, name: str, idx: Any, *args: Any, default: Any = None) -> Any:
+        """Calls the live context's ``name`` for ``idx``'s request (no processor list)."""
+        request = self._row(idx)
+        method = getattr(self._context, name, None)  # None: MockContext lacks it
+        if request is None or method is None:
+            return default
+        return method(request, *args)
+
+    # -- request ids ---------------------------------------------------------------------
+
     @property
     def request_ids(self) -> dict[int, str] | None:
-        # TorchServe's MockContext (what handler authors unit-test with) has no request ids,
-        # no request_processor and no response statuses: the view then knows none.
-        if self._request_ids is not None:
-            return self._request_ids
-        return getattr(self._context, "request_ids", None)
+        ids = self._request_ids
+        if ids is None:
+            ids = getattr(self._context, "request_ids", None)
+            if not isinstance(ids, dict):
+                return None
+        if self._rows is None:
+            return ids
+        return {row: ids[r] for row, r in enumerate(self._rows) if r in ids}
 
     @property
     def request_count(self) -> int | None:
-        """How many requests the batch has, when the context says."""
+        """How many requests (rows, on a stage's view) the batch has, when the context says."""
+        if self._rows is not None:
+            return len(self._rows)
         ids = self.request_ids
         return len(ids) if isinstance(ids, dict) else None
 
     def get_request_id(self, idx: int = 0) -> str | None:
         if self._request_ids is None:
-            live = getattr(self._context, "get_request_id", None)  # None: MockContext
-            return live(idx) if live is not None else None  # type: ignore[no-any-return]
-        return self._request_ids.get(idx)
+            live_id: str | None = self._live("get_request_id", idx)
+            return live_id
+        request = self._row(idx)
+        return None if request is None else self._request_ids.get(request)
 
-    def _processor(self, idx: int) -> Any:
-        processors = self._processors
-        if processors is None or not 0 <= idx < len(processors):
-            return None
-        return processors[idx]
+    # -- request headers -----------------------------------------------------------------
+
+    @property
+    def request_processor(self) -> list[Any] | None:
+        """The batch's RequestProcessors (one per row, on a stage's view)."""
+        if self._processors is None:
+            return getattr(self._context, "request_processor", None)
+        if self._rows is None:
+            return self._processors
+        return [self._processor(row) for row in range(len(self._rows))]
 
     def get_request_header(self, idx: int, key: str) -> str | None:
         if self._processors is None:
-            return self._context.get_request_header(idx, key)  # type: ignore[no-any-return]
+            header: str | None = self._live("get_request_header", idx, key)
+            return header
         processor = self._processor(idx)
         return None if processor is None else processor.get_request_property(key)
 
     def get_all_request_header(self, idx: int) -> dict[str, str]:
         if self._processors is None:
-            return self._context.get_all_request_header(idx)  # type: ignore[no-any-return]
+            headers: dict[str, str] = self._live("get_all_request_header", idx, default={})
+            return headers
         processor = self._processor(idx)
         return {} if processor is None else processor.get_request_properties()
 
+    def get_sequence_id(self, idx: int) -> str | None:
+        if self._processors is None:
+            sequence_id: str | None = self._live("get_sequence_id", idx)
+            return sequence_id
+        header = getattr(self._context, "header_key_sequence_id", _SEQUENCE_ID_HEADER)
+        return self.get_request_header(idx, header)
+
+    # -- response status -----------------------------------------------------------------
+
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
         if self._processors is None:
+            request = self._row(idx)
             live = getattr(self._context, "set_response_status", None)  # None: MockContext
-            if live is not None:
-                live(code, phrase, idx)
+            if request is not None and live is not None:
+                live(code, phrase, request)
             return
         processor = self._processor(idx)
         if processor is not None:
             processor.report_status(code, reason_phrase=phrase)
 
-    def get_response_status(self, idx: int) -> tuple[int, str]:
+    def set_all_response_status(self, code: int = 200, phrase: str = "") -> None:
+        """Sets the status of every request this view reaches (a stage's: its own)."""
+        if self._processors is None and self._rows is None:
+            live = getattr(self._context, "set_all_response_status", None)
+            if live is not None:
+                live(code, phrase)
+            return
+        by_request = self._view(None)
+        for request in self._indices():
+            by_request.set_response_status(code, phrase, request)
+
+    def get_response_status(self, idx: int) -> tuple[int, str | None]:
+        if self._row(idx) is None:
+            raise IndexError(f"no request at index {idx!r}")
         if self._processors is None:
-            return self._context.get_response_status(idx)  # type: ignore[no-any-return]
+            # A context with no statuses (MockContext) has set none: TorchServe's default.
+            status: tuple[int, str | None] = self._live(
+                "get_response_status", idx, default=(200, None)
+            )
+            return status
         processor = self._processor(idx)
+        if processor is None:
+            raise IndexError(f"no request at index {idx!r}")
         return (processor.get_response_status_code(), processor.get_response_status_phrase())
 
-    def set_response_content_type(self, idx: int, value: str) -> None:
+    # -- response headers ----------------------------------------------------------------
+
+    def set_response_header(self, idx: int, key: str, value: str) -> None:
         if self._processors is None:
-            self._context.set_response_content_type(idx, value)
+            self._live("set_response_header", idx, key, value)
             return
         processor = self._processor(idx)
         if processor is not None:
-            processor.add_response_property("content-type", value)
+            processor.add_response_property(key, value)
+
+    def get_response_headers(self, idx: int) -> dict[str, str]:
+        if self._processors is None:
+            response_headers: dict[str, str] = self._live("get_response_headers", idx, default={})
+            return response_headers
+        processor = self._processor(idx)
+        return {} if processor is None else processor.get_response_headers()
+
+    def set_response_content_type(self, idx: int, value: str) -> None:
+        self.set_response_header(idx, "content-type", value)
 
     def get_response_content_type(self, idx: int) -> str | None:
-        if self._processors is None:
-            return self._context.get_response_content_type(idx)  # type: ignore[no-any-return]
-        processor = self._processor(idx)
-        return None if processor is None else processor.get_response_header("content-type")
+        return self.get_response_headers(idx).get("content-type")

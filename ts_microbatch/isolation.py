@@ -1,45 +1,62 @@
 """Which requests of a failed micro-batch are to blame: bisection with a bounded cost.
 
+Bisection works on requests, not items. A KServe request of n instances is n consecutive
+items of one request (``Batch.owners``). A failed micro-batch of several requests is split
+at a request boundary, and every verdict below counts requests, so the instances of one
+request failing alike never look like a broken stage. A failed micro-batch of one request
+is that request's own failure; it is split on only to name the failing instance in the
+answer: when both halves fail alike, both fail as that request's (its answer is one error
+anyway), so a request's part of a micro-batch costs at most three calls unless a single
+instance is to blame, and then about 2*log2(n).
+
 A micro-batch that fails in a stage is split in halves that start over from the first
 stage. What happens next depends on both halves' outcomes in that stage:
 
 * one half fails, the other passes: the failing half is split again, so one bad request
   among n costs about 2*log2(n) extra stage calls;
-* every micro-batch of the batch (four or more) fails its first run in the same stage
-  with the same exception type: the failure is judged **systemic** at once, and every
-  request of the batch not yet answered fails with that error. A broken stage so costs
-  one call per micro-batch, plus the few halves already running;
+* every micro-batch of the batch fails its first run in the same stage with the same
+  exception type, and it takes at least four requests to explain that (a request whose
+  items are in several micro-batches counts once): the failure is judged **systemic** at
+  once, and every request of the batch not yet answered fails with that error. A broken
+  stage so costs one call per micro-batch, plus the few halves already running;
 * both halves fail there with the same exception type: that is evidence of a failure that
   is not one request's (a broken model fails every input). One more level is tried on
   one half, the *probe*, while the other half is held back. If both halves of the probe
-  fail the same way as well, the failure is judged **systemic**: every request of the
-  micro-batch fails with its error, and for the rest of the batch a micro-batch failing in
-  that stage with that type is failed whole, without bisection. So a broken stage costs
-  about one call per micro-batch plus four for the first one, instead of 2n - 1.
-  Otherwise bisection goes on in the probe and in the held half as usual.
+  fail the same way as well, three parts that share no request failed alike, and the
+  failure is judged **systemic**: every request of the micro-batch fails with its error,
+  and for the rest of the batch a micro-batch failing in that stage with that type is
+  failed whole, without bisection. So a broken stage costs about one call per micro-batch
+  plus four for the first one, instead of 2n - 1. Otherwise bisection goes on in the probe
+  and in the held half as usual.
 
 An error that means bad input (a ``RequestError``, a ``PredictionException`` with a 4xx
 code, or a decoder error ``ts_microbatch.status`` maps to 4xx) never leads to a systemic
-verdict: it is always bisected down to the request. For other errors, a request is
-isolated exactly when its micro-batch holds at most two failing requests and fewer than
-all of four or more micro-batches of its batch fail; otherwise the verdict can be
-systemic, and requests that would have succeeded fail with the others.
+verdict: it is always bisected down to the request. For other errors, every failing
+request is isolated when its micro-batch holds at most two failing requests and the batch
+at most three; otherwise the verdict can be systemic, and requests that would have
+succeeded fail with the others.
 
 Every decision is returned as an ``Outcome`` for the pipeline to carry out; this module
-starts no threads and resolves no futures.
+starts no threads and resolves no futures. Its bookkeeping (verdicts, first-run failures)
+is its own, kept per batch by the ``Isolator``, so the state machine can be driven and
+tested without a pipeline: ``track`` a batch, then report ``passed``, ``failed`` and
+``dropped`` micro-batches and carry out the outcomes.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
+import weakref
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from .batch import Batch, _MicroBatch
 from .status import status_code_for
 
-# Below this many micro-batches, "every one failed" is weak evidence (two micro-batches
-# with one bad request each fail both), so the probe decides instead.
-MIN_MICRO_BATCHES_FOR_BATCH_VERDICT = 4
+# Below this many requests to blame, "every micro-batch failed" is weak evidence (two
+# micro-batches with one bad request each fail both), so the probe decides instead.
+MIN_REQUESTS_FOR_BATCH_VERDICT = 4
 
 
 def declared_per_request(error: BaseException) -> bool:
@@ -48,9 +65,29 @@ def declared_per_request(error: BaseException) -> bool:
     return status_code_for(error) < 500
 
 
+def fewest_requests(owners: Sequence[int] | None, spans: Sequence[range]) -> int:
+    """The fewest requests whose items meet every one of ``spans``: how many bad requests
+    it takes, at least, to fail all those micro-batches.
+
+    Args:
+        owners: the request index of each item, non-decreasing; None: item i is request i.
+        spans: the micro-batches' item ranges, disjoint and in order.
+    """
+    if owners is None:
+        return len(spans)
+    count, reached = 0, -1  # reached: the last item of the last request counted
+    for span in spans:
+        if span.start <= reached:
+            continue  # the last request counted has items here too
+        # Of the requests in this span, the one holding its last item reaches furthest.
+        reached = bisect.bisect_right(owners, owners[span[-1]]) - 1
+        count += 1
+    return count
+
+
 class Fail(NamedTuple):
-    """Fail ``mb``'s requests with the ``error`` raised in ``stage``; ``isolated`` when it
-    holds one request that failed on its own."""
+    """Fail ``mb``'s items with the ``error`` raised in ``stage``; ``isolated`` when they
+    all belong to one request that failed on its own."""
 
     mb: _MicroBatch
     error: BaseException
@@ -61,33 +98,53 @@ class Fail(NamedTuple):
 class Outcome(NamedTuple):
     rerun: list[_MicroBatch]  # to queue again at the first stage
     fail: list[Fail]
-    # Set when a whole batch is judged systemic: fail every request of it not yet answered.
+    # Set when a whole batch is judged systemic: fail every item of it not yet answered.
     fail_batch: Fail | None = None
 
 
 _NOTHING = Outcome([], [])
 
 
+class _Ledger:
+    """The isolator's bookkeeping for one batch."""
+
+    __slots__ = ("spans", "systemic", "first_run_failures")
+
+    def __init__(self, spans: list[range]) -> None:
+        self.spans = spans  # the item ranges of its micro-batches' first runs
+        # The stage index -> exception type judged systemic for the batch.
+        self.systemic: dict[int, type[BaseException]] = {}
+        # How many first runs failed, by (stage index, exception type).
+        self.first_run_failures: dict[tuple[int, type[BaseException]], int] = {}
+
+
 class _Split:
     """One bisection step: a micro-batch that failed in ``stage`` with ``error_type``,
     waiting for the outcome of its two halves in that stage."""
 
-    __slots__ = ("batch", "stage", "error_type", "held", "outcomes", "failed")
+    __slots__ = ("ledger", "stage", "error_type", "held", "within", "outcomes", "failed")
 
     def __init__(
         self,
-        batch: Batch,
+        ledger: _Ledger,
         stage: int,
         error_type: type[BaseException],
         held: tuple[_MicroBatch, BaseException] | None = None,
+        *,
+        within: bool = False,
     ) -> None:
-        self.batch = batch
+        self.ledger = ledger
         self.stage = stage
         self.error_type = error_type
+        self.within = within  # halves of one request's items
         # Set on a probe: its sibling half and that half's error, waiting for the verdict.
         self.held = held
         self.outcomes = 0
         self.failed: list[tuple[_MicroBatch, BaseException]] = []
+
+
+def _requests(mb: _MicroBatch) -> int:
+    return len(set(mb.owners))
 
 
 class Isolator:
@@ -100,6 +157,21 @@ class Isolator:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self._lock = threading.Lock()
+        # A batch's bookkeeping lives as long as the batch: stale micro-batches of a batch
+        # that timed out still report to it, and nothing has to remember to drop it.
+        self._ledgers: weakref.WeakKeyDictionary[Batch, _Ledger] = weakref.WeakKeyDictionary()
+
+    def track(self, batch: Batch, micro_batches: Sequence[_MicroBatch]) -> None:
+        """Starts the bookkeeping of ``batch``, cut into ``micro_batches`` for their first
+        runs. A batch not tracked is never judged by the batch rule."""
+        with self._lock:
+            self._ledgers[batch] = _Ledger([mb.indices for mb in micro_batches])
+
+    def _ledger(self, batch: Batch) -> _Ledger:
+        ledger = self._ledgers.get(batch)
+        if ledger is None:
+            ledger = self._ledgers[batch] = _Ledger([])
+        return ledger
 
     def passed(self, mb: _MicroBatch, stage: int) -> Outcome:
         """``mb`` got through ``stage``."""
@@ -111,24 +183,26 @@ class Isolator:
             return self._report(mb, None)
 
     def dropped(self, mb: _MicroBatch) -> Outcome:
-        """``mb`` was dropped unrun (its requests were answered already)."""
+        """``mb`` was dropped unrun (its items were answered already, or failed outside a
+        stage): an outcome for its split, which may hold a sibling back."""
         with self._lock:
             return self._report(mb, None)
 
     def failed(self, mb: _MicroBatch, stage: int, error: BaseException) -> Outcome:
         """``mb`` failed in ``stage`` with ``error``."""
         with self._lock:
-            verdict = mb.batch.systemic.get(stage)
+            ledger = self._ledger(mb.batch)
+            verdict = ledger.systemic.get(stage)
             if not self.enabled or (verdict is not None and type(error) is verdict):
-                isolated = len(mb) == 1 and verdict is None
+                isolated = mb.one_request() and verdict is None
                 # Still an outcome for its split, which may hold a sibling back.
                 return _merge(
                     Outcome([], [Fail(mb, error, stage, isolated)]), self._report(mb, None)
                 )
             if declared_per_request(error):
                 return _merge(self._bisect(mb, stage, error), self._report(mb, None))
-            if mb.attempt == 0 and self._every_first_run_failed(mb.batch, stage, error):
-                mb.batch.systemic[stage] = type(error)
+            if mb.attempt == 0 and self._every_first_run_failed(mb.batch, ledger, stage, error):
+                ledger.systemic[stage] = type(error)
                 whole = Fail(mb, error, stage, isolated=False)
                 return _merge(Outcome([], [whole], whole), self._report(mb, None))
             split = mb.split
@@ -138,12 +212,14 @@ class Isolator:
             return _merge(self._bisect(mb, stage, error), self._report(mb, None))
 
     @staticmethod
-    def _every_first_run_failed(batch: Batch, stage: int, error: BaseException) -> bool:
+    def _every_first_run_failed(
+        batch: Batch, ledger: _Ledger, stage: int, error: BaseException
+    ) -> bool:
         key = (stage, type(error))
-        batch.first_run_failures[key] = batch.first_run_failures.get(key, 0) + 1
-        total = batch.micro_batches
+        failures = ledger.first_run_failures[key] = ledger.first_run_failures.get(key, 0) + 1
         return (
-            total >= MIN_MICRO_BATCHES_FOR_BATCH_VERDICT and batch.first_run_failures[key] == total
+            failures == len(ledger.spans)
+            and fewest_requests(batch.owners, ledger.spans) >= MIN_REQUESTS_FOR_BATCH_VERDICT
         )
 
     def _report(self, mb: _MicroBatch, error: BaseException | None) -> Outcome:
@@ -164,8 +240,13 @@ class Isolator:
         held: tuple[_MicroBatch, BaseException] | None = None,
     ) -> Outcome:
         if len(mb) == 1:
-            return Outcome([], [Fail(mb, error, stage, isolated=True)])
-        split = _Split(mb.batch, stage, type(error), held)
+            alone = Outcome([], [Fail(mb, error, stage, isolated=True)])
+            if held is None:
+                return alone
+            held_mb, held_error = held  # not reached: a probe always holds two requests
+            return _merge(alone, self._bisect(held_mb, stage, held_error))
+        within = mb.one_request()
+        split = _Split(self._ledger(mb.batch), stage, type(error), held, within=within)
         halves = mb.halves()
         for half in halves:
             half.split = split
@@ -174,13 +255,21 @@ class Isolator:
     def _resolve(self, split: _Split) -> Outcome:
         """Both halves of ``split`` have an outcome in its stage."""
         waiting = [split.held] if split.held is not None else []
-        verdict_given = split.batch.systemic.get(split.stage) is split.error_type
+        verdict_given = split.ledger.systemic.get(split.stage) is split.error_type
         if (len(split.failed) == 2 and waiting) or verdict_given:
+            # Halves share no request: a probe and its held sibling failing alike are three
+            # requests at least.
             return self._systemic(split, [*split.failed, *waiting])
+        if split.within and len(split.failed) == 2:
+            # One request's halves both failed: its failure, whichever instance is to blame.
+            return Outcome([], [Fail(mb, error, split.stage, True) for mb, error in split.failed])
         outcome = _NOTHING
-        if len(split.failed) == 2 and max(len(mb) for mb, _ in split.failed) > 1:
-            # Both failed alike: probe the larger half, hold the other until the verdict.
-            (probe, probe_error), other = sorted(split.failed, key=lambda pair: -len(pair[0]))
+        if len(split.failed) == 2 and max(_requests(mb) for mb, _ in split.failed) > 1:
+            # Both failed alike: probe the half of more requests, hold the other until the
+            # verdict.
+            (probe, probe_error), other = sorted(
+                split.failed, key=lambda pair: (-_requests(pair[0]), -len(pair[0]))
+            )
             outcome = self._bisect(probe, split.stage, probe_error, held=other)
         else:
             for mb, error in split.failed:
@@ -193,7 +282,7 @@ class Isolator:
 
     @staticmethod
     def _systemic(split: _Split, failed: list[tuple[_MicroBatch, BaseException]]) -> Outcome:
-        split.batch.systemic[split.stage] = split.error_type
+        split.ledger.systemic[split.stage] = split.error_type
         return Outcome([], [Fail(mb, error, split.stage, False) for mb, error in failed])
 
 

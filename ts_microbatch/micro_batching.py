@@ -30,7 +30,7 @@ from .config import STAGES, MicroBatchingConfig, Parallelism, _positive_int
 from .context import BatchContext
 from .errors import ConfigError, PipelineStalledError, WarmupError
 from .metrics import PipelineObserver
-from .pipeline import Pipeline, PipelineStats
+from .pipeline import GuardedObserver, Pipeline, PipelineStats
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,9 @@ class MicroBatching:
                 config, parallelism=Parallelism.from_mapping(parallelism, base=config.parallelism)
             )
         self._config = config
-        self._observer = observer or PipelineObserver()
+        # Guarded once for every consumer (pipeline, answers, compiled model): a metrics hook
+        # that raises is logged, and changes no answer.
+        self._observer = GuardedObserver.wrap(observer or PipelineObserver())
         handler = self.handler
 
         def stage(name: str) -> Any:
@@ -337,8 +339,15 @@ class MicroBatching:
         submitted = SubmittedBatch(view if aligned else None, view, requests)
         if not items:
             return submitted
+        # Item -> the request it came from: stage helpers, statuses, metric lines and
+        # failure isolation go by requests (a KServe request is several items, a malformed
+        # one none). When rows are not requests, stage calls reach no request at all.
+        owners = [0] * len(items)
+        for index, request in enumerate(requests):
+            owners[request.start : request.start + request.count] = [index] * request.count
+        stages_view = view if aligned or view is None else view.for_rows(())
         try:
-            submitted.batch = self._pipeline.submit_batch(items, view)
+            submitted.batch = self._pipeline.submit_batch(items, stages_view, owners=owners)
         except PipelineStalledError as stalled:
             # Answered at once: waiting would only turn this into TorchServe's timeout.
             logger.error("batch of %d refused: %s", len(data), stalled)
@@ -399,20 +408,37 @@ class MicroBatching:
         return None if info is None else info.micro_batch_idx
 
     def current_context(self) -> Any:
-        """The context of the batch the current micro-batch belongs to; None outside a stage.
+        """The context of the current stage call, indexed by the rows of its input; None
+        outside a stage call.
 
-        Stage code should read request ids, headers and statuses through it rather than
-        ``self.context``, which is the latest batch's: a micro-batch of an earlier batch may
-        still be running."""
-        info = self.current_micro_batch()
-        return None if info is None else info.context
+        Index i is row i of the data the stage was called with, as TorchServe's context is
+        indexed by the rows ``handle()`` gets: ``get_request_id(i)``,
+        ``get_request_header(i, key)``, ``set_response_status(code, phrase, i)``,
+        ``set_response_header(i, key, value)`` and the rest reach the request row i came
+        from. Every row of a KServe request of several instances reaches that request; no
+        index reaches a request outside the micro-batch (a row of padding reaches none).
+        It is pinned to the batch the micro-batch belongs to: ``self.context`` is the latest
+        batch's, and a micro-batch of an earlier batch may still be running.
 
-    def current_request_ids(self) -> list[str | None]:
-        """The TorchServe request ids of the current micro-batch's requests, in order."""
+        ``current_micro_batch().context`` is the same batch indexed by request, with
+        ``item_requests`` and ``request_indices`` to map rows to requests.
+        """
         info = self.current_micro_batch()
         if info is None or info.context is None:
+            return None
+        if not isinstance(info.context, BatchContext):
+            return info.context
+        return info.context.for_rows(info.item_requests)
+
+    def current_request_ids(self) -> list[str | None]:
+        """The TorchServe request id of each row of the current stage call's input (its
+        micro-batch's items, in order; the rows of one KServe request repeat its id); empty
+        outside a stage call."""
+        info = self.current_micro_batch()
+        context = self.current_context()
+        if info is None or context is None:
             return []
-        return [info.context.get_request_id(i) for i in info.request_indices]
+        return [context.get_request_id(row) for row in range(info.size)]
 
     def stats(self) -> PipelineStats:
         return self._pipeline.stats()

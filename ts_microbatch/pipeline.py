@@ -36,7 +36,15 @@ from ._padding import pad, pad_rows, padded_size, unpad
 from ._queue import Signal, StageQueue
 from ._stall import StallGuard
 from .autosize import AutoMicroBatchSize
-from .batch import Batch, MicroBatchInfo, RequestFailure, _MicroBatch, _set_future
+from .batch import (
+    Batch,
+    MicroBatchInfo,
+    RequestFailure,
+    _MicroBatch,
+    _set_future,
+    current_micro_batch,
+    set_current_micro_batch,
+)
 from .config import _positive_int, _sizes
 from .errors import (
     ConfigError,
@@ -53,6 +61,62 @@ logger = logging.getLogger(__name__)
 _QUIET = PipelineObserver()  # what quiet (warm-up) batches report to: nothing
 
 StageFn = Callable[[Any], Any]
+
+
+class GuardedObserver(PipelineObserver):
+    """``observer`` with every report guarded: what it raises is logged and dropped.
+
+    An observer (a metrics hook) runs in the middle of the pipeline's bookkeeping; one that
+    raised failed the requests it was reporting on and left the bisection step waiting for
+    them unresolved, so the requests held back there were never answered (#16). The first
+    failure of each hook is logged with its traceback, later ones at debug level.
+    """
+
+    def __init__(self, observer: PipelineObserver) -> None:
+        self.observer = observer
+        self._failed: set[str] = set()
+
+    @classmethod
+    def wrap(cls, observer: PipelineObserver) -> GuardedObserver:
+        """``observer`` guarded (itself when it is guarded already)."""
+        return observer if isinstance(observer, GuardedObserver) else cls(observer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.observer, name)
+
+    def _guard(self, hook: str, report: Callable[[], None]) -> None:
+        try:
+            report()
+        except Exception:
+            if hook in self._failed:
+                logger.debug("observer %s raised again; ignored", hook, exc_info=True)
+                return
+            self._failed.add(hook)
+            logger.exception(
+                "observer %s.%s raised; ignored (later failures of it are logged at debug level)",
+                type(self.observer).__name__,
+                hook,
+            )
+
+    def on_batch(self, batch_size: int, micro_batches: int) -> None:
+        self._guard("on_batch", lambda: self.observer.on_batch(batch_size, micro_batches))
+
+    def on_stage(
+        self, stage: str, size: int, queue_wait_s: float, run_s: float, *, failed: bool
+    ) -> None:
+        self._guard(
+            "on_stage",
+            lambda: self.observer.on_stage(stage, size, queue_wait_s, run_s, failed=failed),
+        )
+
+    def on_padding(self, stage: str, size: int, padded_to: int) -> None:
+        self._guard("on_padding", lambda: self.observer.on_padding(stage, size, padded_to))
+
+    def on_recompile(self, count: int) -> None:
+        self._guard("on_recompile", lambda: self.observer.on_recompile(count))
+
+    def on_request_error(self, status_code: int) -> None:
+        self._guard("on_request_error", lambda: self.observer.on_request_error(status_code))
 
 
 class PipelineStats(NamedTuple):
@@ -113,8 +177,7 @@ class Pipeline:
         ]
         self._isolator = Isolator(isolate_failures)
         self._join_timeout_s = join_timeout_s
-        self._observer = observer or PipelineObserver()
-        self._local = threading.local()
+        self._observer = GuardedObserver.wrap(observer or PipelineObserver())
         self._lock = threading.Lock()  # guards the fields below
         self._idle = threading.Condition(self._lock)  # notified when no batch is in flight
         self._exited = threading.Condition(self._lock)  # notified when a stage thread exits
@@ -217,16 +280,21 @@ class Pipeline:
         items: Sequence[Any],
         context: Any = None,
         *,
+        owners: Sequence[int] | None = None,
         micro_batch_size: int | None = None,
         quiet: bool = False,
     ) -> Batch:
         """Queues a batch that carries ``context`` to its stage calls; returns the Batch.
 
         Args:
+            owners: ``owners[i]`` is the request index (the row of ``context``) of item i;
+                each request's items consecutive, requests in order. None: item i is
+                request i. Stage helpers, statuses and failure isolation go by requests.
             micro_batch_size: split this batch at this size instead of the one in force.
             quiet: report nothing of it to the observer or the automatic size (warm-up).
 
         Raises:
+            ValueError: ``owners`` does not give one request index per item, in order.
             PipelineClosedError: the pipeline is shut down.
             PipelineStalledError: a stage's threads are all stuck in calls that timed out.
         """
@@ -236,12 +304,12 @@ class Pipeline:
             size = _positive_int(micro_batch_size, "micro_batch_size")
         else:
             size = auto.choose(len(items), self.parallelism) if auto else self._micro_batch_size
-        batch = Batch(len(items), context, on_timeout=self._check_stalled_quietly, quiet=quiet)
+        batch = Batch(len(items), context, self._check_stalled_quietly, quiet=quiet, owners=owners)
         micro_batches = [
             _MicroBatch(batch, index, offset, items[offset : offset + size])
             for index, offset in enumerate(range(0, len(items), size))
         ]
-        batch.micro_batches = len(micro_batches)
+        self._isolator.track(batch, micro_batches)
         with self._lock:
             if self._closed:
                 raise PipelineClosedError("cannot submit: the micro-batching pipeline is shut down")
@@ -263,8 +331,7 @@ class Pipeline:
 
     def current_micro_batch(self) -> MicroBatchInfo | None:
         """The micro-batch the calling stage thread is working on; None outside stage calls."""
-        info: MicroBatchInfo | None = getattr(self._local, "info", None)
-        return info
+        return current_micro_batch()
 
     def threads(self) -> dict[str, list[threading.Thread]]:
         """Each stage's threads that serve it (not those abandoned in a stuck call), now."""
@@ -323,9 +390,13 @@ class Pipeline:
                     self._process(stage, mb)
                 except BaseException as exc:
                     # Only a bug in this module gets here; stage errors are handled in
-                    # _process. Fail the micro-batch rather than the thread.
+                    # _process. Fail the micro-batch rather than the thread, and give its
+                    # bisection step an outcome: a sibling half may be waiting for it.
                     logger.exception("internal error in stage %s; failing its micro-batch", name)
-                    self._finish(mb.batch, mb.indices, error=exc)
+                    try:
+                        self._fail_unrun(mb, exc)
+                    except BaseException:
+                        logger.exception("internal error failing a micro-batch of %s", name)
         finally:
             with self._lock:
                 self._workers[name].remove(me)
@@ -345,25 +416,32 @@ class Pipeline:
         started = time.monotonic()
         with self._lock:
             self._stall.begin(me, name, mb)
-        self._local.info = MicroBatchInfo(
-            mb.index, mb.offset, len(mb), mb.attempt, mb.batch.context
+        # The call and its report see this micro-batch as the thread's: stage helpers read
+        # its requests, metric lines carry its first request's id.
+        owners = mb.owners if mb.batch.owners is not None else None
+        set_current_micro_batch(
+            MicroBatchInfo(mb.index, mb.offset, len(mb), mb.attempt, mb.batch.context, owners)
         )
+        error: BaseException | None = None
         try:
-            output = self._call(stage, mb, size, observer)
-            if last:
-                output = self._check_outputs(name, output, len(mb))
-        except BaseException as exc:
+            try:
+                output = self._call(stage, mb, size, observer)
+                if last:
+                    output = self._check_outputs(name, output, len(mb))
+            except BaseException as exc:
+                error = exc
+            finally:
+                with self._lock:
+                    self._stall.end(me)  # before the report: a call reported is over
+            run_s = time.monotonic() - started
             observer.on_stage(
-                name, len(mb), started - mb.enqueued_at, time.monotonic() - started, failed=True
-            )
-            self._on_stage_error(stage, mb, exc)
-            return
+                name, len(mb), started - mb.enqueued_at, run_s, failed=error is not None
+            )  # guarded: it cannot raise, so the outcome below is always carried out
         finally:
-            self._local.info = None
-            with self._lock:
-                self._stall.end(me)
-        run_s = time.monotonic() - started
-        observer.on_stage(name, len(mb), started - mb.enqueued_at, run_s, failed=False)
+            set_current_micro_batch(None)
+        if error is not None:
+            self._on_stage_error(stage, mb, error)
+            return
         auto = self._auto
         if auto is not None and not mb.batch.quiet:
             auto.observe(name, size, run_s)  # the cost is the padded size's
@@ -412,12 +490,13 @@ class Pipeline:
         name = self._names[stage]
         outcome = self._isolator.failed(mb, stage, exc)
         if outcome.rerun:
+            owners = mb.owners
             logger.warning(
-                "stage %s failed for %d requests at offset %d (%s: %s); "
+                "stage %s failed for requests %d..%d (%s: %s); "
                 "re-running them in halves to isolate the failing ones",
                 name,
-                len(mb),
-                mb.offset,
+                owners[0],
+                owners[-1],
                 type(exc).__name__,
                 exc,
             )
@@ -442,15 +521,15 @@ class Pipeline:
         return RequestFailure(self._names[fail.stage], fail.stage, fail.isolated)
 
     def _log_failure(self, fail: Fail) -> None:
-        mb, error, name = fail.mb, fail.error, self._names[fail.stage]
+        owners, error, name = fail.mb.owners, fail.error, self._names[fail.stage]
         if isinstance(error, RequestError) and fail.isolated:
-            logger.info("request %d rejected in %s: %s", mb.offset, name, error)
+            logger.info("request %d rejected in %s: %s", owners[0], name, error)
         else:
             logger.error(
                 "stage %s failed for requests %d..%d",
                 name,
-                mb.offset,
-                mb.offset + len(mb) - 1,
+                owners[0],
+                owners[-1],
                 exc_info=error,
             )
 

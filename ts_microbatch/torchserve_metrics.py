@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .batch import current_micro_batch
 from .metrics import PipelineObserver
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,17 @@ METRIC_NAMES = (
 )
 
 
+def _stage_request_id() -> str | None:
+    """The id of the first request of the micro-batch whose stage call this thread is
+    running, from its own batch's context; None outside stage calls or when unknown."""
+    info = current_micro_batch()
+    if info is None or info.context is None or not info.size:
+        return None
+    get_request_id = getattr(info.context, "get_request_id", None)
+    request_id = get_request_id(info.item_requests[0]) if get_request_id else None
+    return request_id if isinstance(request_id, str) else None
+
+
 class TorchServeMetricsObserver(PipelineObserver):
     """Emits the pipeline's timings and sizes as TorchServe backend metrics.
 
@@ -56,11 +68,13 @@ class TorchServeMetricsObserver(PipelineObserver):
 
     def __init__(self, metrics: Any, first_stage: str = "preprocess") -> None:
         from ts.metrics.dimension import Dimension
+        from ts.metrics.metric_cache_errors import MetricsCacheKeyError
         from ts.metrics.metric_type_enum import MetricTypes
 
         self._metrics = metrics
         self._first_stage = first_stage
         self._dimension = Dimension
+        self._key_error = MetricsCacheKeyError
         self._histogram = MetricTypes.HISTOGRAM
         self._counter = MetricTypes.COUNTER
         self._failed_once = False
@@ -70,23 +84,45 @@ class TorchServeMetricsObserver(PipelineObserver):
     ) -> None:
         # Metrics are best-effort: a failure here must not fail the requests being measured.
         try:
+            # A new list each call: TorchServe appends ModelName and Level to it.
+            dimensions = [self._dimension(k, v) for k, v in dims.items()]
+            metric_type = self._histogram if histogram else self._counter
+            request_id = _stage_request_id()
+            if request_id is not None and hasattr(self._metrics, "get_metric"):
+                self._emit_for(request_id, name, value, unit, dimensions, metric_type)
+                return
             self._metrics.add_metric(
                 name,
                 value,
                 unit,
-                # The first request's id: without an index TorchServe appends every id of
-                # the batch to the line (1.2 KB at batch 32, ~57 lines a batch), and the
-                # frontend reads and parses every line. A stage thread may be reporting on
-                # an earlier batch than the one the ids belong to, so no id would be exact.
+                # Outside a stage call (the handler's thread, whose batch the live ids are),
+                # the batch's first request's id: without an index TorchServe appends every
+                # id of the batch to the line (1.2 KB at batch 32, ~57 lines a batch), and
+                # the frontend reads and parses every line.
                 0,
-                # A new list each call: TorchServe appends ModelName and Level to it.
-                [self._dimension(k, v) for k, v in dims.items()],
-                self._histogram if histogram else self._counter,
+                dimensions,
+                metric_type,
             )
         except Exception:
             if not self._failed_once:
                 self._failed_once = True
                 logger.exception("cannot emit metric %s; further failures are not logged", name)
+
+    def _emit_for(
+        self, request_id: str, name: str, value: float, unit: str, dimensions: list[Any], kind: Any
+    ) -> None:
+        """Emits with ``request_id`` itself: TorchServe's ``add_metric`` looks an index up in
+        the live batch's ids, and a stage thread may be measuring an earlier batch. The
+        metric is found or declared, and the dimensions completed, as ``add_metric`` does."""
+        dimensions.append(self._dimension("ModelName", self._metrics.model_name))
+        dimensions.append(self._dimension("Level", "Model"))
+        try:
+            metric = self._metrics.get_metric(name, kind)
+        except self._key_error:
+            metric = self._metrics.add_metric_to_cache(
+                name, unit, [d.name for d in dimensions], kind
+            )
+        metric.add_or_update(value, [d.value for d in dimensions], request_id)
 
     def on_batch(self, batch_size: int, micro_batches: int) -> None:
         self._emit(MICRO_BATCHES_PER_BATCH, micro_batches, "count", {})

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from tests.handlers.ts_machinery import decode
 from tests.unit.fakes import Bad, FakeHandler, expected
-from tests.unit.test_micro_batching import FakeTorchServeHandler
+from tests.unit.test_micro_batching import RowHandler, ts_request, ts_service
 from tests.unit.test_pipeline import WAIT_S, make_pipeline, outcomes
 from ts_microbatch import (
     InvalidInputError,
@@ -49,12 +50,12 @@ class CallCounter(PipelineObserver):
 class Gate:
     """Blocks the calls of a stage that contain ``blocked_item`` until opened."""
 
-    def __init__(self, blocked_item: int) -> None:
+    def __init__(self, blocked_item: Any) -> None:
         self.blocked_item = blocked_item
         self.entered = threading.Event()
         self.opened = threading.Event()
 
-    def __call__(self, items: list[int]) -> None:
+    def __call__(self, items: list[Any]) -> None:
         if self.blocked_item in items:
             self.entered.set()
             assert self.opened.wait(WAIT_S), "gate never opened"
@@ -135,52 +136,76 @@ def test_hang_stage_stuck_forever_refuses_new_batches_promptly() -> None:
 
 
 def test_hang_stale_micro_batch_reads_the_next_batch_context() -> None:
-    # TorchServe reuses one Context and overwrites its request ids for each batch. A call
-    # of batch 1 still running after batch 1 timed out must see batch 1's ids.
-    class TorchServeLikeContext:
-        request_ids: dict[int, str] = {}
-
-        def get_request_id(self, idx: int = 0) -> str | None:
-            return self.request_ids.get(idx)
-
-        def get_request_header(self, idx: int, key: str) -> str | None:
-            return None
-
-        def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
-            pass
-
-    handler = FakeTorchServeHandler()
-    gate = Gate(blocked_item=1)
-    seen: dict[str, list[str | None]] = {}
+    # TorchServe's worker keeps one Context and overwrites its request ids and
+    # RequestProcessors (request headers, response status and headers) for each batch
+    # (Service.predict). A stage call of batch 1 still running after batch 1 timed out
+    # wrote a response header onto batch 2's request and read batch 2's sequence id.
+    handler = RowHandler()
+    gate = Gate(blocked_item="stale")
+    seen: dict[str, Any] = {}
     recorded = threading.Event()
     mb = MicroBatching(
         handler,
         config=MicroBatchingConfig.from_mapping(
-            {"micro_batch_size": 2, "timeout_s": 0.05, "parallelism": {"preprocess": 2}}
+            {"micro_batch_size": 2, "timeout_s": 0.2, "parallelism": {"preprocess": 2}}
         ),
     )
-    original = handler.preprocess
 
-    def preprocess(data: list[int]) -> list[int]:
-        gate(data)
-        if 1 in data:
-            seen["stale"] = mb.current_request_ids()
-            seen["context"] = [mb.current_context().get_request_id(i) for i in range(2)]
-            recorded.set()
-        return original(data)
+    def stale_stage(texts: list[str]) -> None:
+        gate(texts)
+        if "stale" not in texts:
+            return
+        rows, info = mb.current_context(), mb.current_micro_batch()
+        assert info is not None
+        for name, context in (("rows", rows), ("batch", info.context)):
+            seen[name] = {
+                "ids": [context.get_request_id(i) for i in range(2)],
+                "sequence": [context.get_sequence_id(i) for i in range(2)],
+                "tags": [context.get_request_header(i, "tag") for i in range(2)],
+                "all_headers": [context.get_all_request_header(i)["tag"] for i in range(2)],
+                "processors": list(context.request_processor),
+                "request_ids": dict(context.request_ids),
+                "response_headers": dict(context.get_response_headers(0)),
+            }
+            context.set_response_header(0, f"x-stale-{name}", "1")
+            context.set_response_content_type(1, f"text/stale-{name}")
+        rows.set_all_response_status(299, "stale")
+        seen["status"] = [rows.get_response_status(i) for i in range(2)]
+        recorded.set()
 
-    handler.preprocess = preprocess  # type: ignore[method-assign]
-    context = TorchServeLikeContext()
+    handler.on_rows = stale_stage
+    service = ts_service(mb.handle)
+
+    def predict(batch: int, texts: list[str]) -> list[int]:
+        headers = [{"tag": f"b{batch}-{i}", "ts_request_sequence_id": f"s{batch}"} for i in (0, 1)]
+        requests = [ts_request(i, text.encode(), headers[i]) for i, text in enumerate(texts)]
+        code, answers = decode(service.predict(requests))
+        return [status for _, status, _ in answers]
+
     with mb:
-        context.request_ids = {0: "batch1-a", 1: "batch1-b"}
-        out = mb([0, 1], context)
-        assert gate.entered.is_set() and [o["code"] for o in out] == [504, 504]
-        context.request_ids = {0: "batch2-a", 1: "batch2-b"}
-        assert mb([5, 6], context) == expected([5, 6])
+        assert predict(1, ["stale", "x"]) == [504, 504]
+        assert gate.entered.is_set()  # batch 1's call is still running
+        first = service.context.request_processor
+        assert predict(2, ["y", "z"]) == [200, 200]
+        second = service.context.request_processor  # the worker's overwrite happened
+        assert second is not first and service.context.request_ids == {0: "req-0", 1: "req-1"}
         gate.open()
         assert recorded.wait(WAIT_S)
-    assert seen["stale"] == ["batch1-a", "batch1-b"]
-    assert seen["context"] == ["batch1-a", "batch1-b"]
+    for name in ("rows", "batch"):
+        assert seen[name]["ids"] == ["req-0", "req-1"]
+        assert seen[name]["sequence"] == ["s1", "s1"]
+        assert seen[name]["tags"] == seen[name]["all_headers"] == ["b1-0", "b1-1"]
+        assert all(a is b for a, b in zip(seen[name]["processors"], first, strict=True))
+        assert seen[name]["request_ids"] == {0: "req-0", 1: "req-1"}
+    assert seen["status"] == [(299, "stale"), (299, "stale")]
+    # Every write landed on batch 1's requests, none on batch 2's.
+    assert [p.get_response_headers() for p in first] == [
+        {"x-stale-rows": "1", "x-stale-batch": "1"},
+        {"content-type": "text/stale-batch"},
+    ]
+    assert [p.get_response_status_code() for p in first] == [299, 299]
+    assert [p.get_response_headers() for p in second] == [{}, {}]
+    assert [p.get_response_status_code() for p in second] == [200, 200]
 
 
 @pytest.mark.parametrize(("batch", "micro_batch_size", "max_calls"), [(32, 32, 5), (32, 4, 16)])

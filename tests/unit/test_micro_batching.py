@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import ts
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+from ts.service import Service
 
+from tests.conftest import ROOT
+from tests.handlers.ts_machinery import decode
 from tests.unit.fakes import FakeHandler, expected
 from ts_microbatch import ConfigError, MicroBatching, MicroBatchingConfig, PipelineClosedError
+from ts_microbatch.torchserve_metrics import STAGE_TIME, TorchServeMetricsObserver
 
 
 class FakeMetrics:
@@ -52,6 +62,69 @@ class FakeTorchServeHandler(FakeHandler):
 
     def explain_handle(self, preprocessed: list[int], raw: list[int]) -> list[str]:
         return [f"explained {x}" for x in preprocessed]
+
+
+def row_text(row: Any) -> str:
+    """A TorchServe row's text: a plain body's bytes, or a KServe instance's ``data``."""
+    value = row["data"] if "data" in row else row["body"]
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+class RowHandler:
+    """Stages over TorchServe rows (plain bodies and KServe instances): each row's text
+    passes through, upper-cased. ``on_rows`` sees preprocess's rows first, so a test can call
+    the stage helpers from inside a stage; then preprocess raises RuntimeError (an error with
+    no 4xx meaning) if any row's text starts with "bad"."""
+
+    def __init__(self) -> None:
+        self.context: Any = None
+        self.on_rows: Callable[[list[str]], None] = lambda texts: None
+
+    def preprocess(self, rows: list[Any]) -> list[str]:
+        texts = [row_text(row) for row in rows]
+        self.on_rows(texts)
+        bad = [text for text in texts if text.startswith("bad")]
+        if bad:
+            raise RuntimeError(f"cannot read {bad}")
+        return texts
+
+    def inference(self, texts: list[str]) -> list[str]:
+        return [text.upper() for text in texts]
+
+    def postprocess(self, texts: list[str]) -> list[str]:
+        return list(texts)
+
+    def _is_describe(self) -> bool:
+        return False
+
+    def _is_explain(self) -> bool:
+        return False
+
+
+def v2_body(*data: Any, datatype: str = "BYTES", shape: list[int] | None = None) -> bytes:
+    """An Open Inference Protocol v2 body of one input (the strict shape: any kserve mode)."""
+    tensor = {"name": "x", "shape": shape or [len(data)], "datatype": datatype, "data": list(data)}
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
+def ts_request(i: int, body: bytes, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """Request ``i`` as the frontend sends it to the worker (id req-i, headers)."""
+    return {
+        "requestId": f"req-{i}".encode(),
+        "parameters": [{"name": "body", "value": body, "contentType": "application/json"}],
+        "headers": [{"name": k.encode(), "value": v.encode()} for k, v in (headers or {}).items()],
+    }
+
+
+def ts_service(entry_point: Any, metrics: MetricsCacheYamlImpl | None = None) -> Service:
+    """TorchServe's own Service around ``entry_point``: its ``predict`` overwrites the one
+    Context's request ids and RequestProcessors for each batch, as the worker does."""
+    if metrics is None:
+        metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+        metrics.initialize_cache()
+    service = Service("rows", str(ROOT), None, entry_point, None, 8, metrics_cache=metrics)
+    service.set_cl_socket(None)
+    return service
 
 
 def test_drop_in_constructor_and_setters() -> None:
@@ -127,24 +200,146 @@ def test_timeout_answers_504_and_next_batch_is_served() -> None:
         assert mb([4, 5], FakeContext(2)) == expected([4, 5])
 
 
-def test_stage_helpers_map_rows_to_request_ids() -> None:
-    handler = FakeTorchServeHandler()
-    seen: list[list[str | None]] = []
-    lock = threading.Lock()
-    mb = MicroBatching(handler, micro_batch_size=3)
-    original = handler.inference
+# Rows of every shape a batch holds: plain bodies, a KServe request of several instances, a
+# malformed one (no items at all) and another of three instances; row -> its request.
+MIXED_ROWS = [b"p0", v2_body("a1", "a2"), v2_body(1.0, 2.0, datatype="FP32", shape=[3]), b"p3"]
+MIXED_ROWS += [v2_body("c1", "c2", "c3")]
+MIXED_OWNERS = {"p0": 0, "a1": 1, "a2": 1, "p3": 3, "c1": 4, "c2": 4, "c3": 4}
 
-    def record(batch: list[int]) -> list[int]:
-        with lock:
-            seen.append(mb.current_request_ids())
+
+@pytest.mark.parametrize(
+    ("bodies", "owners", "micro_batch_size"),
+    [
+        ([f"p{i}".encode() for i in range(7)], {f"p{i}": i for i in range(7)}, 3),
+        (MIXED_ROWS, MIXED_OWNERS, 2),
+        (MIXED_ROWS, MIXED_OWNERS, 3),
+    ],
+    ids=["plain", "kserve-2", "kserve-3"],
+)
+def test_stage_helpers_map_rows_to_request_ids(
+    bodies: list[bytes], owners: dict[str, int], micro_batch_size: int
+) -> None:
+    handler = RowHandler()
+    seen: dict[str, str | None] = {}
+    mb = MicroBatching(handler, micro_batch_size=micro_batch_size)
+
+    def record(texts: list[str]) -> None:
         assert mb.get_micro_batch_idx() is not None
-        return original(batch)
+        seen.update(zip(texts, mb.current_request_ids()))
 
-    handler.inference = record  # type: ignore[method-assign]
+    handler.on_rows = record
     with mb:
-        mb(list(range(7)), FakeContext(7))
-    assert sorted(seen) == [["req-0", "req-1", "req-2"], ["req-3", "req-4", "req-5"], ["req-6"]]
+        out = mb([{"body": body} for body in bodies], FakeContext(len(bodies)))
+    assert len(out) == len(bodies)
+    assert seen == {text: f"req-{request}" for text, request in owners.items()}
     assert mb.get_micro_batch_idx() is None
+
+
+def test_defect_stage_helpers_read_another_requests_id_and_headers() -> None:
+    # Rows were mapped to requests by item index: with a KServe request of several instances
+    # (and a malformed one, which has no items) in the batch, instance a2 read request 2's
+    # id and headers, and c1..c3 none. Through TorchServe's own Service.predict and Context.
+    handler = RowHandler()
+    mb = MicroBatching(handler, micro_batch_size=2)
+    seen: dict[str, tuple[str | None, ...]] = {}
+    request_indices: list[tuple[int, ...]] = []
+
+    def look(texts: list[str]) -> None:
+        context, info = mb.current_context(), mb.current_micro_batch()
+        ids = mb.current_request_ids()
+        assert info is not None
+        request_indices.append(info.request_indices)
+        for row, text in enumerate(texts):
+            header, sequence = context.get_request_header(row, "tag"), context.get_sequence_id(row)
+            seen[text] = (ids[row], context.get_request_id(row), header, sequence)
+            context.set_response_header(row, f"x-{text}", "seen")
+        if "c2" in texts:
+            context.set_response_status(203, "tagged", texts.index("c2"))
+
+    handler.on_rows = look
+    service = ts_service(mb.handle)
+    headers = [{"tag": f"t{i}", "ts_request_sequence_id": f"s{i}"} for i in range(5)]
+    with mb:
+        message = service.predict([ts_request(i, b, headers[i]) for i, b in enumerate(MIXED_ROWS)])
+    code, answers = decode(message)
+    assert request_indices == [(0, 1), (1, 3), (4,), (4,)]  # requests 1 and 4 span two
+    assert code == 200 and [status for _, status, _ in answers] == [200, 200, 400, 200, 203]
+    assert seen == {
+        text: (f"req-{i}", f"req-{i}", f"t{i}", f"s{i}") for text, i in MIXED_OWNERS.items()
+    }
+    written = [
+        sorted(key for key in processor.get_response_headers() if key.startswith("x-"))
+        for processor in service.context.request_processor
+    ]
+    assert written == [["x-p0"], ["x-a1", "x-a2"], [], ["x-p3"], ["x-c1", "x-c2", "x-c3"]]
+
+
+BAD3 = v2_body("bad0", "bad1", "bad2")
+BAD6 = v2_body(*(f"bad{i}" for i in range(6)))
+
+
+@pytest.mark.parametrize(
+    ("bodies", "micro_batch_size", "first_runs", "statuses"),
+    [
+        # One micro-batch: both halves failed alike, then both halves of the probe.
+        ([b"p0", BAD3, b"p1"], 8, [["p0", "bad0", "bad1", "bad2", "p1"]], [200, 400, 200]),
+        # Four micro-batches, every one failing its first run: the batch rule.
+        (
+            [b"p0", BAD6, b"p1"],
+            2,
+            [["p0", "bad0"], ["bad1", "bad2"], ["bad3", "bad4"], ["bad5", "p1"]],
+            [200, 400, 200],
+        ),
+        # Alone, nothing shows that the input is to blame rather than the stage: 500.
+        ([BAD3], 2, [["bad0", "bad1"], ["bad2"]], [500]),
+    ],
+    ids=["probe", "batch-rule", "alone"],
+)
+def test_defect_one_requests_instances_failing_alike_judged_systemic(
+    bodies: list[bytes], micro_batch_size: int, first_runs: list[list[str]], statuses: list[int]
+) -> None:
+    # An image model sent {"instances": [1, 2, 3]} answered 500 to the whole batch: the
+    # request's instances failed alike and the probe or the batch rule took that for a
+    # broken stage, though they were one request's. A verdict counts requests, not items.
+    handler = RowHandler()
+    calls: list[list[str]] = []
+    handler.on_rows = calls.append
+    mb = MicroBatching(handler, micro_batch_size=micro_batch_size)
+    service = ts_service(mb.handle)
+    with mb:
+        code, answers = decode(service.predict([ts_request(i, b) for i, b in enumerate(bodies)]))
+    # The scenario: the first runs were the batch's micro-batches, each holding a bad instance.
+    assert calls[: len(first_runs)] == first_runs
+    assert code == 200 and [status for _, status, _ in answers] == statuses
+    for (_, status, body), sent in zip(answers, bodies):
+        if status == 200:
+            assert body.decode() == sent.decode().upper()  # plain requests, plain answers
+        else:
+            assert "cannot read" in json.loads(body)["error"]
+
+
+def test_defect_stage_metric_lines_carry_another_requests_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Stage metric lines carried the live batch's first request id whatever micro-batch
+    # they measured; each carries its micro-batch's first request now.
+    metrics = MetricsCacheYamlImpl(str(Path(ROOT) / "configs" / "metrics.yaml"))
+    metrics.initialize_cache()
+    handler = RowHandler()
+    mb = MicroBatching(handler, micro_batch_size=2, observer=TorchServeMetricsObserver(metrics))
+    service = ts_service(mb.handle, metrics)
+    bodies = [b"p0", v2_body("a1", "a2", "a3"), b"p2"]  # micro-batches [p0 a1] [a2 a3] [p2]
+    with mb, caplog.at_level(logging.INFO):
+        code, answers = decode(service.predict([ts_request(i, b) for i, b in enumerate(bodies)]))
+    assert code == 200 and [status for _, status, _ in answers] == [200, 200, 200]
+    for stage in ("preprocess", "inference", "postprocess"):
+        lines = [
+            r.getMessage()
+            for r in caplog.records
+            if r.getMessage().startswith(f"[METRICS]{STAGE_TIME}.")
+            and f"Stage:{stage}," in r.getMessage()
+        ]
+        assert [line.rsplit(",", 1)[1] for line in lines] == ["req-0", "req-1", "req-2"], lines
 
 
 def test_configure_replaces_the_pipeline_when_queue_settings_change() -> None:

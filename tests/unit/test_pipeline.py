@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from typing import Any
 
 import pytest
@@ -118,21 +118,105 @@ def test_base_exception_in_a_stage_resolves_requests_and_thread_keeps_serving() 
         assert p.stats().threads_alive == {"preprocess": 1, "inference": 1, "postprocess": 1}
 
 
-def test_internal_error_outside_a_stage_fails_the_micro_batch_not_the_thread() -> None:
-    class BrokenObserver(PipelineObserver):
-        broken = True
+class SplitWatcher(PipelineObserver):
+    """Records the inference calls it is told about; ``raise_on(size, failed)`` makes it raise
+    on such a call, after noting which of ``futures`` were answered at that moment."""
 
-        def on_stage(self, *args: Any, **kwargs: Any) -> None:
-            if self.broken:
-                raise ValueError("observer bug")
+    def __init__(self, raise_on: tuple[int, bool]) -> None:
+        self.raise_on = raise_on
+        self.futures: list[Future[Any]] = []
+        self.calls: list[tuple[int, bool]] = []
+        self.answered_when_raised: list[list[bool]] = []
 
-    observer = BrokenObserver()
+    def on_stage(
+        self, stage: str, size: int, queue_wait_s: float, run_s: float, *, failed: bool
+    ) -> None:
+        if stage != "inference":
+            return
+        self.calls.append((size, failed))
+        if (size, failed) == self.raise_on:
+            self.answered_when_raised.append([f.done() for f in self.futures])
+            raise ValueError("observer bug")
+
+
+def hold_until(handler: FakeHandler, ready: threading.Event) -> None:
+    """Makes preprocess wait for ``ready``, so a test can set things up before stages run."""
+    original = handler.preprocess
+
+    def preprocess(data: list[int]) -> list[int]:
+        assert ready.wait(WAIT_S)
+        return original(data)
+
+    handler.preprocess = preprocess  # type: ignore[method-assign]
+
+
+def test_hang_observer_raising_while_a_bisection_split_is_pending() -> None:
+    # Request 1 fails inference: [0 1 2 3] is split, [0 1] fails and waits for its sibling's
+    # outcome. The observer raised on [2 3]'s success, the pipeline failed [2 3] with the
+    # observer's error and never gave the split its outcome: [0 1] were never answered
+    # (until timeout_s; with timeout_s null, never).
+    observer = SplitWatcher(raise_on=(2, False))
     handler = FakeHandler()
-    with make_pipeline(handler, micro_batch_size=2, observer=observer) as p:
-        results = outcomes(p.submit([1, 2, 3, 4]))
-        assert all(isinstance(r, ValueError) for r in results)
-        observer.broken = False
-        assert outcomes(p.submit([1, 2])) == expected([1, 2])
+    handler.fail_on["inference"] = {1}
+    ready = threading.Event()
+    hold_until(handler, ready)
+    with make_pipeline(handler, micro_batch_size=4, observer=observer) as p:
+        observer.futures = p.submit([0, 1, 2, 3])
+        ready.set()
+        results = outcomes(observer.futures)
+    # The scenario: [0 1 2 3] failed, then [0 1] failed, then the observer raised on [2 3]'s
+    # success while the split waited for it: none of the four were answered then.
+    assert observer.calls[:3] == [(4, True), (2, True), (2, False)]
+    assert observer.answered_when_raised == [[False] * 4]
+    assert isinstance(results[1], Bad)
+    assert [results[i] for i in (0, 2, 3)] == expected([0, 2, 3])
+
+
+def test_observer_raising_on_every_call_changes_no_answer() -> None:
+    class BrokenObserver(PipelineObserver):
+        def on_batch(self, *args: Any, **kwargs: Any) -> None:
+            raise ValueError("observer bug")
+
+        on_stage = on_padding = on_batch
+
+    handler = FakeHandler()
+    handler.fail_on["inference"] = {5}
+    with make_pipeline(handler, micro_batch_size=4, observer=BrokenObserver()) as p:
+        results = outcomes(p.submit(list(range(8))))
+        assert isinstance(results[5], Bad)
+        assert [r for i, r in enumerate(results) if i != 5] == expected([0, 1, 2, 3, 4, 6, 7])
+        assert p.stats().threads_alive == {"preprocess": 1, "inference": 1, "postprocess": 1}
+
+
+def test_internal_error_outside_a_stage_fails_the_micro_batch_not_the_thread() -> None:
+    # A bug in the pipeline's own bookkeeping (injected: the isolator raises on [2 3]'s
+    # success while [0 1] wait for it) fails that micro-batch, not the thread, and the
+    # pending split still gets an outcome: [0 1] are answered.
+    handler = FakeHandler()
+    handler.fail_on["inference"] = {1}
+    ready = threading.Event()
+    hold_until(handler, ready)
+    observer = SplitWatcher(raise_on=(0, False))  # never raises; records the calls
+    with make_pipeline(handler, micro_batch_size=4, observer=observer) as p:
+        passed = p._isolator.passed
+        answered_when_raised: list[list[bool]] = []
+
+        def broken(mb: Any, stage: int) -> Any:
+            if stage == 1 and list(mb.items) == [2, 3]:
+                answered_when_raised.append([f.done() for f in observer.futures])
+                raise RuntimeError("bookkeeping bug")
+            return passed(mb, stage)
+
+        p._isolator.passed = broken  # type: ignore[method-assign]
+        observer.futures = p.submit([0, 1, 2, 3])
+        ready.set()
+        results = outcomes(observer.futures)
+        p._isolator.passed = passed  # type: ignore[method-assign]
+        assert outcomes(p.submit([7, 8])) == expected([7, 8])
+    assert observer.calls[:3] == [(4, True), (2, True), (2, False)]
+    assert answered_when_raised == [[False] * 4]  # the split was pending
+    assert isinstance(results[1], Bad) and results[0] == expected([0])[0]
+    assert all(isinstance(r, RuntimeError) and "bookkeeping" in str(r) for r in results[2:])
 
 
 def test_threads_are_named_by_stage() -> None:

@@ -1,0 +1,220 @@
+"""The isolator as a pure state machine: driven as the pipeline drives it, without threads.
+
+Items belong to requests (``owners``): a KServe request of n instances is n consecutive
+items. ``Run`` cuts a batch into micro-batches, runs one stage that fails any micro-batch
+holding a bad item, and carries out every ``Outcome`` as ``Pipeline._apply`` does, taking
+the queued micro-batches in an order hypothesis chooses (the pipeline's threads interleave).
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from ts_microbatch import Pipeline
+from ts_microbatch.batch import Batch, RequestFailure, _MicroBatch
+from ts_microbatch.isolation import Isolator, Outcome, fewest_requests
+
+
+class Boom(Exception):
+    """The stage's error: no 4xx meaning, so verdicts may be systemic."""
+
+
+class Run:
+    """One batch through one failing stage, the isolator deciding."""
+
+    def __init__(self, sizes: list[int], micro_batch_size: int, bad_items: set[int]) -> None:
+        self.owners = [request for request, n in enumerate(sizes) for _ in range(n)]
+        self.bad_items = bad_items
+        self.batch = Batch(len(self.owners), owners=self.owners)
+        self.isolator = Isolator()
+        self.queue = [
+            _MicroBatch(self.batch, index, offset, list(range(len(self.owners)))[offset:][:size])
+            for index, offset in enumerate(range(0, len(self.owners), micro_batch_size))
+            for size in [micro_batch_size]
+        ]
+        self.isolator.track(self.batch, self.queue)
+        self.first_runs = len(self.queue)
+        self.calls: list[list[int]] = []
+        self.answers: dict[int, int] = {}  # item -> how many times it was answered
+
+    def run(self, rng: random.Random | None = None) -> Run:
+        """Runs until nothing is queued, in ``rng``'s order (queue order when None)."""
+        while self.queue:
+            mb = self.queue.pop(rng.randrange(len(self.queue)) if rng else 0)
+            if mb.answered():
+                self.apply(self.isolator.dropped(mb))
+                continue
+            self.calls.append(list(mb.items))
+            if self.bad_items.intersection(mb.items):
+                self.apply(self.isolator.failed(mb, 0, Boom(f"bad items in {mb.items}")))
+            else:
+                self.apply(self.isolator.passed(mb, 0))
+                self.finish(mb.batch.futures, mb.indices, None, None)
+        return self
+
+    def apply(self, outcome: Outcome) -> None:
+        for fail in outcome.fail:
+            failure = RequestFailure("stage", fail.stage, fail.isolated)
+            self.finish(fail.mb.batch.futures, fail.mb.indices, fail.error, failure)
+        if outcome.fail_batch is not None:
+            failure = RequestFailure("stage", 0, False)
+            self.finish(self.batch.futures, range(len(self.batch)), Boom("systemic"), failure)
+        self.queue.extend(outcome.rerun)
+
+    def finish(
+        self,
+        futures: list[Future[Any]],
+        indices: range,
+        error: BaseException | None,
+        failure: RequestFailure | None,
+    ) -> None:
+        for index in indices:
+            if futures[index].done():
+                continue
+            self.answers[index] = self.answers.get(index, 0) + 1
+            if error is None:
+                futures[index].set_result(index)
+            else:
+                assert failure is not None
+                self.batch.record_failure(index, failure)
+                futures[index].set_exception(error)
+
+    def failed(self, item: int) -> bool:
+        return self.batch.futures[item].exception() is not None
+
+    def bad_requests(self) -> set[int]:
+        return {self.owners[item] for item in self.bad_items}
+
+
+@st.composite
+def batches(draw: st.DrawFn, max_bad_requests: int | None) -> tuple[list[int], int, set[int]]:
+    """Request sizes (1 to 6 items each), a micro-batch size, and bad items."""
+    sizes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=12))
+    owners = [request for request, n in enumerate(sizes) for _ in range(n)]
+    micro_batch_size = draw(st.integers(1, 9))
+    bad_requests = draw(
+        st.sets(st.integers(0, len(sizes) - 1), max_size=max_bad_requests or len(sizes))
+    )
+    bad_items = set()
+    for request in bad_requests:
+        items = [item for item, owner in enumerate(owners) if owner == request]
+        bad_items |= draw(st.sets(st.sampled_from(items), min_size=1))
+    return sizes, micro_batch_size, bad_items
+
+
+@given(batches(max_bad_requests=None), st.randoms(use_true_random=False))
+@example(([3], 8, {0, 1, 2}), random.Random(0))  # one request's instances failing alike
+def test_every_item_answered_once_and_bad_items_always_fail(
+    case: tuple[list[int], int, set[int]], rng: random.Random
+) -> None:
+    sizes, micro_batch_size, bad_items = case
+    run = Run(sizes, micro_batch_size, bad_items).run(rng)
+    assert run.answers == dict.fromkeys(range(len(run.owners)), 1)
+    for item in range(len(run.owners)):
+        failure = run.batch.failure(item)
+        if item in bad_items:
+            assert run.failed(item)
+        if failure is not None and failure.isolated:
+            # Isolated means its request's own failure: that request had a bad item.
+            assert run.owners[item] in run.bad_requests()
+
+
+@given(batches(max_bad_requests=2), st.randoms(use_true_random=False))
+@example(([1, 3, 1], 8, {1, 2, 3}), random.Random(0))  # the probe took one request for three
+@example(([1, 6, 1], 2, set(range(1, 7))), random.Random(0))  # the batch rule did
+def test_two_bad_requests_are_isolated_whatever_their_instances(
+    case: tuple[list[int], int, set[int]], rng: random.Random
+) -> None:
+    # Every other request is served, and each bad one fails as its own failure.
+    sizes, micro_batch_size, bad_items = case
+    run = Run(sizes, micro_batch_size, bad_items).run(rng)
+    bad_requests = run.bad_requests()
+    for item, owner in enumerate(run.owners):
+        failure = run.batch.failure(item)
+        if owner not in bad_requests:
+            assert not run.failed(item), (item, failure)
+        elif item in bad_items:
+            assert failure is not None and failure.isolated
+
+
+@pytest.mark.parametrize(("instances", "micro_batch_size"), [(3, 8), (64, 4), (64, 32), (5, 2)])
+def test_one_requests_instances_failing_alike_cost_three_calls_a_micro_batch(
+    instances: int, micro_batch_size: int
+) -> None:
+    # A broken stage and a request of many instances alone: no verdict is possible (one
+    # request), and splitting on within it stops as soon as both halves fail.
+    run = Run([instances], micro_batch_size, set(range(instances))).run(random.Random(0))
+    assert all(run.failed(item) for item in range(instances))
+    assert all(run.batch.failure(item).isolated for item in range(instances))  # type: ignore[union-attr]
+    assert len(run.calls) <= 3 * run.first_runs
+
+
+def test_one_bad_instance_is_named() -> None:
+    # Within a request, one failing half is split on until the instance is found, so the
+    # answer can name it; the request's other instances pass.
+    run = Run([1, 8, 1], 10, {6}).run(random.Random(0))
+    assert [item for item in range(10) if run.failed(item)] == [6]
+    assert run.batch.failure(6) == RequestFailure("stage", 0, True)
+
+
+def test_systemic_verdicts_count_requests() -> None:
+    # Four micro-batches failing their first run alike: with eight requests to blame, a
+    # broken stage (the batch fails at once, 4 calls); with one request spanning all four,
+    # that request's failure (bisected within it, 3 calls a micro-batch, no verdict).
+    eight = Run([1] * 8, 2, set(range(8))).run()
+    assert len(eight.calls) == 4 and all(not f.isolated for f in _failures(eight))
+    one = Run([8], 2, set(range(8))).run()
+    assert len(one.calls) == 12 and all(f.isolated for f in _failures(one))
+    assert len(_failures(eight)) == len(_failures(one)) == 8
+
+
+def _failures(run: Run) -> list[RequestFailure]:
+    return [f for item in range(len(run.owners)) if (f := run.batch.failure(item)) is not None]
+
+
+@pytest.mark.parametrize(
+    ("owners", "spans", "expected"),
+    [
+        (None, [range(0, 2), range(2, 4)], 2),
+        ([0, 0, 0, 0], [range(0, 1), range(1, 2), range(2, 3), range(3, 4)], 1),
+        ([0, 1, 1, 2, 3, 3], [range(0, 2), range(2, 4), range(4, 6)], 2),  # 1 and 3
+        ([0, 1, 2, 3], [range(0, 1), range(1, 2), range(2, 3), range(3, 4)], 4),
+        ([0, 0, 2, 2, 2, 5], [range(0, 3), range(3, 6)], 1),  # request 2 meets both
+    ],
+)
+def test_fewest_requests_to_blame(
+    owners: list[int] | None, spans: list[range], expected: int
+) -> None:
+    assert fewest_requests(owners, spans) == expected
+
+
+def test_halves_never_split_a_request() -> None:
+    batch = Batch(7, owners=[0, 0, 0, 1, 1, 3, 3])
+    first, second = _MicroBatch(batch, 0, 0, list(range(7))).halves()
+    assert (first.items, second.items) == ([0, 1, 2], [3, 4, 5, 6])
+    batch = Batch(4, owners=[5, 5, 5, 5])
+    first, second = _MicroBatch(batch, 0, 0, list(range(4))).halves()  # one request: middle
+    assert (first.items, second.items) == ([0, 1], [2, 3])
+
+
+@pytest.mark.parametrize(
+    ("owners", "message"),
+    [
+        ([0, 1], "owners: got 2 request indices for 3 items"),
+        ([0, 2, 1], r"owners\[2\]: got 1, expected an integer >= 2"),
+        ([0, -1, 1], r"owners\[1\]: got -1"),
+        ([0, True, 1], r"owners\[1\]: got True"),
+    ],
+)
+def test_owners_are_checked_when_submitted(owners: list[Any], message: str) -> None:
+    with (
+        Pipeline({"only": lambda items: items}) as pipeline,
+        pytest.raises(ValueError, match=message),
+    ):
+        pipeline.submit_batch([1, 2, 3], owners=owners)
