@@ -455,7 +455,8 @@ def binary_extension(draw: st.DrawFn) -> Req:
     tail = draw(st.binary(min_size=1, max_size=16))
     tensor["parameters"] = {"binary_data_size": len(tail)}
     head = json.dumps({"inputs": [tensor]}).encode()
-    headers = draw(st.sampled_from([(), ((BINARY_HEADER, str(len(head))),)]))
+    name = draw(st.sampled_from([BINARY_HEADER, BINARY_HEADER.lower(), BINARY_HEADER.upper()]))
+    headers = draw(st.sampled_from([(), ((name, str(len(head))),)]))
     return Req(head + tail, "application/octet-stream", headers, bad_in=KSERVE_MODES)
 
 

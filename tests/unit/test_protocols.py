@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 from collections import namedtuple
 from typing import Any
@@ -608,3 +609,40 @@ def test_plain_outputs_torchserve_sends_are_answered_unchanged(output: Any) -> N
         context = FakeContext(1)
         (answer,) = mb([{"body": "k"}], context)
     assert answer is output and context.statuses == {}
+
+
+class UnreadableMessage(Exception):
+    """A handler's exception whose message cannot be read."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+class FailingRowHandler(RowHandler):
+    def preprocess(self, data: list[Any]) -> list[Any]:
+        bodies = [row.get("data", row.get("body")) for row in data]
+        if "bad" in bodies:
+            raise UnreadableMessage()
+        return bodies
+
+
+def test_an_exception_whose_message_cannot_be_read_fails_only_its_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The handler's exception is read at the boundary too: its __str__ raising used to
+    # escape handle() while the batch's answers were built (503 for every request).
+    # The pipeline's log lines format it too: the stdlib's handlers print such an error,
+    # pytest's capture handler re-raises it unless raiseExceptions is off.
+    monkeypatch.setattr(logging, "raiseExceptions", False)
+    rows = [{"body": "a"}, {"body": "bad"}, {"body": "c"}]
+    context = FakeContext(len(rows))
+    with MicroBatching(FailingRowHandler(), micro_batch_size=3) as mb:
+        out = mb(rows, context)
+    assert out[0] == {"item": "a", "value": "a!"} and out[2] == {"item": "c", "value": "c!"}
+    assert out[1] == {
+        "code": 400,
+        "type": "UnreadableMessage",
+        "message": "UnreadableMessage",
+        "request_id": "req-1",
+    }
+    assert context.statuses == {1: (400, "Bad Request")}
