@@ -16,6 +16,7 @@ import torch
 from tests.unit.fakes import Bad
 from tests.unit.test_micro_batching import FakeContext, FakeTorchServeHandler
 from ts_microbatch import MicroBatching
+from ts_microbatch._encoding import to_json
 from ts_microbatch.answers import check_sendable
 from ts_microbatch.config import MicroBatchingConfig
 from ts_microbatch.errors import RequestError
@@ -26,7 +27,6 @@ from ts_microbatch.protocols import (
     ProtocolError,
     Request,
     regroup,
-    to_json,
     unpack,
 )
 
