@@ -1,8 +1,9 @@
 """Observation hooks of the pipeline.
 
 ``PipelineObserver`` is the interface the pipeline reports to; it does nothing by itself.
-Observers run on the pipeline's threads, inside the hot path: they must be quick and must
-not raise (an exception from an observer fails the micro-batch it was reporting on).
+Observers run on the pipeline's threads, inside the hot path: they must be quick. What one
+raises is logged and dropped (``ts_microbatch.pipeline.GuardedObserver``): it changes no
+answer and leaves no request waiting.
 """
 
 from __future__ import annotations
