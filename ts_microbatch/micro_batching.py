@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from . import protocols
+from ._padding import same_answer
 from .answers import SubmittedBatch, answer_batch
 from .autosize import AutoMicroBatchSize
 from .batch import MicroBatchInfo
@@ -135,16 +136,18 @@ class MicroBatching:
 
     def _new_pipeline(self, config: MicroBatchingConfig) -> Pipeline:
         allowed = config.allowed_micro_batch_sizes
+        size = config.micro_batch_size
         pipeline = Pipeline(
             self._stages,
             parallelism=config.parallelism.as_dict(),
-            micro_batch_size=config.min_micro_batch_size,
+            # "auto" sets its own policy below; 1 fits any allowed sizes meanwhile.
+            micro_batch_size=size if isinstance(size, int) else 1,
             max_queued_micro_batches=config.max_queued_micro_batches,
             isolate_failures=config.isolate_failures,
             join_timeout_s=config.join_timeout_s,
             observer=self._observer,
             allowed_sizes=allowed,
-            padded_stage="inference" if allowed is not None else None,
+            padded_stages=_padded_stages(config),
         )
         self._apply_size(pipeline, config.micro_batch_size, config)
         return pipeline
@@ -247,19 +250,22 @@ class MicroBatching:
     def warm_up(
         self, sample: Any, sizes: Sequence[int] | None = None, iterations: int | None = None
     ) -> float:
-        """Runs ``iterations`` micro-batches of each size, made of copies of ``sample`` (one
-        request's row, as TorchServe passes it), through the pipeline's own threads, so the
+        """Runs ``iterations`` micro-batches of each size, made of ``sample``'s items
+        (read as a request's are: a KServe body gives its instances, repeated to fill a
+        micro-batch; a plain body is one item), through the pipeline's own threads, so the
         inference thread that will serve is the one that compiles; returns the seconds it
         took. Warm-up batches are not reported to metrics or to the automatic size.
 
         Args:
-            sample: one request's input.
+            sample: one request's row, as TorchServe passes it.
             sizes: the sizes to run; the config's ``warmup_sizes()`` when None.
             iterations: runs of each size; the config's ``warmup.iterations`` (else 1) when None.
 
         Raises:
-            WarmupError: a warm-up run failed; names the size and chains the error.
+            WarmupError: ``sample`` is a malformed KServe body, or a warm-up run failed
+                (names the size and chains the error).
         """
+        items = self._warm_up_items(sample)
         sizes = tuple(sizes) if sizes is not None else self._config.warmup_sizes()
         if iterations is None:
             warmup = self._config.warmup
@@ -268,20 +274,65 @@ class MicroBatching:
         warming = self.compiled.warming_up() if self.compiled else contextlib.nullcontext()
         with warming:
             for size in sizes:
-                self._warm_up_size(sample, size, iterations)
+                self._warm_up_size(items, size, iterations)
+            self._check_padding(items[0], sizes)
         return time.monotonic() - started
 
-    def _warm_up_size(self, sample: Any, size: int, iterations: int) -> None:
+    def _warm_up_items(self, sample: Any) -> list[Any]:
+        """The pipeline items of ``sample``, unpacked as ``handle`` unpacks a request."""
+        requests, items = protocols.unpack([sample], self._config.kserve)
+        error = requests[0].error if requests else None
+        if error is not None or not items:
+            raise WarmupError(
+                f"warm-up: the sample cannot be read as a request: {error or 'no instances'}"
+            ) from error
+        return items
+
+    def _check_padding(self, sample: Any, sizes: tuple[int, ...]) -> None:
+        """Runs a micro-batch that gets padded and compares each answer with the answer of
+        the same input unpadded: padding that mistook a dimension for the batch (``pad:
+        tensors`` on a flat tensor) is refused here, before the worker serves wrong answers.
+
+        Raises:
+            WarmupError: the padded run failed or answered differently.
+        """
+        n = self._config.padded_check_size(sizes)
+        if n is None:
+            if self._config.allowed_micro_batch_sizes is not None:
+                logger.warning(
+                    "warm-up: no size of %s is reached by padding, so padding was not checked",
+                    list(sizes),
+                )
+            return
+        size = self._config.padded_size(n)
+        unpadded = self._warm_up_answers([sample], size)[0]
+        for row, answer in enumerate(self._warm_up_answers([sample], n)):
+            if not same_answer(answer, unpadded):
+                raise WarmupError(
+                    f"warm-up: a micro-batch of {n} padded to {size} answered row {row} "
+                    f"differently from the same input unpadded (pad: {self._config.pad}); with "
+                    "pad: tensors every part of preprocess's and inference's outputs must be "
+                    "batch-major: use pad: requests"
+                )
+        logger.info("warm-up: a micro-batch of %d padded to %d answered as unpadded", n, size)
+
+    def _warm_up_answers(self, items: Sequence[Any], size: int) -> list[Any]:
+        """The answers of one micro-batch of ``size`` made of ``items``, repeated in turn."""
+        rows = [items[i % len(items)] for i in range(size)]
+        batch = self._pipeline.submit_batch(rows, micro_batch_size=size, quiet=True)
+        batch.wait()
+        errors = [f.exception() for f in batch.futures if f.exception() is not None]
+        if errors:
+            raise WarmupError(
+                f"warm-up with a micro-batch of {size} failed: "
+                f"{type(errors[0]).__name__}: {errors[0]}"
+            ) from errors[0]
+        return [f.result() for f in batch.futures]
+
+    def _warm_up_size(self, items: Sequence[Any], size: int, iterations: int) -> None:
         started = time.monotonic()
         for _ in range(iterations):
-            batch = self._pipeline.submit_batch([sample] * size, micro_batch_size=size, quiet=True)
-            batch.wait()
-            errors = [f.exception() for f in batch.futures if f.exception() is not None]
-            if errors:
-                raise WarmupError(
-                    f"warm-up with a micro-batch of {size} failed: "
-                    f"{type(errors[0]).__name__}: {errors[0]}"
-                ) from errors[0]
+            self._warm_up_answers(items, size)
         logger.info(
             "warm-up: %d x micro-batch of %d in %.2f s",
             iterations,
@@ -454,6 +505,14 @@ class MicroBatching:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown(wait=True)
+
+
+def _padded_stages(config: MicroBatchingConfig) -> tuple[str, ...] | None:
+    """The stages that see only allowed sizes (ts_microbatch._padding): every stage when
+    whole requests are padded, inference alone when the handler's tensors are."""
+    if config.allowed_micro_batch_sizes is None:
+        return None
+    return ("inference",) if config.pad == "tensors" else STAGES
 
 
 def _rest(config: MicroBatchingConfig) -> MicroBatchingConfig:
