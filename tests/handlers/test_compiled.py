@@ -19,16 +19,17 @@ import torch
 
 from tests.compiled_model import build
 from tests.handlers.ts_machinery import decode, load_service, request
-from ts_microbatch import ConfigError
+from ts_microbatch import ConfigError, WarmupError
 from ts_microbatch.compiled import compile_count
 
 PADDED = {
     "micro_batch_size": 8,
     "allowed_micro_batch_sizes": [1, 2, 4, 8],
+    "pad": "tensors",  # TinyHandler's preprocess stacks one row per request
     "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2},
     "warmup": {},
 }
-UNPADDED = {k: v for k, v in PADDED.items() if k != "allowed_micro_batch_sizes"}
+UNPADDED = {k: v for k, v in PADDED.items() if k not in ("allowed_micro_batch_sizes", "pad")}
 # Frontend batches of varying size, as under uneven load: 25 batches of 1..32 requests.
 STREAM = [random.Random(7).randint(1, 32) for _ in range(25)]
 TOLERANCE = 1e-5  # inductor may order float sums differently from eager
@@ -136,6 +137,65 @@ def test_warmup_sample_file_shipped_with_the_model(tmp_path: Path) -> None:
     service = load_service(directory, model_name="tiny", handler="tiny_handler.py")
     handler = service._entry_point.__self__
     try:
-        assert handler.postprocessed == [4] and handler.micro_batching.compiled.compiles == 1
+        # Size 4, then the padding check: 4 unpadded and 3 padded to 4 (no new compile).
+        assert sorted(handler.postprocessed) == [3, 4, 4]
+        assert handler.micro_batching.compiled.compiles == 1
     finally:
         handler.micro_batching.shutdown()
+
+
+V2_SAMPLE = {
+    "inputs": [
+        {"name": "x", "shape": [2, 16], "datatype": "FP32", "data": [0.25] * 16 + [0.75] * 16}
+    ]
+}
+# TinyHandler that keeps the rows preprocess was given.
+RECORDING_HANDLER = """
+from tiny_handler import TinyHandler
+
+
+class RecordingHandler(TinyHandler):
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def preprocess(self, data):
+        self.rows.extend(row.get("data") for row in data)
+        return super().preprocess(data)
+"""
+
+
+def load_with_sample(tmp_path: Path, micro_batching: dict[str, Any], sample: Any) -> Any:
+    """TinyNet loaded by TorchServe's loader with ``sample`` as its warm-up sample.json."""
+    config = build.model_config(micro_batching, compiled=False)
+    directory = build.model_dir(tmp_path / "tiny", config)
+    (directory / "sample.json").write_text(json.dumps(sample))
+    (directory / "recording_handler.py").write_text(RECORDING_HANDLER)
+    service = load_service(directory, model_name="tiny", handler="recording_handler.py")
+    return service._entry_point.__self__
+
+
+@pytest.mark.parametrize(
+    ("sample", "kserve"),
+    [(V2_SAMPLE, "auto"), ({"instances": [[0.25] * 16, [0.75] * 16]}, True)],
+)
+def test_defect_warmup_sample_kserve_body(
+    tmp_path: Path, sample: dict[str, Any], kserve: bool | str
+) -> None:
+    # A KServe body as warmup.sample failed the load: its bytes reached preprocess unread.
+    warmup = {"sample": "sample.json", "sizes": [4]}
+    handler = load_with_sample(
+        tmp_path, {"micro_batch_size": 4, "kserve": kserve, "warmup": warmup}, sample
+    )
+    try:
+        # The sample's two instances, repeated, made the micro-batch of 4.
+        assert handler.postprocessed == [4]
+        assert handler.rows == [[0.25] * 16, [0.75] * 16] * 2
+    finally:
+        handler.micro_batching.shutdown()
+
+
+def test_warmup_sample_malformed_kserve_body_fails_the_load(tmp_path: Path) -> None:
+    warmup = {"sample": "sample.json", "sizes": [2]}
+    with pytest.raises(WarmupError, match="warm-up: the sample cannot be read as a request"):
+        load_with_sample(tmp_path, {"kserve": True, "warmup": warmup}, {"instances": []})
