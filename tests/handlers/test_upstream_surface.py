@@ -14,6 +14,8 @@ bad request and a broken stage, which must be answered, not raised or hung.
 from __future__ import annotations
 
 import math
+import shutil
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,10 +50,26 @@ class UpstreamStyleHandler(ImageClassifier):  # type: ignore[misc]
         return super().preprocess(data)
 
 
+MODEL_FILE = "upstream_surface_resnet.py"
+
+
 def mock_context(model_dir: Path) -> MockContext:
     return MockContext(
-        model_pt_file="resnet18.pth", model_dir=str(model_dir), model_file="model.py"
+        model_pt_file="resnet18.pth", model_dir=str(model_dir), model_file=MODEL_FILE
     )
+
+
+@pytest.fixture(scope="module")
+def resnet_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The shared ResNet-18 directory, its model file under a name of its own: BaseHandler
+    imports the model file by module name, and another test may have imported a "model"."""
+    directory = tmp_path_factory.mktemp("upstream_surface")
+    shutil.copy(model_dir / "model.py", directory / MODEL_FILE)
+    for name in ("resnet18.pth", "index_to_name.json"):
+        (directory / name).symlink_to(model_dir / name)
+    sys.path.insert(0, str(directory))
+    yield directory
+    sys.path.remove(str(directory))
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +78,10 @@ def rows() -> list[dict[str, bytes]]:
 
 
 @pytest.fixture(scope="module")
-def plain(model_dir: Path, rows: list[dict[str, bytes]]) -> list[dict[str, float]]:
+def plain(resnet_dir: Path, rows: list[dict[str, bytes]]) -> list[dict[str, float]]:
     """TorchServe's ImageClassifier, without micro-batching, on the same photos."""
     handler = ImageClassifier()
-    context = mock_context(model_dir)
+    context = mock_context(resnet_dir)
     handler.initialize(context)
     answers: list[dict[str, float]] = handler.handle(rows, context)
     # The photos tell apart: a row answered with another row's output would show.
@@ -78,9 +96,9 @@ def distinct(a: dict[str, float], b: dict[str, float]) -> bool:
 
 
 @pytest.fixture
-def handler(model_dir: Path) -> Iterator[UpstreamStyleHandler]:
+def handler(resnet_dir: Path) -> Iterator[UpstreamStyleHandler]:
     h = UpstreamStyleHandler(micro_batch_size=1)
-    h.initialize(mock_context(model_dir))
+    h.initialize(mock_context(resnet_dir))
     yield h
     h.handle.shutdown()
 
@@ -102,7 +120,7 @@ def thread_counts(mb: MicroBatching) -> dict[str, int]:
 )
 def test_defect_mock_context_handle_answers_every_request(
     handler: UpstreamStyleHandler,
-    model_dir: Path,
+    resnet_dir: Path,
     rows: list[dict[str, bytes]],
     plain: list[dict[str, float]],
     batch: int,
@@ -111,14 +129,14 @@ def test_defect_mock_context_handle_answers_every_request(
     # Was: AttributeError: 'MockContext' object has no attribute 'request_count'.
     handler.handle.micro_batch_size = micro_batch_size
     handler.handle.parallelism = {"preprocess": 1, "inference": 2, "postprocess": 3}
-    got = handler.handle(rows[:batch], mock_context(model_dir))
+    got = handler.handle(rows[:batch], mock_context(resnet_dir))
     assert_answers(got, plain[:batch])
     assert handler.micro_batch_indices == set(range(math.ceil(batch / micro_batch_size)))
 
 
 def test_thread_groups_follow_parallelism_and_sizes_changed_at_run_time(
     handler: UpstreamStyleHandler,
-    model_dir: Path,
+    resnet_dir: Path,
     rows: list[dict[str, bytes]],
     plain: list[dict[str, float]],
 ) -> None:
@@ -135,7 +153,7 @@ def test_thread_groups_follow_parallelism_and_sizes_changed_at_run_time(
         for t in threads
     )
     mb.micro_batch_size = 4
-    assert_answers(mb(rows, mock_context(model_dir)), plain)
+    assert_answers(mb(rows, mock_context(resnet_dir)), plain)
     assert handler.micro_batch_indices == {0, 1, 2, 3}
 
     # As upstream's setter: scaling down returns once the retired threads are gone.
@@ -146,20 +164,20 @@ def test_thread_groups_follow_parallelism_and_sizes_changed_at_run_time(
     assert len(retired) == 3 and not any(t.is_alive() for t in retired)
     handler.micro_batch_indices.clear()
     mb.micro_batch_size = 5
-    assert_answers(mb(rows, mock_context(model_dir)), plain)
+    assert_answers(mb(rows, mock_context(resnet_dir)), plain)
     assert handler.micro_batch_indices == {0, 1, 2, 3}
 
 
 def test_mock_context_bad_request_fails_alone(
     handler: UpstreamStyleHandler,
-    model_dir: Path,
+    resnet_dir: Path,
     rows: list[dict[str, bytes]],
     plain: list[dict[str, float]],
 ) -> None:
     handler.handle.micro_batch_size = 4
     batch = rows[:6]
     batch[2] = {"body": b"not a photo"}
-    got = handler.handle(batch, mock_context(model_dir))
+    got = handler.handle(batch, mock_context(resnet_dir))
     # The bad row shared a micro-batch of 4 with good ones, which was re-run in halves.
     assert handler.preprocessed[:1] == [4] and len(handler.preprocessed) > 2
     assert got[2]["code"] == 400 and got[2]["type"] == "UnidentifiedImageError"
@@ -167,7 +185,7 @@ def test_mock_context_bad_request_fails_alone(
 
 
 def test_mock_context_broken_stage_answers_every_request(
-    handler: UpstreamStyleHandler, model_dir: Path, rows: list[dict[str, bytes]]
+    handler: UpstreamStyleHandler, resnet_dir: Path, rows: list[dict[str, bytes]]
 ) -> None:
     # Upstream's worker thread dies on a stage exception and handle() waits forever.
     calls: list[int] = []
@@ -178,6 +196,6 @@ def test_mock_context_broken_stage_answers_every_request(
 
     handler.inference = broken
     handler.handle.micro_batch_size = 3
-    got = handler.handle(rows[:7], mock_context(model_dir))
+    got = handler.handle(rows[:7], mock_context(resnet_dir))
     assert calls, "the broken stage was never called"
     assert [(a["code"], a["message"]) for a in got] == [(500, "inference is broken")] * 7
