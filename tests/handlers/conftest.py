@@ -23,6 +23,16 @@ prepare = load_module("examples/image_classifier/prepare.py", "ts_microbatch_exa
 make_jpeg = prepare.make_jpeg
 
 
+@pytest.fixture(autouse=True, scope="module")
+def fresh_model_module() -> Iterator[None]:
+    """A TorchServe worker serves one model, so its loader imports the model file by its
+    plain name ("model"); this process loads several models, and a module must not get the
+    one another module's model left in sys.modules."""
+    sys.modules.pop("model", None)
+    yield
+    sys.modules.pop("model", None)
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A model directory laid out as TorchServe extracts a .mar."""

@@ -29,8 +29,10 @@ def extract(directory: Path, micro_batching: dict[str, Any]) -> Path:
     model = load_module("examples/text_classifier/model.py", "ts_microbatch_text_model")
     torch.manual_seed(0)
     torch.save(model.TextClassifier().state_dict(), directory / "text_classifier.pth")
-    for name in ("model.py", "text_handler.py"):
-        shutil.copy(EXAMPLE / name, directory / name)
+    # A module name of its own: TorchServe imports the model file by name, and other tests of
+    # this process imported the image example's model.py as "model".
+    shutil.copy(EXAMPLE / "model.py", directory / "text_classifier_model.py")
+    shutil.copy(EXAMPLE / "text_handler.py", directory / "text_handler.py")
     (directory / "sample.txt").write_text("great", encoding="utf-8")
     (directory / "model-config.yaml").write_text(
         json.dumps({"micro_batching": micro_batching}), encoding="utf-8"
@@ -40,7 +42,7 @@ def extract(directory: Path, micro_batching: dict[str, Any]) -> Path:
         "model": {
             "modelName": "text_mb",
             "serializedFile": "text_classifier.pth",
-            "modelFile": "model.py",
+            "modelFile": "text_classifier_model.py",
             "handler": "text_handler.py",
             "configFile": "model-config.yaml",
         }
