@@ -1,4 +1,5 @@
-"""Micro-batching for TorchServe handlers: a pipeline that never hangs and isolates bad requests."""
+"""Micro-batching for TorchServe handlers: a pipeline that answers every request (by
+``timeout_s``, else before TorchServe's responseTimeout) and isolates bad requests."""
 
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ Schema (every key optional)::
       postprocess: 2
     max_queued_micro_batches: 4      # micro-batches waiting between two stages, integer >= 1
     isolate_failures: true           # re-run a failed micro-batch in halves to find bad requests
-    timeout_s: null                  # seconds a batch may take before its requests get 504
+    timeout_s: null                  # seconds a batch may take before its requests get 504;
+                                     # null: 90% of the model's responseTimeout (TorchServe's
+                                     # default 120 s), so handle() always answers first
     join_timeout_s: 30               # how long shutdown waits for each stage's threads
     allowed_micro_batch_sizes: null  # e.g. [1, 2, 4, 8]: the only sizes inference sees; a
                                      # micro-batch of another size is padded to the next

@@ -38,6 +38,14 @@ logger = logging.getLogger(__name__)
 HANDLER_METHODS = STAGES
 
 
+# TorchServe's default_response_timeout (config.properties), in force when model-config.yaml
+# sets no responseTimeout.
+DEFAULT_RESPONSE_TIMEOUT_S = 120
+# timeout_s null runs with this share of responseTimeout: the frontend's clock starts when it
+# sends the batch, a little before handle() is called, so the margin keeps the batch's own
+# answers (504 for what is late) ahead of the frontend killing the worker.
+RESPONSE_TIMEOUT_SHARE = 0.9
+
 # TorchServe's own KServe envelopes read only the first request of a frontend batch and
 # answer once, so with batchSize > 1 every request gets 503 (pytorch/serve#2158, #1302);
 # ts_microbatch unpacks those protocols itself (ts_microbatch.protocols).
@@ -359,7 +367,7 @@ class MicroBatching:
         """
         submitted = self._submit(data, context)
         if submitted.batch is not None:
-            submitted.batch.wait(self._config.timeout_s)
+            submitted.batch.wait(self._timeout_s(submitted))
         return answer_batch(submitted, self._observer)
 
     async def handle_async(self, data: Sequence[Any], context: Any = None) -> list[Any]:
@@ -368,11 +376,18 @@ class MicroBatching:
         submitted = self._submit(data, context)
         batch = submitted.batch
         if batch is not None:
-            await asyncio.wait(
-                [asyncio.wrap_future(f) for f in batch.futures], timeout=self._config.timeout_s
-            )
-            batch.expire(self._config.timeout_s)
+            timeout_s = self._timeout_s(submitted)
+            await asyncio.wait([asyncio.wrap_future(f) for f in batch.futures], timeout=timeout_s)
+            batch.expire(timeout_s)
         return answer_batch(submitted, self._observer)
+
+    def _timeout_s(self, submitted: SubmittedBatch) -> float:
+        """How long a batch may take: ``timeout_s``, or when it is null 90% of TorchServe's
+        responseTimeout for the model (its default when no context says), so ``handle()``
+        answers before the frontend gives up on the worker, however the handler was built."""
+        if self._config.timeout_s is not None:
+            return self._config.timeout_s
+        return default_timeout_s(getattr(submitted.view, "model_yaml_config", None))
 
     def _submit(self, data: Sequence[Any], context: Any) -> SubmittedBatch:
         live = context if context is not None else getattr(self.handler, "context", None)
@@ -505,6 +520,24 @@ class MicroBatching:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown(wait=True)
+
+
+def response_timeout_s(model_yaml_config: Mapping[str, Any] | None) -> float:
+    """TorchServe's responseTimeout for the model, as far as the worker can know it:
+    model-config.yaml's ``responseTimeout`` (which wins over the register API's
+    ``response_timeout`` in the frontend too), else TorchServe's default, 120 s. A value
+    given only to the register API or as ``default_response_timeout`` never reaches the
+    worker: repeat it in model-config.yaml, or set ``timeout_s``."""
+    value = (model_yaml_config or {}).get("responseTimeout")
+    # As the frontend: a value that is not > 0 is not set.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return DEFAULT_RESPONSE_TIMEOUT_S
+    return float(value)
+
+
+def default_timeout_s(model_yaml_config: Mapping[str, Any] | None) -> float:
+    """What ``timeout_s: null`` means: 90% of the model's responseTimeout."""
+    return round(RESPONSE_TIMEOUT_SHARE * response_timeout_s(model_yaml_config), 3)
 
 
 def _padded_stages(config: MicroBatchingConfig) -> tuple[str, ...] | None:

@@ -30,19 +30,15 @@ from .compiled import check_inference_threads, is_compiled, recompile_limit
 from .config import YAML_SECTION, MicroBatchingConfig, WarmupConfig, load_config
 from .errors import ConfigError
 from .metrics import PipelineObserver
-from .micro_batching import MicroBatching
+from .micro_batching import (
+    DEFAULT_RESPONSE_TIMEOUT_S,
+    MicroBatching,
+    default_timeout_s,
+    response_timeout_s,
+)
 from .torchserve_metrics import TorchServeMetricsObserver
 
 logger = logging.getLogger(__name__)
-
-# TorchServe's default_response_timeout (config.properties), in force when model-config.yaml
-# sets no responseTimeout.
-DEFAULT_RESPONSE_TIMEOUT_S = 120
-# timeout_s null runs with this share of responseTimeout: the frontend's clock starts when it
-# sends the batch, a little before handle() is called, so the margin keeps the batch's own
-# answers (504 for what is late) ahead of the frontend killing the worker.
-RESPONSE_TIMEOUT_SHARE = 0.9
-
 
 class MicroBatchingMixin:
     """Put it first among the bases of a ``BaseHandler`` subclass."""
@@ -147,19 +143,6 @@ def check_compiled_config(config: MicroBatchingConfig) -> None:
         )
 
 
-def response_timeout_s(model_yaml_config: Mapping[str, Any] | None) -> float:
-    """TorchServe's responseTimeout for the model, as far as the worker can know it:
-    model-config.yaml's ``responseTimeout`` (which wins over the register API's
-    ``response_timeout`` in the frontend too), else TorchServe's default, 120 s. A value
-    given only to the register API or as ``default_response_timeout`` never reaches the
-    worker: repeat it in model-config.yaml, or set ``timeout_s``."""
-    value = (model_yaml_config or {}).get("responseTimeout")
-    # As the frontend: a value that is not > 0 is not set.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        return DEFAULT_RESPONSE_TIMEOUT_S
-    return float(value)
-
-
 def check_timeout(
     config: MicroBatchingConfig, model_yaml_config: Mapping[str, Any] | None
 ) -> MicroBatchingConfig:
@@ -174,7 +157,7 @@ def check_timeout(
     """
     response_s = response_timeout_s(model_yaml_config)
     if config.timeout_s is None:
-        return replace(config, timeout_s=round(RESPONSE_TIMEOUT_SHARE * response_s, 3))
+        return replace(config, timeout_s=default_timeout_s(model_yaml_config))
     if config.timeout_s >= response_s:
         raise ConfigError(
             f"{YAML_SECTION}.timeout_s: got {config.timeout_s:g}, expected less than "

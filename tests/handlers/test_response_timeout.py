@@ -88,3 +88,38 @@ def test_hang_timeout_null_answers_a_stuck_batch_before_response_timeout(
         handler.micro_batching.shutdown()
     code, got = decode(answers[0])
     assert code == 200 and [status for _, status, _ in got] == [504] * 3
+
+
+def test_defect_upstream_style_handler_waited_forever_on_a_stuck_batch() -> None:
+    # Defect: the responseTimeout rule lived only in the mixin's initialize, so a handler
+    # written upstream's way (self.handle = MicroBatching(self)), or a configure() at run
+    # time, ran with timeout_s null: handle() blocked until the frontend killed the worker.
+    from ts.torch_handler.unit_tests.test_utils.mock_context import MockContext
+
+    from tests.unit.fakes import FakeHandler
+    from ts_microbatch import MicroBatching
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Stuck(FakeHandler):
+        def inference(self, batch: list[int]) -> list[int]:
+            entered.set()
+            release.wait(60)
+            raise RuntimeError("released")
+
+    context = MockContext()
+    context.model_yaml_config = {"responseTimeout": 1}
+    mb = MicroBatching(Stuck(), micro_batch_size=2)
+    answers: list[Any] = []
+    caller = threading.Thread(target=lambda: answers.append(mb.handle([1, 2, 3], context)))
+    try:
+        caller.start()
+        assert entered.wait(30), "the batch never reached inference"
+        caller.join(30)
+        assert not caller.is_alive(), "handle() did not return while inference was stuck"
+    finally:
+        release.set()
+        caller.join(60)
+        mb.shutdown()
+    assert [a["code"] for a in answers[0]] == [504, 504, 504]
+    assert all("timeout_s=0.9" in a["message"] for a in answers[0])
