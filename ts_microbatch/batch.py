@@ -59,6 +59,9 @@ class MicroBatchInfo(NamedTuple):
     context: Any = None  # the context its batch was submitted with; never another batch's
     # The request index of each of its items, in order; None: item i is request i.
     owners: tuple[int, ...] | None = None
+    # Rows of padding after its items in the stage's input (allowed sizes): every padded
+    # stage's with pad "requests", inference's alone with pad "tensors".
+    padding: int = 0
 
     @property
     def item_requests(self) -> tuple[int, ...]:
@@ -71,6 +74,12 @@ class MicroBatchInfo(NamedTuple):
     def request_indices(self) -> tuple[int, ...]:
         """The distinct request indices of its items, in order (rows of ``context``)."""
         return tuple(dict.fromkeys(self.item_requests))
+
+    @property
+    def row_requests(self) -> tuple[int | None, ...]:
+        """The request index of each row of the stage's input, in order: its items', then
+        None for each row of padding."""
+        return self.item_requests + (None,) * self.padding
 
 
 def check_owners(owners: Sequence[int], size: int) -> tuple[int, ...]:

@@ -56,14 +56,20 @@ class BatchContext:
             raise AttributeError(name)
         return getattr(self._context, name)
 
-    def for_rows(self, owners: Sequence[int]) -> BatchContext:
+    def for_rows(self, owners: Sequence[int | None]) -> BatchContext:
         """The view of this batch a stage call gets: index i is row i of the stage's input,
-        whose request is ``owners[i]``, an index of this context (``for_rows(())`` reaches
-        no request at all)."""
-        if self._rows is None:
-            return self._view(tuple(owners))
+        whose request is ``owners[i]``, an index of this context, or None for a row of
+        padding, which reaches no request (``for_rows(())`` reaches none at all)."""
         rows = self._rows
-        return self._view(tuple(rows[o] if 0 <= o < len(rows) else _NO_REQUEST for o in owners))
+
+        def request(owner: int | None) -> int:
+            if owner is None or owner < 0:
+                return _NO_REQUEST
+            if rows is None:
+                return owner
+            return rows[owner] if owner < len(rows) else _NO_REQUEST
+
+        return self._view(tuple(request(owner) for owner in owners))
 
     def _view(self, rows: tuple[int, ...] | None) -> BatchContext:
         view = BatchContext.__new__(BatchContext)

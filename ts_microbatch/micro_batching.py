@@ -494,17 +494,21 @@ class MicroBatching:
             return None
         if not isinstance(info.context, BatchContext):
             return info.context
-        return info.context.for_rows(info.item_requests)
+        return info.context.for_rows(info.row_requests)
 
     def current_request_ids(self) -> list[str | None]:
         """The TorchServe request id of each row of the current stage call's input (its
-        micro-batch's items, in order; the rows of one KServe request repeat its id); empty
-        outside a stage call."""
+        micro-batch's items, in order; the rows of one KServe request repeat its id; a row
+        of padding, with allowed sizes, has None); empty outside a stage call."""
         info = self.current_micro_batch()
-        context = self.current_context()
-        if info is None or context is None:
+        if info is None or info.context is None:
             return []
-        return [context.get_request_id(row) for row in range(info.size)]
+        # info.context is indexed by request, whether or not it is a BatchContext.
+        get_request_id = getattr(info.context, "get_request_id", None)
+        return [
+            None if request is None or get_request_id is None else get_request_id(request)
+            for request in info.row_requests
+        ]
 
     def stats(self) -> PipelineStats:
         return self._pipeline.stats()

@@ -420,7 +420,9 @@ class Pipeline:
         # its requests, metric lines carry its first request's id.
         owners = mb.owners if mb.batch.owners is not None else None
         set_current_micro_batch(
-            MicroBatchInfo(mb.index, mb.offset, len(mb), mb.attempt, mb.batch.context, owners)
+            MicroBatchInfo(
+                mb.index, mb.offset, len(mb), mb.attempt, mb.batch.context, owners, size - len(mb)
+            )
         )
         error: BaseException | None = None
         try:

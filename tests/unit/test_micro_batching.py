@@ -18,6 +18,7 @@ from tests.conftest import ROOT
 from tests.handlers.ts_machinery import decode
 from tests.unit.fakes import FakeHandler, expected
 from ts_microbatch import ConfigError, MicroBatching, MicroBatchingConfig, PipelineClosedError
+from ts_microbatch.config import STAGES
 from ts_microbatch.torchserve_metrics import STAGE_TIME, TorchServeMetricsObserver
 
 
@@ -378,3 +379,65 @@ def test_every_request_of_a_failing_batch_gets_an_error_and_bad_is_isolated() ->
         out = mb(list(range(32)), context)
     assert list(context.statuses) == [7]
     assert context.statuses[7][0] == 500 and out[7]["type"] == "Bad"
+
+
+class PaddingWatcher:
+    """Stages over ints that record, per stage call, how many rows the input has and what
+    the stage helpers say about those rows."""
+
+    def __init__(self) -> None:
+        self.context: Any = None
+        self.mb: MicroBatching | None = None
+        self.seen: list[tuple[str, int, list[str | None], list[str | None], int | None]] = []
+
+    def _look(self, stage: str, rows: list[Any]) -> None:
+        if self.mb is None:
+            return  # warm-up, before the test looks
+        ids = self.mb.current_request_ids()
+        context = self.mb.current_context()
+        by_row = [context.get_request_id(row) for row in range(len(rows))]
+        self.seen.append((stage, len(rows), ids, by_row, context.request_count))
+
+    def preprocess(self, rows: list[Any]) -> list[Any]:
+        self._look("preprocess", rows)
+        return list(rows)
+
+    def inference(self, rows: list[Any]) -> list[Any]:
+        self._look("inference", rows)
+        return list(rows)
+
+    def postprocess(self, rows: list[Any]) -> list[Any]:
+        self._look("postprocess", rows)
+        return list(rows)
+
+    def _is_describe(self) -> bool:
+        return False
+
+    def _is_explain(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("pad", "padded"),
+    [("requests", {"preprocess", "inference", "postprocess"}), ("tensors", {"inference"})],
+)
+def test_defect_current_request_ids_shorter_than_a_padded_stage_input(
+    pad: str, padded: set[str]
+) -> None:
+    # With allowed sizes [1, 4], a micro-batch of 3 requests reaches the padded stages as 4
+    # rows, but current_request_ids() gave one id per real request (3): a stage zipping its
+    # rows with the ids lost the last row. One entry per row now, None for padding.
+    settings = {"micro_batch_size": 4, "allowed_micro_batch_sizes": [1, 4], "pad": pad}
+    handler = PaddingWatcher()
+    config = MicroBatchingConfig.from_mapping(settings | {"warmup": {}})
+    with MicroBatching(handler, config=config) as mb:
+        handler.mb = mb
+        assert mb([1, 2, 3], FakeContext(3)) == [1, 2, 3]
+    real = ["req-0", "req-1", "req-2"]
+    # The scenario: the padded stages, and only those, saw 4 rows.
+    assert {stage: rows for stage, rows, *_ in handler.seen} == {
+        stage: 4 if stage in padded else 3 for stage in STAGES
+    }
+    for stage, rows, ids, by_row, count in handler.seen:
+        want = real + [None] if stage in padded else real
+        assert (ids, by_row, count) == (want, want, rows), stage
