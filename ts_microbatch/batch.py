@@ -46,7 +46,9 @@ class RequestFailure(NamedTuple):
 
     stage: str  # the stage that raised
     stage_index: int  # its place in the pipeline; 0 is the first stage
-    isolated: bool  # the request failed on its own (alone in its micro-batch, no verdict)
+    # The request failed on its own (alone in its micro-batch, no verdict) with an Exception;
+    # never for a BaseException such as SystemExit, which is no input's fault.
+    isolated: bool
 
 
 class MicroBatchInfo(NamedTuple):

@@ -29,6 +29,10 @@ stage. What happens next depends on both halves' outcomes in that stage:
   plus four for the first one, instead of 2n - 1. Otherwise bisection goes on in the probe
   and in the held half as usual.
 
+A ``BaseException`` that is not an ``Exception`` (KeyboardInterrupt, SystemExit) is a
+request to stop, not a failure of any input: its micro-batch fails whole, unbisected, and
+none of its requests counts as failing alone.
+
 An error that means bad input (a ``RequestError``, a ``PredictionException`` with a 4xx
 code, or a decoder error ``ts_microbatch.status`` maps to 4xx) never leads to a systemic
 verdict: it is always bisected down to the request. For other errors, every failing
@@ -191,6 +195,13 @@ class Isolator:
     def failed(self, mb: _MicroBatch, stage: int, error: BaseException) -> Outcome:
         """``mb`` failed in ``stage`` with ``error``."""
         with self._lock:
+            if not isinstance(error, Exception):
+                # KeyboardInterrupt, SystemExit, GeneratorExit: a request to stop, which says
+                # nothing about any input (a stage that failed one request alone in the first
+                # stage was taken for that request's bad input, 400). Code that asked to stop
+                # is not re-run: the micro-batch fails whole, never as one request's.
+                stopped = Outcome([], [Fail(mb, error, stage, isolated=False)])
+                return _merge(stopped, self._report(mb, None))
             ledger = self._ledger(mb.batch)
             verdict = ledger.systemic.get(stage)
             if not self.enabled or (verdict is not None and type(error) is verdict):

@@ -14,7 +14,13 @@ import pytest
 
 from tests.handlers.ts_machinery import decode
 from tests.unit.fakes import Bad, FakeHandler, expected
-from tests.unit.test_micro_batching import RowHandler, ts_request, ts_service
+from tests.unit.test_micro_batching import (
+    FakeContext,
+    FakeTorchServeHandler,
+    RowHandler,
+    ts_request,
+    ts_service,
+)
 from tests.unit.test_pipeline import WAIT_S, make_pipeline, outcomes
 from ts_microbatch import (
     InvalidInputError,
@@ -274,3 +280,43 @@ def _decode(item: int, bad: set[int]) -> int:
     if item in bad:
         raise InvalidInputError(f"request {item} is not an image")
     return item
+
+
+class Stopping(FakeTorchServeHandler):
+    """Raises ``stop`` (a BaseException that is not an Exception) in ``stage`` for a call
+    that holds ``item``."""
+
+    def __init__(self, stage: str, item: int, stop: BaseException) -> None:
+        super().__init__()
+        self.stage, self.item, self.stop = stage, item, stop
+
+    def _step(self, stage: str, items: list[int]) -> None:
+        super()._step(stage, items)
+        if stage == self.stage and self.item in items:
+            raise self.stop
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), SystemExit(3), GeneratorExit()])
+@pytest.mark.parametrize("stage", ["preprocess", "inference", "postprocess"])
+def test_defect_stage_base_exception_answered_as_bad_input(stage: str, stop: BaseException) -> None:
+    # A KeyboardInterrupt or SystemExit raised in preprocess was bisected down to its request,
+    # which failed alone in the first stage while others passed it: answered 400, "bad
+    # input", as if a request could ask the worker to stop. Only an Exception says anything
+    # about an input: a BaseException fails its micro-batch whole, 500, and the thread that
+    # caught it serves the next batch.
+    handler = Stopping(stage, 3, stop)
+    context = FakeContext(4)
+    with MicroBatching(handler, micro_batch_size=2) as mb:
+        out = mb([1, 2, 3, 4], context)
+        # The scenario: [1, 2] got through, [3, 4] raised in the stage.
+        assert [1, 2] in handler.calls["preprocess"] and [3, 4] in handler.calls[stage]
+        assert out[:2] == expected([1, 2])
+        assert sorted(context.statuses) == [2, 3]
+        assert [context.statuses[i][0] for i in (2, 3)] == [500, 500]
+        assert [o["type"] for o in out[2:]] == [type(stop).__name__] * 2
+        # Not re-run in halves: nothing is learnt about inputs from a request to stop.
+        assert not any(call in ([3], [4]) for call in handler.calls[stage])
+        handler.item = -1  # the same threads answer the next batch
+        assert mb([5, 6, 7], FakeContext(3)) == expected([5, 6, 7])
+        alive = mb.stats().threads_alive
+    assert alive == {"preprocess": 1, "inference": 1, "postprocess": 1}
