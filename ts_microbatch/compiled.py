@@ -54,11 +54,20 @@ def is_compiled(model: Any) -> bool:
 
 
 def compile_count() -> int:
-    """Frames Dynamo has compiled (or tried to) in this process: first compiles and
-    recompiles alike; a frame past the recompile limit counts once, then runs eagerly."""
+    """Graphs Dynamo has compiled in this process, plus the frames it gave up on at the
+    recompile limit (each runs eagerly from then on, counted once).
+
+    Not Dynamo's count of frames it looked at (``counters["frames"]["total"]``): that one
+    also counts frames it skipped, and frames of other code can run on the inference thread
+    inside a compiled call (a finalizer run by the garbage collector, say), so a test saw a
+    "recompile" now and then where no graph was compiled.
+    """
     from torch._dynamo.utils import counters
 
-    return int(counters["frames"]["total"])
+    limit_hits = sum(
+        count for reason, count in counters["unimplemented"].items() if "recompile limit" in reason
+    )
+    return int(counters["stats"]["unique_graphs"]) + limit_hits
 
 
 def recompile_limit() -> int:

@@ -182,3 +182,27 @@ def test_on_recompile_refuses_an_unknown_level() -> None:
     with pytest.raises(ConfigError, match="micro_batching.on_recompile: got 'loud'"):
         inference.on_recompile = "loud"
     assert inference.on_recompile == "warn"
+
+
+def test_compile_count_counts_graphs_and_the_recompile_limit_once() -> None:
+    # Graphs compiled, and a frame given up on at the recompile limit once (it then runs
+    # eagerly); frames Dynamo only looked at are not compiles.
+    import torch
+    import torch._dynamo
+
+    from ts_microbatch.compiled import compile_count
+
+    torch._dynamo.reset()
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = 2
+    try:
+        model = torch.compile(torch.nn.Linear(4, 2), dynamic=False)
+        counts = []
+        for n in (1, 2, 3, 4, 1):
+            before = compile_count()
+            model(torch.randn(n, 4))
+            counts.append(compile_count() - before)
+    finally:
+        torch._dynamo.config.recompile_limit = limit
+        torch._dynamo.reset()
+    assert counts == [1, 1, 1, 0, 0]
