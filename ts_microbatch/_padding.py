@@ -23,14 +23,40 @@ batch-major:
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .errors import StageOutputError
+from .errors import ConfigError, StageOutputError
 
 PAD_MODES = ("requests", "tensors")
+
+
+def padded_range(
+    names: Sequence[str], allowed: Sequence[int] | None, padded: Sequence[str] | None
+) -> range:
+    """The indices of the ``padded`` stages of the pipeline ``names``: consecutive ones,
+    given exactly when ``allowed`` sizes are (an empty range when neither is).
+
+    Raises:
+        ConfigError: only one of them is given, or the stages are not consecutive ones.
+    """
+    if allowed is None and padded is None:
+        return range(0)
+    indices = [names.index(name) for name in padded or () if name in names]
+    if (
+        allowed is None
+        or padded is None
+        or not indices
+        or len(indices) != len(padded)
+        or indices != list(range(indices[0], indices[0] + len(indices)))
+    ):
+        raise ConfigError(
+            f"padded_stages: got {padded!r} with allowed_sizes {allowed!r}, expected both or "
+            f"neither, the stages consecutive ones of {', '.join(names)}"
+        )
+    return range(indices[0], indices[-1] + 1)
 
 
 def padded_size(allowed: tuple[int, ...] | None, n: int) -> int:

@@ -250,12 +250,8 @@ class Isolator:
         error: BaseException,
         held: tuple[_MicroBatch, BaseException] | None = None,
     ) -> Outcome:
-        if len(mb) == 1:
-            alone = Outcome([], [Fail(mb, error, stage, isolated=True)])
-            if held is None:
-                return alone
-            held_mb, held_error = held  # not reached: a probe always holds two requests
-            return _merge(alone, self._bisect(held_mb, stage, held_error))
+        if len(mb) == 1:  # never a probe (``held``): a probe holds two requests at least
+            return Outcome([], [Fail(mb, error, stage, isolated=True)])
         within = mb.one_request()
         split = _Split(self._ledger(mb.batch), stage, type(error), held, within=within)
         halves = mb.halves()

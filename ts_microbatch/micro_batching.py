@@ -30,8 +30,8 @@ from .compiled import CompiledInference, check_inference_threads
 from .config import STAGES, MicroBatchingConfig, Parallelism, _positive_int
 from .context import BatchContext
 from .errors import ConfigError, PipelineStalledError, WarmupError
-from .metrics import PipelineObserver
-from .pipeline import GuardedObserver, Pipeline, PipelineStats
+from .metrics import GuardedObserver, PipelineObserver
+from .pipeline import Pipeline, PipelineStats
 
 logger = logging.getLogger(__name__)
 

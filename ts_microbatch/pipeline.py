@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
-from ._padding import pad, pad_rows, padded_size, unpad
+from ._padding import pad, pad_rows, padded_range, padded_size, unpad
 from ._queue import Signal, StageQueue
 from ._stall import StallGuard
 from .autosize import AutoMicroBatchSize
@@ -54,69 +54,13 @@ from .errors import (
     StageOutputError,
 )
 from .isolation import Fail, Isolator, Outcome
-from .metrics import PipelineObserver
+from .metrics import GuardedObserver, PipelineObserver
 
 logger = logging.getLogger(__name__)
 
 _QUIET = PipelineObserver()  # what quiet (warm-up) batches report to: nothing
 
 StageFn = Callable[[Any], Any]
-
-
-class GuardedObserver(PipelineObserver):
-    """``observer`` with every report guarded: what it raises is logged and dropped.
-
-    An observer (a metrics hook) runs in the middle of the pipeline's bookkeeping; one that
-    raised failed the requests it was reporting on and left the bisection step waiting for
-    them unresolved, so the requests held back there were never answered (#16). The first
-    failure of each hook is logged with its traceback, later ones at debug level.
-    """
-
-    def __init__(self, observer: PipelineObserver) -> None:
-        self.observer = observer
-        self._failed: set[str] = set()
-
-    @classmethod
-    def wrap(cls, observer: PipelineObserver) -> GuardedObserver:
-        """``observer`` guarded (itself when it is guarded already)."""
-        return observer if isinstance(observer, GuardedObserver) else cls(observer)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.observer, name)
-
-    def _guard(self, hook: str, report: Callable[[], None]) -> None:
-        try:
-            report()
-        except Exception:
-            if hook in self._failed:
-                logger.debug("observer %s raised again; ignored", hook, exc_info=True)
-                return
-            self._failed.add(hook)
-            logger.exception(
-                "observer %s.%s raised; ignored (later failures of it are logged at debug level)",
-                type(self.observer).__name__,
-                hook,
-            )
-
-    def on_batch(self, batch_size: int, micro_batches: int) -> None:
-        self._guard("on_batch", lambda: self.observer.on_batch(batch_size, micro_batches))
-
-    def on_stage(
-        self, stage: str, size: int, queue_wait_s: float, run_s: float, *, failed: bool
-    ) -> None:
-        self._guard(
-            "on_stage",
-            lambda: self.observer.on_stage(stage, size, queue_wait_s, run_s, failed=failed),
-        )
-
-    def on_padding(self, stage: str, size: int, padded_to: int) -> None:
-        self._guard("on_padding", lambda: self.observer.on_padding(stage, size, padded_to))
-
-    def on_recompile(self, count: int) -> None:
-        self._guard("on_recompile", lambda: self.observer.on_recompile(count))
-
-    def on_request_error(self, status_code: int) -> None:
-        self._guard("on_request_error", lambda: self.observer.on_request_error(status_code))
 
 
 class PipelineStats(NamedTuple):
@@ -165,7 +109,9 @@ class Pipeline:
         if not stages:
             raise ConfigError("stages: got none, expected at least one stage")
         self._names = list(stages)
-        self._allowed, self._padded = _padding_plan(self._names, allowed_sizes, padded_stages)
+        self._padded = padded_range(self._names, allowed_sizes, padded_stages)
+        # Sorted; [] and [0, 4] refused too.
+        self._allowed = _sizes(allowed_sizes, "micro_batching.allowed_micro_batch_sizes")
         self._fns = [stages[name] for name in self._names]
         self._auto: AutoMicroBatchSize | None = None
         self.micro_batch_size = micro_batch_size
@@ -428,8 +374,6 @@ class Pipeline:
         try:
             try:
                 output = self._call(stage, mb, size, observer)
-                if last:
-                    output = self._check_outputs(name, output, len(mb))
             except BaseException as exc:
                 error = exc
             finally:
@@ -455,25 +399,24 @@ class Pipeline:
             self._enqueue(stage + 1, mb)
 
     def _call(self, stage: int, mb: _MicroBatch, size: int, observer: PipelineObserver) -> Any:
-        """Calls the stage on ``mb``: its input padded to ``size`` when it is the first padded
-        stage, its output cut back to ``mb``'s items when it is the last."""
+        """Calls the stage on ``mb``, its input padded to ``size`` when it is the first padded
+        stage; returns the output for ``mb``'s items: cut back when it is the last padded
+        stage, checked for one output per row when it is the pipeline's last."""
         n, padded, name = len(mb), self._padded, self._names[stage]
-        if stage == padded.start:  # every micro-batch, so the metric gives a share
-            observer.on_padding(name, n, size)
-        if size == n:
-            return self._fns[stage](mb.payload)
         payload = mb.payload
-        if stage == padded.start:
-            if stage == 0:  # the requests themselves: a list by the pipeline's contract
+        if padded and stage == padded.start:
+            observer.on_padding(name, n, size)  # every micro-batch, so the metric gives a share
+            if size != n and stage == 0:  # the requests themselves: a list by contract
                 payload = pad_rows(list(payload), size)
-            else:
+            elif size != n:
                 payload = pad(payload, n, size, f"{self._names[stage - 1]}'s output")
         output = self._fns[stage](payload)
-        if stage != padded[-1]:
-            return output
         if stage == len(self._names) - 1:
-            return self._check_outputs(name, output, size)[:n]
-        return unpad(output, n, size, f"{name}'s output")
+            output = self._check_outputs(name, output, size)
+            return output if size == n else output[:n]
+        if size != n and stage == padded[-1]:
+            return unpad(output, n, size, f"{name}'s output")
+        return output
 
     @staticmethod
     def _check_outputs(name: str, output: Any, expected: int) -> list[Any]:
@@ -639,25 +582,3 @@ class Pipeline:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown(wait=True)
-
-
-def _padding_plan(
-    names: list[str], allowed: Sequence[int] | None, padded: Sequence[str] | None
-) -> tuple[tuple[int, ...] | None, range]:
-    """The sorted allowed sizes and the range of stage indices that see them."""
-    if allowed is None and padded is None:
-        return None, range(0)
-    indices = [names.index(name) for name in padded or () if name in names]
-    if (
-        allowed is None
-        or padded is None
-        or not indices
-        or len(indices) != len(padded)
-        or indices != list(range(indices[0], indices[0] + len(indices)))
-    ):
-        raise ConfigError(
-            f"padded_stages: got {padded!r} with allowed_sizes {allowed!r}, expected both or "
-            f"neither, the stages consecutive ones of {', '.join(names)}"
-        )
-    sizes = _sizes(allowed, "micro_batching.allowed_micro_batch_sizes")  # [] and [0, 4] too
-    return sizes, range(indices[0], indices[-1] + 1)

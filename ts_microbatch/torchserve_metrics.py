@@ -21,13 +21,10 @@ mean from ``_sum / _count``.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from .batch import current_micro_batch
 from .metrics import PipelineObserver
-
-logger = logging.getLogger(__name__)
 
 STAGE_TIME = "MicroBatchStageSeconds"
 QUEUE_TIME = "MicroBatchQueueSeconds"
@@ -61,6 +58,9 @@ def _stage_request_id() -> str | None:
 class TorchServeMetricsObserver(PipelineObserver):
     """Emits the pipeline's timings and sizes as TorchServe backend metrics.
 
+    What TorchServe's metrics API raises escapes its hooks: ``MicroBatching`` and
+    ``Pipeline`` wrap every observer in a ``GuardedObserver``, which logs it and drops it.
+
     Args:
         metrics: ``context.metrics`` of the TorchServe worker.
         first_stage: the stage whose runs count as micro-batches for ``MicroBatchSize``.
@@ -77,36 +77,32 @@ class TorchServeMetricsObserver(PipelineObserver):
         self._key_error = MetricsCacheKeyError
         self._histogram = MetricTypes.HISTOGRAM
         self._counter = MetricTypes.COUNTER
-        self._failed_once = False
 
     def _emit(
         self, name: str, value: float, unit: str, dims: dict[str, str], histogram: bool = True
     ) -> None:
-        # Metrics are best-effort: a failure here must not fail the requests being measured.
-        try:
-            # A new list each call: TorchServe appends ModelName and Level to it.
-            dimensions = [self._dimension(k, v) for k, v in dims.items()]
-            metric_type = self._histogram if histogram else self._counter
-            request_id = _stage_request_id()
-            if request_id is not None and hasattr(self._metrics, "get_metric"):
-                self._emit_for(request_id, name, value, unit, dimensions, metric_type)
-                return
-            self._metrics.add_metric(
-                name,
-                value,
-                unit,
-                # Outside a stage call (the handler's thread, whose batch the live ids are),
-                # the batch's first request's id: without an index TorchServe appends every
-                # id of the batch to the line (1.2 KB at batch 32, ~57 lines a batch), and
-                # the frontend reads and parses every line.
-                0,
-                dimensions,
-                metric_type,
-            )
-        except Exception:
-            if not self._failed_once:
-                self._failed_once = True
-                logger.exception("cannot emit metric %s; further failures are not logged", name)
+        # What TorchServe raises here escapes: the pipeline wraps every observer in a
+        # GuardedObserver (ts_microbatch.metrics), the one guard that keeps a metric failure
+        # from failing the requests it measures.
+        # A new list each call: TorchServe appends ModelName and Level to it.
+        dimensions = [self._dimension(k, v) for k, v in dims.items()]
+        metric_type = self._histogram if histogram else self._counter
+        request_id = _stage_request_id()
+        if request_id is not None and hasattr(self._metrics, "get_metric"):
+            self._emit_for(request_id, name, value, unit, dimensions, metric_type)
+            return
+        self._metrics.add_metric(
+            name,
+            value,
+            unit,
+            # Outside a stage call (the handler's thread, whose batch the live ids are), the
+            # batch's first request's id: without an index TorchServe appends every id of
+            # the batch to the line (1.2 KB at batch 32, ~57 lines a batch), and the frontend
+            # reads and parses every line.
+            0,
+            dimensions,
+            metric_type,
+        )
 
     def _emit_for(
         self, request_id: str, name: str, value: float, unit: str, dimensions: list[Any], kind: Any

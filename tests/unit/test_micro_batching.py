@@ -441,3 +441,30 @@ def test_defect_current_request_ids_shorter_than_a_padded_stage_input(
     for stage, rows, ids, by_row, count in handler.seen:
         want = real + [None] if stage in padded else real
         assert (ids, by_row, count) == (want, want, rows), stage
+
+
+def test_broken_metrics_change_no_answer_and_are_logged_once_per_hook(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # One guard: TorchServeMetricsObserver lets TorchServe's error out, and the
+    # GuardedObserver the pipeline wraps it in logs each hook's first failure and drops it.
+    class BrokenMetrics:
+        calls = 0
+
+        def add_metric(self, *args: Any, **kwargs: Any) -> None:
+            BrokenMetrics.calls += 1
+            raise RuntimeError("metrics cache is broken")
+
+    handler = FakeTorchServeHandler()
+    observer = TorchServeMetricsObserver(BrokenMetrics())
+    with (
+        caplog.at_level(logging.DEBUG),
+        MicroBatching(handler, micro_batch_size=2, observer=observer) as mb,
+    ):
+        assert mb([1, 2, 3], FakeContext(3)) == expected([1, 2, 3])
+        assert mb([4, 5], FakeContext(2)) == expected([4, 5])
+    assert BrokenMetrics.calls > 4  # the scenario: every report raised
+    first = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    hooks = sorted(r.getMessage().split(".")[1].split(" ")[0] for r in first)
+    assert hooks == ["on_batch", "on_stage"], [r.getMessage() for r in first]
+    assert all(r.exc_info and r.name == "ts_microbatch.metrics" for r in first)

@@ -407,3 +407,43 @@ def test_concurrent_submitters_each_get_their_own_answers() -> None:
 def test_empty_batch_returns_no_futures() -> None:
     with make_pipeline(FakeHandler()) as p:
         assert p.submit([]) == []
+
+
+class PaddingRecorder(PipelineObserver):
+    def __init__(self) -> None:
+        self.padding: list[tuple[str, int, int]] = []
+
+    def on_padding(self, stage: str, size: int, padded_to: int) -> None:
+        self.padding.append((stage, size, padded_to))
+
+
+def test_defect_padding_metric_reported_without_allowed_sizes() -> None:
+    # With no allowed sizes the plan's empty range starts at stage 0, so every preprocess
+    # call reported "padded by 0": a MicroBatchPaddedItems line per micro-batch that the
+    # frontend parses for nothing. Only a pipeline with allowed sizes reports padding.
+    plain, padded = PaddingRecorder(), PaddingRecorder()
+    with make_pipeline(FakeHandler(), micro_batch_size=2, observer=plain) as p:
+        assert outcomes(p.submit([1, 2, 3])) == expected([1, 2, 3])
+    with make_pipeline(
+        FakeHandler(),
+        micro_batch_size=3,
+        observer=padded,
+        allowed_sizes=[1, 4],
+        padded_stages=["preprocess", "inference", "postprocess"],
+    ) as p:
+        assert outcomes(p.submit([1, 2, 3])) == expected([1, 2, 3])
+    assert padded.padding == [("preprocess", 3, 4)]
+    assert plain.padding == []
+
+
+def test_padded_last_stage_output_count_is_checked_against_the_padded_size() -> None:
+    # The last padded stage must answer every row it was given, padding included; the
+    # mismatch names both counts.
+    def short(rows: list[int]) -> list[int]:
+        return rows[:3]
+
+    stages = {"preprocess": lambda rows: rows, "postprocess": short}
+    with Pipeline(stages, micro_batch_size=3, allowed_sizes=[4], padded_stages=list(stages)) as p:
+        results = outcomes(p.submit([1, 2, 3]))
+    assert all(isinstance(r, StageOutputError) for r in results), results
+    assert "returned 3 outputs for 4 requests" in str(results[0])
