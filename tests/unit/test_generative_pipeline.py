@@ -8,6 +8,7 @@ threads each stage has.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tests.unit.fakes import Bad, FakeHandler, expected
-from ts_microbatch import InvalidInputError, MicroBatching, MicroBatchingConfig
+from ts_microbatch import InvalidInputError, MicroBatching, MicroBatchingConfig, Pipeline
 from ts_microbatch.config import STAGES
 
 pytestmark = pytest.mark.generative
@@ -100,3 +101,101 @@ def test_one_generic_failure_is_isolated_whatever_the_batch(
             assert isinstance(result, Bad)
         else:
             assert result == expected([item])[0]
+
+
+@st.composite
+def generic_scenarios(draw: st.DrawFn) -> dict[str, Any]:
+    """Requests of one item (plain) or several (KServe instances), some items failing
+    with a generic error in some stage, cut into micro-batches of items."""
+    per_request = draw(
+        st.lists(st.integers(1, 1), min_size=1, max_size=16)
+        | st.lists(st.integers(1, 4), min_size=1, max_size=10)
+    )
+    owners = [request for request, n in enumerate(per_request) for _ in range(n)]
+    n = len(owners)
+    bad = draw(
+        st.dictionaries(st.integers(0, n - 1), st.sampled_from(STAGES), min_size=1, max_size=6)
+    )
+    size = draw(st.integers(1, 8))
+    padding: dict[str, Any] = {}
+    if draw(st.booleans()):
+        allowed = draw(st.sets(st.integers(1, 10), min_size=1, max_size=3))
+        padding["allowed_sizes"] = sorted(allowed | {max(allowed | {size})})
+        padding["padded_stages"] = draw(st.sampled_from([list(STAGES), ["inference"]]))
+    threads = {stage: draw(st.integers(1, 3)) for stage in STAGES}
+    return {"owners": owners, "bad": bad, "size": size, "padding": padding, "threads": threads}
+
+
+def rule_isolates(owners: list[int], bad: set[int], size: int) -> bool:
+    """isolation.py's rule: at most two failing requests in each micro-batch (first runs),
+    at most three in the batch."""
+    failing = {owners[i] for i in bad}
+    spans = [range(start, min(start + size, len(owners))) for start in range(0, len(owners), size)]
+    return len(failing) <= 3 and all(len({owners[i] for i in s if i in bad}) <= 2 for s in spans)
+
+
+def named_items(error: BaseException) -> set[int]:
+    """The items a fake stage's error names: ``"<stage> rejects [a, b]"``."""
+    return {int(x) for x in re.findall(r"\d+", str(error).split("rejects", 1)[1])}
+
+
+NO_PADDING: dict[str, Any] = {}
+ONE_THREAD = {stage: 1 for stage in STAGES}
+
+
+@given(generic_scenarios())
+# The rule's edges: every micro-batch fails its first run, with three failing requests (one
+# short of the batch rule); two failing requests in one micro-batch, one of them a KServe
+# request whose failing instances are in two micro-batches.
+@example(
+    {
+        "owners": [0, 1, 2, 3, 4, 5],
+        "bad": {0: "inference", 2: "inference", 5: "inference"},
+        "size": 2,
+        "padding": NO_PADDING,
+        "threads": ONE_THREAD,
+    }
+)
+@example(
+    {
+        "owners": [0, 0, 0, 1, 2, 2],
+        "bad": {1: "preprocess", 2: "preprocess", 3: "preprocess"},
+        "size": 2,
+        "padding": {"allowed_sizes": [4], "padded_stages": list(STAGES)},
+        "threads": ONE_THREAD,
+    }
+)
+def test_generic_failures_isolated_as_documented(scenario: dict[str, Any]) -> None:
+    # Generic (5xx-class) errors may be judged systemic; isolation.py documents when they
+    # cannot be: every failing request is isolated when its micro-batch holds at most two
+    # failing requests and the batch at most three. Requests of several items (KServe) too.
+    owners: list[int] = scenario["owners"]
+    items = [100 + i for i in range(len(owners))]
+    bad_items = {items[i] for i in scenario["bad"]}
+    handler = FakeHandler()
+    for index, stage in scenario["bad"].items():
+        handler.fail_on[stage].add(items[index])
+    stages = {name: getattr(handler, name) for name in STAGES}
+    with Pipeline(
+        stages,
+        micro_batch_size=scenario["size"],
+        parallelism=scenario["threads"],
+        **scenario["padding"],
+    ) as pipeline:
+        batch = pipeline.submit_batch(items, owners=owners)
+        assert batch.wait(60)
+    results = [f.exception() or f.result() for f in batch.futures]
+    request_items = {r: {items[i] for i, o in enumerate(owners) if o == r} for r in owners}
+    isolates = rule_isolates(owners, set(scenario["bad"]), scenario["size"])
+    for index, (item, result) in enumerate(zip(items, results)):
+        own = request_items[owners[index]]
+        if not isinstance(result, BaseException):
+            assert item not in bad_items and result == expected([item])[0], (index, result)
+            continue
+        assert isinstance(result, Bad), (index, result)
+        assert item in bad_items or not isolates or own & bad_items, (index, result)
+        if isolates:
+            # Its own request's error, failed on its own: no other request is blamed.
+            assert named_items(result) <= own & bad_items, (index, result)
+            failure = batch.failure(index)
+            assert failure is not None and failure.isolated, (index, failure)
