@@ -52,7 +52,9 @@ def status_code_for(exc: BaseException) -> int:
     if isinstance(exc, MemoryError):
         return 507
     names = _qualified_names(exc)
-    if names & _OOM_NAMES or (isinstance(exc, RuntimeError) and "out of memory" in str(exc)):
+    if names & _OOM_NAMES or (
+        isinstance(exc, RuntimeError) and "out of memory" in exception_text(exc)
+    ):
         return 507
     for name in names:
         if name in _INPUT_ERRORS_BY_NAME:
@@ -63,32 +65,48 @@ def status_code_for(exc: BaseException) -> int:
 
 
 def error_status(
-    exc: BaseException, request_id: str | None = None, *, bad_input: bool = False
+    exc: BaseException,
+    request_id: str | None = None,
+    *,
+    bad_input: bool = False,
+    about: str | None = None,
 ) -> ErrorStatus:
     """The status, reason phrase and JSON body for a request that failed with ``exc``.
 
-    ``bad_input``: the failure is known to be this request's input (see
-    ``ts_microbatch.micro_batching``), so an error that would be a 500 is a 400.
+    Args:
+        bad_input: the failure is known to be this request's input (see
+            ``ts_microbatch.answers``), so an error that would be a 500 is a 400.
+        about: what failed, when it is the server's doing whatever the type of ``exc``
+            (a UnicodeDecodeError sending the handler's output is no bad input): a 500,
+            with the message "<about>: <type>: <message>".
     """
-    code = status_code_for(exc)
+    code = 500 if about is not None else status_code_for(exc)
     if bad_input and code == 500:
         code = 400
-    try:
-        phrase = http.HTTPStatus(code).phrase
-    except ValueError:
-        phrase = "Error"
-    body: dict[str, Any] = {"code": code, "type": type(exc).__name__, "message": _message(exc)}
+    message = exception_text(exc) or type(exc).__name__
+    if about is not None:
+        message = f"{about}: {type(exc).__name__}: {message}"
+    body: dict[str, Any] = {"code": code, "type": type(exc).__name__, "message": message}
     if request_id is not None:
         body["request_id"] = request_id
-    return ErrorStatus(code, phrase, body)
+    return ErrorStatus(code, reason_phrase(code), body)
 
 
-def _message(exc: BaseException) -> str:
-    """The exception's message; its type name when it has none or cannot say (a handler's
-    exception whose ``__str__`` raises must not fail the batch's other answers)."""
+def reason_phrase(code: int) -> str:
+    """The standard reason phrase of an HTTP status code; "Error" for a code without one."""
+    try:
+        return http.HTTPStatus(code).phrase
+    except ValueError:
+        return "Error"
+
+
+def exception_text(exc: BaseException) -> str:
+    """The exception's message ("" when it has none or cannot say): whatever reads an
+    exception's text goes through here, as a handler's exception may raise anything from
+    its ``__str__``, and reading it must not fail the batch's other requests."""
     try:
         is_prediction = type(exc).__name__ == "PredictionException"
         message = getattr(exc, "message", None) if is_prediction else None
-        return str(message if message is not None else exc) or type(exc).__name__
+        return str(message if message is not None else exc)
     except Exception:  # the exception is the handler's: anything may happen in its __str__
-        return type(exc).__name__
+        return ""
