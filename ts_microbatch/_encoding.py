@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from ._types import is_tensor
 
 # The numpy types of the Open Inference Protocol's numeric datatypes (KServe v2 REST).
 V2_NUMERIC = {
@@ -70,8 +71,9 @@ def _json_key(key: Any) -> Any:
 def _as_array(value: Any) -> np.ndarray[Any, Any] | None:
     """A tensor or an array as a numpy array (half precisions widened to FP32, which JSON
     clients read: KServe refuses FP16 in JSON); None for anything else."""
-    torch = sys.modules.get("torch")  # no tensor can exist unless torch is loaded
-    if torch is not None and isinstance(value, torch.Tensor):
+    if is_tensor(value):
+        import torch  # loaded: is_tensor said so
+
         tensor = value.detach().cpu()
         if tensor.dtype in (torch.float16, torch.bfloat16):
             tensor = tensor.float()
@@ -104,14 +106,15 @@ def _numeric_array(output: Any) -> np.ndarray[Any, Any] | None:
 
 def v2_output(outputs: list[Any]) -> dict[str, Any]:
     """One tensor of shape [n, ...] in the outputs' own datatype when every instance's
-    output is numeric and of one shape; else BYTES of shape [n], one text per instance
-    (a string as it is, bytes as UTF-8, anything else as JSON)."""
+    output is numeric and of one shape (integers of several types in one that holds every
+    value exactly); else BYTES of shape [n], one text per instance (a string as it is,
+    bytes as UTF-8, anything else as JSON)."""
     arrays = [_numeric_array(o) for o in outputs]
     if arrays and all(a is not None for a in arrays):
         numeric = [a for a in arrays if a is not None]
         if len({a.shape for a in numeric}) == 1:
-            dtype = np.result_type(*numeric)
-            if dtype in _V2_NAMES:
+            dtype = _common_dtype(numeric)
+            if dtype is not None and dtype in _V2_NAMES:
                 stacked = np.stack([a.astype(dtype) for a in numeric])
                 return {
                     "name": "predictions",
@@ -121,6 +124,23 @@ def v2_output(outputs: list[Any]) -> dict[str, Any]:
                 }
     texts = [_text(o) for o in outputs]
     return {"name": "predictions", "shape": [len(texts)], "datatype": "BYTES", "data": texts}
+
+
+def _common_dtype(arrays: list[np.ndarray[Any, Any]]) -> np.dtype[Any] | None:
+    """The dtype that holds every array exactly. numpy's common type of uint64 and int64
+    is float64, which rounds 2**63 + 1: integers take int64 or uint64 when their values
+    fit, else None (BYTES texts)."""
+    dtype = np.result_type(*arrays)
+    if dtype.kind != "f" or not all(a.dtype.kind in "biu" for a in arrays):
+        return dtype
+    filled = [a for a in arrays if a.size]
+    low = min((int(a.min()) for a in filled), default=0)
+    high = max((int(a.max()) for a in filled), default=0)
+    for candidate in (np.dtype(np.int64), np.dtype(np.uint64)):
+        info = np.iinfo(candidate)
+        if info.min <= low and high <= info.max:
+            return candidate
+    return None
 
 
 def _text(output: Any) -> str:

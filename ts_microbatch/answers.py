@@ -13,21 +13,21 @@ same batch got through that stage, is that request's input: 400 with the message
 error every request hits alike (a broken handler) stays a 500. A body that could not be
 read (``protocols.unpack``) is a 400 and never enters the pipeline.
 
-What a handler returned is read here too, one guard per request: an output that its
-protocol cannot encode, or that TorchServe's own serializer (``create_predict_response``:
-bytes, str and tensors as they are, anything else through ``json.dumps``) would fail on,
-fails its own request with a 500 naming the type; TorchServe would otherwise answer the
-whole batch 503, or lose the worker to an exception it does not catch.
+What a handler returned is read here too, one guard per request: each answer is turned
+into the bytes TorchServe's own serializer would send (``ts_microbatch._wire``), and an
+output that its protocol cannot encode, or that serializer cannot (a str with a lone
+surrogate, an int of 5,000 digits, a tensor ``torch.save`` cannot pickle), fails its own
+request with a 500 naming its type; TorchServe would otherwise answer the whole batch 503,
+or lose it to an exception ``Service.predict`` does not catch. Those bytes are the answers
+when TorchServe sends them as returned, so each answer is encoded once.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-from . import protocols
+from . import _wire, protocols
 from .batch import Batch
 from .context import BatchContext
 from .errors import PipelineStalledError
@@ -44,10 +44,17 @@ class SubmittedBatch:
     requests: list[protocols.Request]
     batch: Batch | None = None
     refused: PipelineStalledError | None = None
+    # The answers go to TorchServe's serializer as returned: answer with their bytes.
+    wire: bool = False
 
 
 def answer_batch(submitted: SubmittedBatch, observer: PipelineObserver) -> list[Any]:
-    """One answer per request of ``submitted``, in order; statuses set, errors observed."""
+    """One answer per request of ``submitted``, in order; statuses set, errors observed.
+
+    Called by ``handle()`` itself, so that the answers are returned as bytes only when
+    TorchServe's serializer is the next to read them (``_wire.sent_as_returned``).
+    """
+    submitted.wire = _wire.sent_as_returned()
     answers = []
     for idx, request in enumerate(submitted.requests):
         if request.protocol == protocols.PLAIN and request.error is not None:
@@ -65,7 +72,7 @@ def _unread_answer(
     """A plain body that could not be read (``protocols.unpack``): it has no item."""
     status = error_status(error, _request_id(submitted, idx))
     _report_status(submitted, idx, status.code, status.phrase, observer)
-    return status.body
+    return _sendable(submitted, status.body)
 
 
 def _request_id(submitted: SubmittedBatch, idx: int) -> str | None:
@@ -96,62 +103,29 @@ def _plain_answer(
     output, exc = _outcome(submitted, item)
     if exc is None:
         try:
-            check_sendable(output)
+            return _sendable(submitted, output)
         except Exception as unsendable:  # the per-request boundary
-            status = _unsendable(submitted, idx, unsendable)
-        else:
-            return output
+            status = _unsendable(submitted, idx, unsendable, type(output).__name__)
     else:
         status = _status(submitted, idx, item, exc)
     _report_status(submitted, idx, status.code, status.phrase, observer)
-    return status.body
+    return _sendable(submitted, status.body)
 
 
-def check_sendable(answer: Any) -> None:
-    """Raises what TorchServe's ``create_predict_response`` would raise sending ``answer``.
-
-    It sends bytes, str and tensors as they are and anything else as ``json.dumps(answer,
-    indent=2)``, catching only TypeError (then 503 for the whole batch): a ValueError
-    (circular reference) or RecursionError (deep nesting) escapes ``Service.predict``. The
-    same call runs here, deeper in the stack than TorchServe's, so whatever passes here
-    passes there. A flat list or dict of plain scalars, the common answer, skips it.
-    """
-    if isinstance(answer, (bytes, bytearray, str)) or _is_tensor(answer):
-        return
-    if _flat_scalars(answer):
-        return
-    json.dumps(answer, indent=2)
+def _sendable(submitted: SubmittedBatch, answer: Any) -> Any:
+    """``answer`` as TorchServe sends it (``ts_microbatch._wire``): its bytes when they go
+    to TorchServe's serializer as returned, else itself, once they are known to exist."""
+    encoded = _wire.encode(answer)
+    return encoded if submitted.wire else answer
 
 
-_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
-
-
-def _flat_scalars(answer: Any) -> bool:
-    if type(answer) in (list, tuple):
-        return all(type(v) in _SCALAR_TYPES for v in answer)
-    if type(answer) is dict:
-        return all(type(k) in _SCALAR_TYPES and type(v) in _SCALAR_TYPES for k, v in answer.items())
-    return type(answer) in _SCALAR_TYPES
-
-
-def _is_tensor(value: Any) -> bool:
-    torch = sys.modules.get("torch")  # no tensor can exist unless torch is loaded
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
-def _unsendable(submitted: SubmittedBatch, idx: int, exc: BaseException) -> ErrorStatus:
-    """A 500 for an output that cannot be sent: the handler's doing, not the client's (a
-    UnicodeDecodeError here is no bad input)."""
-    body: dict[str, Any] = {
-        "code": 500,
-        "type": type(exc).__name__,
-        "message": "the handler's output cannot be sent: "
-        f"{type(exc).__name__}: {error_status(exc).body['message']}",
-    }
-    request_id = _request_id(submitted, idx)
-    if request_id is not None:
-        body["request_id"] = request_id
-    return ErrorStatus(500, "Internal Server Error", body)
+def _unsendable(
+    submitted: SubmittedBatch, idx: int, exc: BaseException, output_type: str | None = None
+) -> ErrorStatus:
+    """A 500 for an output that cannot be sent: the handler's doing, not the client's."""
+    of_type = f" of type {output_type}" if output_type is not None else ""
+    about = f"the handler's output{of_type} cannot be sent"
+    return error_status(exc, _request_id(submitted, idx), about=about)
 
 
 def _protocol_answer(
@@ -167,21 +141,21 @@ def _protocol_answer(
         else:
             status = _status(submitted, idx, item, exc)
             errors.append((status.code, status.phrase, status.body["message"]))
-    if request.protocol == protocols.V2 and request.request_id is None and submitted.view:
-        request.request_id = submitted.view.get_request_id(idx)
+    if request.protocol == protocols.V2 and request.request_id is None:
+        request.request_id = _request_id(submitted, idx)  # None when rows are not requests
     model = (getattr(submitted.view, "manifest", None) or {}).get("model", {})
     try:
         answer = protocols.regroup(
             request, outputs, errors, model.get("modelName"), model.get("modelVersion")
         )
-        if request.protocol == protocols.V1:  # v1 predictions nest as deep as the outputs
-            check_sendable(answer.body)
+        body = _sendable(submitted, answer.body)
     except Exception as exc:  # the per-request boundary
         status = _unsendable(submitted, idx, exc)
         answer = protocols.Answer({"error": status.body["message"]}, 500, status.phrase)
+        body = _sendable(submitted, answer.body)
     if answer.status is not None:
         _report_status(submitted, idx, answer.status, answer.phrase, observer)
-    return answer.body
+    return body
 
 
 def _report_status(

@@ -11,9 +11,10 @@ the pipeline, and a bad instance fails its own request and nothing else (the pro
 have no per-instance status).
 
 Which bodies are KServe requests is the config's ``kserve`` key: ``"auto"`` (the default)
-takes only a body of the strict v2 shape (a JSON object whose ``inputs`` is a non-empty
-list of objects each with name, shape, datatype and data), so ``{"inputs": "some text"}``
-or ``{"instances": ...}`` sent to ``/predictions`` reaches the handler unchanged;
+takes only a body of the strict v2 shape (a JSON object whose ``inputs`` is a list of one
+object with name, shape, datatype and data), so ``{"inputs": "some text"}``,
+``{"instances": ...}`` or a v2 body of several inputs (``input_ids`` and
+``attention_mask``) sent to ``/predictions`` reaches the handler unchanged;
 ``True`` (what the KServe bundle sets) also takes any ``{"instances": ...}`` object as v1
 and any ``{"inputs": ...}`` object as v2, answering the malformed ones 400; ``False`` none.
 The binary data extension (``Inference-Header-Content-Length``, ``binary_data_size``) is
@@ -39,11 +40,11 @@ This module runs inside the worker and needs only numpy (torch is used when load
 
 from __future__ import annotations
 
-import http
 import itertools
 import json
 import logging
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,8 +53,13 @@ import numpy as np
 
 from ._encoding import V2_NUMERIC, to_json, v2_output
 from .errors import InvalidInputError, RequestError
+from .status import exception_text, reason_phrase
 
 logger = logging.getLogger(__name__)
+
+# What json.loads skips around a document, and a decoder as json.loads's own.
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
 
 PLAIN, V1, V2 = "plain", "v1", "v2"
 
@@ -104,7 +110,7 @@ def unpack(
         # from json.loads on deep nesting, an OverflowError from numpy on UINT8 -1, an error
         # nobody listed) is this request's error, and the other requests are read as usual.
         try:
-            instances = _read(row, kserve, _headers(context, index), request)
+            instances = _read(row, kserve, context, index, request)
         except Exception as exc:  # the per-request boundary
             request.error = _unreadable(exc, request.protocol)
             instances = []
@@ -117,11 +123,12 @@ def unpack(
 def _unreadable(exc: Exception, protocol: str) -> RequestError:
     if isinstance(exc, RequestError):
         return exc
-    logger.info("a request body cannot be read: %s: %s", type(exc).__name__, exc)
+    text = exception_text(exc)
+    logger.info("a request body cannot be read: %s: %s", type(exc).__name__, text)
     code = 507 if isinstance(exc, MemoryError) else 400
     what = "request body" if protocol == PLAIN else f"KServe {protocol} body"
     error_type = InvalidInputError if protocol == PLAIN else ProtocolError
-    error = error_type(f"the {what} cannot be read: {type(exc).__name__}: {exc}", code)
+    error = error_type(f"the {what} cannot be read: {type(exc).__name__}: {text}", code)
     error.__cause__ = exc
     return error
 
@@ -141,11 +148,11 @@ def _headers(context: Any, index: int) -> dict[str, str]:
     return {str(name).lower(): value for name, value in headers.items()}
 
 
-def _read(row: Any, kserve: bool | str, headers: Mapping[str, Any], request: Request) -> list[Any]:
+def _read(row: Any, kserve: bool | str, context: Any, index: int, request: Request) -> list[Any]:
     """The items of one request; sets ``request``'s protocol (and v2 id) as it finds them."""
     if kserve is False:
         return [row]
-    if BINARY_HEADER in headers:
+    if BINARY_HEADER in _headers(context, index):
         request.protocol = V2
         raise ProtocolError(_BINARY_MESSAGE)
     body = _json_body(_body(row))
@@ -181,21 +188,30 @@ def _json_body(body: Any) -> Any:
     # lstrip() would copy a whole photo for every plain request.
     if not isinstance(body, (bytes, bytearray)) or bytes(body[:64]).lstrip()[:1] != b"{":
         return body
+    # One decode and one parse, as json.loads does them, that also find a v2 JSON header
+    # followed by the binary data extension's raw tensors: a large body that is not JSON
+    # is not read twice.
+    encoding = json.detect_encoding(body)
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        # Not JSON: a plain body for the handler to judge, unless it is a v2 JSON header
-        # followed by the binary data extension's raw tensors.
-        head = _json_head(body)
-        return head if isinstance(head, dict) and _uses_binary_extension(head) else body
-
-
-def _json_head(body: bytes | bytearray) -> Any:
-    text = bytes(body).decode("utf-8", errors="replace").lstrip()
+        text = body.decode(encoding, "surrogatepass")
+        complete = True
+    except UnicodeDecodeError as exc:  # not JSON; the valid prefix may still be a header
+        if body.find(b'"binary_data_size"', 0, exc.start) < 0:
+            return body
+        text = body[: exc.start].decode(encoding, "surrogatepass")
+        complete = False
     try:
-        return json.JSONDecoder().raw_decode(text)[0]
+        value, end = _DECODER.raw_decode(text, _skip_whitespace(text, 0))
     except json.JSONDecodeError:
-        return None
+        return body
+    if complete and _skip_whitespace(text, end) == len(text):
+        return value
+    return value if isinstance(value, dict) and _uses_binary_extension(value) else body
+
+
+def _skip_whitespace(text: str, pos: int) -> int:
+    match = _WHITESPACE.match(text, pos)
+    return match.end() if match else pos
 
 
 def _uses_binary_extension(body: dict[str, Any]) -> bool:
@@ -209,11 +225,15 @@ def _uses_binary_extension(body: dict[str, Any]) -> bool:
 
 
 def _is_strict_v2(body: dict[str, Any]) -> bool:
+    """One input with name, shape, datatype and data: what "auto" takes as a v2 request. A
+    body of several inputs (input_ids and attention_mask) is plain there: this package
+    answers only one tensor per request, and the handler reads it as it would alone."""
     inputs = body.get("inputs")
     return (
         isinstance(inputs, list)
-        and bool(inputs)
-        and all(isinstance(t, dict) and all(k in t for k in _V2_KEYS) for t in inputs)
+        and len(inputs) == 1
+        and isinstance(inputs[0], dict)
+        and all(k in inputs[0] for k in _V2_KEYS)
     )
 
 
@@ -319,17 +339,15 @@ def _numeric(flat: list[Any], types: set[type], datatype: str, name: Any) -> np.
     if not flat:
         return np.zeros(0, dtype=target)
     if target.kind in "iu":
-        values = np.asarray(flat)  # int64, uint64, or objects past 64 bits
+        # The JSON ints as given: numpy would read [2**64 - 1, -1] as float64 ("-1.0").
         info = np.iinfo(target)
-        low, high = (
-            (min(flat), max(flat)) if values.dtype.kind == "O" else (values.min(), values.max())
-        )
+        low, high = min(flat), max(flat)
         if low < info.min or high > info.max:
             raise ProtocolError(
                 f"input {name!r}: data is not {datatype}: {low if low < info.min else high} "
                 f"is out of range {info.min}..{info.max}"
             )
-        return values.astype(target)
+        return np.asarray(flat, dtype=target)
     values = np.asarray(flat, dtype=np.float64)
     if target == values.dtype:
         return values
@@ -368,7 +386,8 @@ def regroup(
     """
     if request.error is not None:
         error = request.error
-        return Answer({"error": str(error)}, error.status_code, _phrase(error.status_code))
+        message = exception_text(error)
+        return Answer({"error": message}, error.status_code, reason_phrase(error.status_code))
     for index, error_tuple in enumerate(errors):
         if error_tuple is not None:
             status, phrase, message = error_tuple
@@ -380,13 +399,6 @@ def regroup(
         response["model_version"] = model_version
     response["outputs"] = [v2_output(outputs)]
     return Answer(response)
-
-
-def _phrase(code: int) -> str:
-    try:
-        return http.HTTPStatus(code).phrase
-    except ValueError:
-        return "Error"
 
 
 def owners(requests: Sequence[Request]) -> list[int]:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import struct
+import types
 from collections import namedtuple
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,7 +35,8 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from ts.protocol.otf_message_handler import _retrieve_inference_msg
+from ts.protocol import otf_message_handler
+from ts.protocol.otf_message_handler import _retrieve_inference_msg, create_predict_response
 
 from tests.handlers.ts_machinery import decode, load_service
 from ts_microbatch.protocols import V2_DATATYPES
@@ -58,6 +61,15 @@ def describe(body):
     if isinstance(body, str):
         return "text:" + body
     return "json:" + json.dumps(body, sort_keys=True)
+
+
+def unreadable_error():
+    # A RuntimeError whose message cannot be read (not at module level: see no_model).
+    class UnreadableError(RuntimeError):
+        def __str__(self):
+            raise ValueError("no message")
+
+    return UnreadableError()
 
 
 def no_model():
@@ -86,6 +98,8 @@ class FuzzHandler(MicroBatchingMixin, no_model()):
                 raise PredictionException(f"unreadable: {type(exc).__name__}", 422) from exc
             if "reject" in text:
                 raise PredictionException("rejected: " + text[:40], 422)
+            if "unreadable" in text:
+                raise unreadable_error()
             seen.append(text)
         return seen
 
@@ -93,7 +107,12 @@ class FuzzHandler(MicroBatchingMixin, no_model()):
         return batch
 
     def postprocess(self, batch):
-        return [self.outputs.get(text, {"seen": text}) for text in batch]
+        return [self.answer(text) for text in batch]
+
+    def answer(self, text):
+        if text.startswith('json:{"$echo": '):  # a text handler answering with its prompt
+            return json.loads(text[len("json:") :])["$echo"]
+        return self.outputs.get(text, {"seen": text})
 '''
 
 MODES: tuple[bool | str, ...] = ("auto", True, False)
@@ -359,6 +378,166 @@ def test_defect_tensor_outputs_over_kserve_failed_the_batch(services: Any) -> No
     assert seen(answers[8]) == "text:other"
 
 
+def unpicklable_tensor() -> torch.Tensor:
+    tensor = torch.ones(2)
+    tensor.callback = lambda: None  # type: ignore[attr-defined]  # torch.save cannot pickle it
+    return tensor
+
+
+def test_defect_plain_answer_torchserve_cannot_send_escaped_service_predict(
+    services: Any,
+) -> None:
+    # Each escaped Service.predict (the worker answered no request of the batch): a str with
+    # a lone surrogate, here a client's JSON prompt echoed back (UnicodeEncodeError when
+    # TorchServe encodes it); an int over 4,300 digits, alone or in a flat list (ValueError
+    # from json.dumps); a tensor with an attribute torch.save cannot pickle.
+    service = services("auto")
+    handler_of(service).outputs = {
+        "text:big": 10**5000,
+        "text:big-list": [1, 10**5000],
+        "text:tensor": unpicklable_tensor(),
+    }
+    try:
+        batch = [
+            Req(b"first", "text/plain"),
+            Req(b'{"$echo": "hi \\ud800"}'),  # valid JSON: a surrogate escape
+            Req(b"big", "text/plain"),
+            Req(b"big-list", "text/plain"),
+            Req(b"tensor", "text/plain"),
+            Req(b'{"$echo": "fine"}'),
+        ]
+        code, answers = predict(service, batch)
+    finally:
+        handler_of(service).outputs = {}
+    assert code == 200
+    assert [a[1] for a in answers] == [200, 500, 500, 500, 500, 200]
+    assert seen(answers[0]) == "text:first" and answers[5][2] == b"fine"
+    errors = [json.loads(a[2]) for a in answers[1:5]]
+    assert [(e["type"], e["request_id"]) for e in errors] == [
+        ("UnicodeEncodeError", "req-1"),
+        ("ValueError", "req-2"),
+        ("ValueError", "req-3"),
+        ("AttributeError", "req-4"),
+    ]
+    assert [e["message"].split(" cannot be sent")[0] for e in errors] == [
+        f"the handler's output of type {name}" for name in ("str", "int", "list", "Tensor")
+    ]
+
+
+def frames(message: bytes) -> list[tuple[bytes, ...]]:
+    """Every field of every answer of a predict response, as the frontend reads them:
+    request id, content type, status, reason phrase, headers and body."""
+    offset = 8 + struct.unpack_from("!i", message, 4)[0]  # batch code, batch message
+    out = []
+
+    def chunk() -> bytes:
+        nonlocal offset
+        (length,) = struct.unpack_from("!i", message, offset)
+        offset += 4 + length
+        return bytes(message[offset - length : offset])
+
+    while struct.unpack_from("!i", message, offset)[0] != -1:
+        request_id, content_type = chunk(), chunk()
+        status = bytes(message[offset : offset + 4])
+        offset += 4
+        phrase = chunk()
+        headers = [chunk() for _ in range(2 * struct.unpack_from("!i", message, offset)[0])]
+        offset += 4
+        out.append((request_id, content_type, status, phrase, *headers, chunk()))
+    return out
+
+
+WIRE_OUTPUTS = {
+    "text:dict": {"cat": 0.875, "dog": 0.125, "nested": {"p": [0.1, 1e-12, -3.5]}},
+    "text:list": [1, 2.5, None, True, "x", [{"a": []}]],
+    "text:str": "caf\u00e9 \U0001f408",
+    "text:bytes": b"\x89PNG\r\n",
+    "text:tensor": torch.tensor([[0.25, 0.75]]),
+    "text:none": None,
+    "text:int": 3,
+}
+
+
+def test_defect_plain_answers_reach_the_client_as_torchserve_sent_them(
+    services: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # handle() now returns each plain answer as the bytes TorchServe's create_predict_response
+    # would make of it (encoded once, inside the request's guard; a nested answer was dumped
+    # twice, +152 ms on a 20,000-box answer). Every field the frontend reads, content type
+    # included, is what TorchServe's own serializer makes of the handler's objects.
+    service = services("auto")
+    handler_of(service).outputs = WIRE_OUTPUTS
+    dumped: list[Any] = []
+    dumps = otf_message_handler.json.dumps
+
+    def spy(value: Any, **kwargs: Any) -> str:
+        dumped.append(value)
+        return dumps(value, **kwargs)
+
+    batch = [Req(key.removeprefix("text:").encode(), "text/plain") for key in WIRE_OUTPUTS]
+    message = _retrieve_inference_msg(Wire(frame(batch)))
+    try:
+        with monkeypatch.context() as patch:
+            # TorchServe's own reference to json, not the json module everyone shares.
+            patch.setattr(otf_message_handler, "json", types.SimpleNamespace(dumps=spy))
+            new = service.predict(message)
+        # The same answers as objects, through TorchServe's serializer, with the context as
+        # the batch left it (statuses, headers, content types).
+        old = create_predict_response(
+            list(WIRE_OUTPUTS.values()),
+            service.context.request_ids,
+            "Prediction success",
+            200,
+            context=service.context,
+        )
+    finally:
+        handler_of(service).outputs = {}
+    assert dumped == []  # TorchServe dumped nothing: the answers were already bytes
+    assert decode(new)[0] == 200
+    assert len(frames(new)) == len(WIRE_OUTPUTS)
+    for got, want in zip(frames(new), frames(old)):
+        assert got[:-1] == want[:-1]
+        if got[0] == b"req-4":  # the tensor: torch.save may write a random id
+            assert torch.equal(torch.load(io.BytesIO(got[-1])), WIRE_OUTPUTS["text:tensor"])
+            assert torch.equal(torch.load(io.BytesIO(want[-1])), WIRE_OUTPUTS["text:tensor"])
+        else:
+            assert got[-1] == want[-1]
+
+
+def test_defect_multi_input_v2_body_refused_under_auto(services: Any) -> None:
+    # A valid OIP v2 body of two inputs (input_ids, attention_mask) got 400 "must be a list
+    # of one input" under kserve "auto"; without micro-batching the handler received it.
+    body = {
+        "inputs": [
+            {"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": [101, 7, 102]},
+            {"name": "attention_mask", "shape": [1, 3], "datatype": "INT64", "data": [1, 1, 1]},
+        ]
+    }
+    code, answers = predict(services("auto"), [as_json(body), as_json(v2_body("FP32", [1], [1]))])
+    assert code == 200 and [a[1] for a in answers] == [200, 200]
+    assert seen(answers[0]) == f"json:{json.dumps(body, sort_keys=True)}"
+    code, answers = predict(services(True), [as_json(body)])
+    assert code == 200 and answers[0][1] == 400
+    assert "must be a list of one input" in json.loads(answers[0][2])["error"]
+
+
+def test_defect_unreadable_runtime_error_failed_a_good_request(services: Any) -> None:
+    # A RuntimeError subclass whose __str__ raises, raised by preprocess for one request:
+    # status_code_for read str(exc) unguarded while bisection asked whether it was that
+    # request's own error, and a good request of the same micro-batch got 500.
+    service = services("auto")
+    handler_of(service).micro_batching.micro_batch_size = 3
+    batch = [Req(body, "text/plain") for body in (b"a", b"unreadable", b"c")]
+    with pytest.MonkeyPatch.context() as patch:
+        # The pipeline logs the error: pytest's log capture re-raises a message that cannot
+        # be formatted unless raiseExceptions is off (TorchServe's worker keeps it off).
+        patch.setattr(logging, "raiseExceptions", False)
+        code, answers = predict(service, batch)
+    assert code == 200 and [a[1] for a in answers] == [200, 400, 200]
+    assert [seen(answers[0]), seen(answers[2])] == ["text:a", "text:c"]
+    assert json.loads(answers[1][2])["type"] == "UnreadableError"
+
+
 # -- generated bodies ---------------------------------------------------------------------------
 
 JSON_VALUES = st.recursive(
@@ -373,6 +552,10 @@ JSON_VALUES = st.recursive(
     max_leaves=8,
 )
 CONTENT_TYPES = ["application/json", "application/octet-stream", "text/plain", "image/jpeg"]
+# Text with lone surrogates: st.text() leaves them out (UTF-8 cannot encode them), but JSON
+# escapes them ("\ud800") and a client can send them.
+SURROGATE_TEXT = st.text(st.characters(codec=None, categories=["Cs", "Ll", "Zs"]), max_size=6)
+HUGE_INTS = st.integers(4300, 5000).map(lambda digits: -(10**digits) if digits % 2 else 10**digits)
 
 
 def _elements(datatype: str) -> st.SearchStrategy[Any]:
@@ -428,7 +611,7 @@ def _mutations(body: dict[str, Any]) -> list[tuple[dict[str, Any], frozenset[boo
         (with_tensor(datatype="UINT8", data=[-1] * len(flat)), strict_),
         (with_tensor(datatype="INT8", data=[300] * len(flat)), strict_),
         (with_tensor(datatype="INT64", data=[2**70] * len(flat)), strict_),
-        ({**body, "inputs": [tensor, tensor]}, strict_),
+        ({**body, "inputs": [tensor, tensor]}, frozenset({True})),  # several inputs: plain in auto
         ({**body, "inputs": [binary]}, strict_),
         ({**body, "inputs": [without_data]}, frozenset({True})),  # not strict: plain in auto
         ({**body, "inputs": []}, frozenset({True})),
@@ -470,6 +653,12 @@ REQUESTS = st.one_of(
     st.text(max_size=12).map(lambda t: as_json({"inputs": t}, frozenset({True}))),
     st.lists(JSON_VALUES, min_size=1, max_size=3).map(lambda xs: as_json({"instances": xs})),
     st.sampled_from([[], "x", 3, None]).map(lambda v: as_json({"instances": v}, frozenset({True}))),
+    # A prompt the handler answers with: a top-level str TorchServe cannot encode.
+    SURROGATE_TEXT.map(lambda t: as_json({"$echo": t})),
+    # Several inputs (input_ids, attention_mask): plain under "auto", 400 under true.
+    st.lists(v2_valid(), min_size=2, max_size=3).map(
+        lambda bodies: as_json({"inputs": [b["inputs"][0] for b in bodies]}, frozenset({True}))
+    ),
     v2_valid().map(as_json),
     v2_malformed(),
     DEEP,
@@ -501,6 +690,59 @@ def test_every_body_is_answered_as_if_alone(
     service = services(mode)
     handler_of(service).micro_batching.micro_batch_size = micro_batch_size
     check_batch(service, batch, mode)
+
+
+UNREADABLE = st.sampled_from(
+    [
+        Req(b"unreadable", "text/plain"),
+        as_json({"instances": ["fine", "unreadable"]}),
+        as_json(v2_body("BYTES", [2], ["unreadable", "fine"])),
+    ]
+)
+
+
+@st.composite
+def batches_with_unreadable_errors(draw: st.DrawFn) -> tuple[list[Req], set[int]]:
+    """Good requests and one or two whose preprocess raises an error whose message cannot
+    be read (at most two: more may be judged a broken stage, failing good requests too)."""
+    batch = draw(st.lists(REQUESTS, min_size=1, max_size=5))
+    failing = set()
+    for _ in range(draw(st.integers(1, 2))):
+        index = draw(st.integers(0, len(batch)))
+        batch.insert(index, draw(UNREADABLE))
+        failing = {i + (i >= index) for i in failing} | {index}
+    return batch, failing
+
+
+@pytest.mark.generative
+@given(
+    case=batches_with_unreadable_errors(),
+    mode=st.sampled_from([True, "auto"]),
+    micro_batch_size=st.integers(1, 4),
+)
+@example(
+    case=([Req(b"a", "text/plain"), Req(b"unreadable", "text/plain"), Req(b"c")], {1}),
+    mode="auto",
+    micro_batch_size=3,
+)
+def test_an_unreadable_error_fails_only_its_request(
+    services: Any, case: tuple[list[Req], set[int]], mode: bool | str, micro_batch_size: int
+) -> None:
+    batch, failing = case
+    service = services(mode)
+    handler_of(service).micro_batching.micro_batch_size = micro_batch_size
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(logging, "raiseExceptions", False)  # see the regression test above
+        code, answers = predict(service, batch)
+        assert code == 200 and len(answers) == len(batch)
+        for i, (req, answer) in enumerate(zip(batch, answers)):
+            if i in failing:  # a plain body under "auto" too: the handler sees the word
+                assert answer[1] in (400, 500), (i, req, answer)
+                assert "UnreadableError" in answer[2].decode(), (i, req, answer)
+            else:
+                single = alone(service, batch, i)
+                assert answer[1] == single[1], (i, req, answer, single)
+                assert same_body(answer[2], single[2]), (i, req, answer, single)
 
 
 # -- generated outputs --------------------------------------------------------------------------
@@ -547,8 +789,11 @@ OUTPUTS = st.recursive(
     | st.integers()
     | st.floats()
     | st.text(max_size=6)
+    | SURROGATE_TEXT
+    | HUGE_INTS
     | st.binary(max_size=6)
     | tensors()
+    | st.builds(unpicklable_tensor)
     | st.sampled_from(ARRAY_DTYPES).flatmap(lambda d: hnp.arrays(np.dtype(d), SHAPES))
     | numpy_scalars()
     | st.builds(Prediction, st.text(max_size=4), st.floats())

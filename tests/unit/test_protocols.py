@@ -17,7 +17,7 @@ from tests.unit.fakes import Bad
 from tests.unit.test_micro_batching import FakeContext, FakeTorchServeHandler
 from ts_microbatch import MicroBatching
 from ts_microbatch._encoding import to_json
-from ts_microbatch.answers import check_sendable
+from ts_microbatch._wire import encode
 from ts_microbatch.config import MicroBatchingConfig
 from ts_microbatch.errors import RequestError
 from ts_microbatch.protocols import (
@@ -48,8 +48,7 @@ def v2(datatype: str, shape: list[int], data: Any, **extra: Any) -> dict[str, An
 
 def sent(answer: Any) -> Any:
     """What the client reads: TorchServe's serializer (json.dumps, indent=2) and back."""
-    check_sendable(answer)
-    return json.loads(json.dumps(answer, indent=2))
+    return json.loads(encode(answer))
 
 
 def test_every_instance_of_every_request_is_one_item() -> None:
@@ -595,9 +594,9 @@ def test_defect_unsendable_plain_output_failed_the_batch(output: Any, error: str
     assert {i: code for i, (code, _) in context.statuses.items()} == {1: 500}
     assert out[0] == out[2] == {"label": "cat"}
     assert out[1]["type"] == error and out[1]["request_id"] == "req-1"
-    assert out[1]["message"].startswith("the handler's output cannot be sent: ")
+    assert out[1]["message"].startswith("the handler's output of type ")
     for answer in out:
-        check_sendable(answer)
+        encode(answer)
 
 
 @pytest.mark.parametrize(
@@ -646,3 +645,178 @@ def test_an_exception_whose_message_cannot_be_read_fails_only_its_request(
         "request_id": "req-1",
     }
     assert context.statuses == {1: (400, "Bad Request")}
+
+
+# -- defects found at the KServe / answers boundary -------------------------------------------
+
+IDS_AND_MASK = {
+    "inputs": [
+        {"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": [101, 7, 102]},
+        {"name": "attention_mask", "shape": [1, 3], "datatype": "INT64", "data": [1, 1, 1]},
+    ]
+}
+
+
+def test_defect_multi_input_v2_body_refused_under_auto() -> None:
+    # A valid OIP v2 body of two inputs got 400 "must be a list of one input" under the
+    # default kserve "auto"; without micro-batching the handler would have received it.
+    row = {"body": IDS_AND_MASK}
+    requests, items = unpack([row], kserve="auto")
+    assert requests[0].protocol == PLAIN and requests[0].error is None
+    assert items == [row] and items[0] is row
+    requests, items = unpack([row], kserve=True)  # a KServe deployment keeps the clear 400
+    assert items == [] and "must be a list of one input" in str(requests[0].error)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (v2("UINT64", [2], [2**64 - 1, -1]), "-1 is out of range 0..18446744073709551615"),
+        (v2("INT64", [2], [2**64 - 1, 1]), "18446744073709551615 is out of range"),
+    ],
+)
+def test_defect_out_of_range_integer_reported_as_a_float(row: Any, message: str) -> None:
+    # numpy read [2**64 - 1, -1] as float64: "-1.0 is out of range".
+    (request,), _ = unpack([row], kserve=True)
+    assert message in str(request.error) and ".0 " not in str(request.error)
+
+
+@pytest.mark.parametrize(
+    ("outputs", "datatype", "data"),
+    [
+        ([np.array([2**63 + 1], np.uint64), np.array([3], np.int64)], "UINT64", [2**63 + 1, 3]),
+        ([np.array([2**62 + 1], np.uint64), np.array([-1], np.int64)], "INT64", [2**62 + 1, -1]),
+        (
+            [np.array([2**63 + 1], np.uint64), np.array([-1], np.int64)],
+            "BYTES",
+            [f"[{2**63 + 1}]", "[-1]"],
+        ),
+    ],
+)
+def test_defect_v2_uint64_and_int64_outputs_lost_precision(
+    outputs: list[Any], datatype: str, data: list[Any]
+) -> None:
+    # numpy's common type of uint64 and int64 is float64: 2**63 + 1 came back as 2**63.
+    output = v2_output(*outputs)
+    assert (output["datatype"], output["data"]) == (datatype, data)
+
+
+class UnalignedContext(FakeContext):
+    """A context of more requests than rows: TorchServe's json envelope flattened them."""
+
+
+def test_defect_v2_id_taken_from_another_request_when_rows_are_not_requests() -> None:
+    # With rows that are not requests, the v2 answer's "id" was the request id of the
+    # context's row of the same index (another request's), while statuses were withheld.
+    body = v2_body("BYTES", [1], ["x"])
+    with MicroBatching(RowHandler(), micro_batch_size=2) as mb:
+        context = UnalignedContext(5)
+        out = mb([{"body": body}, {"body": b"plain"}], context)
+    assert context.statuses == {}  # proves the rows were not taken as the context's requests
+    assert out[0]["id"] is None
+    with MicroBatching(RowHandler(), micro_batch_size=2) as mb:
+        out = mb([{"body": body}], FakeContext(1))
+    assert out[0]["id"] == "req-0"  # aligned: the request's own id
+
+
+class CountingHeaders:
+    """A context whose per-request headers count how often they are read."""
+
+    def __init__(self, n: int) -> None:
+        self.request_count = n
+        self.reads = 0
+
+    def get_all_request_header(self, idx: int) -> dict[str, str]:
+        self.reads += 1
+        return {"Content-Type": "application/json"}
+
+
+def test_defect_headers_built_for_every_row_without_kserve() -> None:
+    rows = [{"body": b"a"}, {"body": b"b"}]
+    context = CountingHeaders(len(rows))
+    unpack(rows, kserve=False, context=context)
+    assert context.reads == 0
+    unpack(rows, kserve="auto", context=context)
+    assert context.reads == len(rows)  # KServe needs them: the binary extension's header
+
+
+def test_defect_body_that_is_not_json_parsed_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A large body starting with "{" that is not JSON was decoded and parsed by json.loads,
+    # then decoded and parsed again looking for a binary extension header.
+    parses = []
+    raw_decode = json.JSONDecoder.raw_decode
+
+    def counting(self: json.JSONDecoder, s: str, idx: int = 0) -> tuple[Any, int]:
+        parses.append(len(s))
+        return raw_decode(self, s, idx)
+
+    monkeypatch.setattr(json.JSONDecoder, "raw_decode", counting)
+    for body in (b'{"a": 1} trailing' + b"x" * 100_000, b'{"a": "' + b"\xff" * 100_000):
+        parses.clear()
+        row = {"body": bytearray(body)}
+        requests, items = unpack([row], kserve="auto")
+        assert requests[0].protocol == PLAIN and items[0] is row
+        assert len(parses) <= 1, parses
+
+
+def test_defect_runtime_error_whose_message_cannot_be_read_failed_a_good_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A RuntimeError subclass: status_code_for read str(exc) unguarded for "out of memory"
+    # while bisection asked whether the error was the request's own (declared_per_request).
+    monkeypatch.setattr(logging, "raiseExceptions", False)
+
+    class UnreadableRuntimeError(RuntimeError):
+        def __str__(self) -> str:
+            raise ValueError("no message")
+
+    class Failing(RowHandler):
+        def preprocess(self, data: list[Any]) -> list[Any]:
+            bodies = [row.get("data", row.get("body")) for row in data]
+            if "bad" in bodies:
+                raise UnreadableRuntimeError()
+            return bodies
+
+    rows = [{"body": "a"}, {"body": "bad"}, {"body": "c"}]
+    context = FakeContext(len(rows))
+    with MicroBatching(Failing(), micro_batch_size=3) as mb:
+        out = mb(rows, context)
+    assert out[0] == {"item": "a", "value": "a!"} and out[2] == {"item": "c", "value": "c!"}
+    assert out[1]["type"] == "UnreadableRuntimeError" and list(context.statuses) == [1]
+
+
+def unpicklable_tensor() -> torch.Tensor:
+    tensor = torch.ones(2)
+    tensor.callback = lambda: None  # type: ignore[attr-defined]  # torch.save cannot pickle it
+    return tensor
+
+
+@pytest.mark.parametrize(
+    ("output", "error"),
+    [
+        ("hi \ud800", "UnicodeEncodeError"),  # a lone surrogate, echoed from a JSON body
+        (10**5000, "ValueError"),  # over the 4,300 digits int -> str allows
+        ([1, 10**5000], "ValueError"),  # a flat list was never checked
+        ({"n": 10**5000}, "ValueError"),
+        (unpicklable_tensor(), "AttributeError"),  # torch.save raises
+        (memoryview(b"x"), "TypeError"),  # TorchServe: 503 for the whole batch
+    ],
+    ids=["surrogate", "huge-int", "huge-int-in-list", "huge-int-in-dict", "tensor", "memoryview"],
+)
+def test_defect_plain_answer_torchserve_cannot_send_failed_the_batch(
+    output: Any, error: str
+) -> None:
+    outputs = {"bad": output, "good": {"label": "cat"}}
+    rows = [{"body": "good"}, {"body": "bad"}, {"body": "good"}]
+    context = FakeContext(len(rows))
+    with MicroBatching(OutputHandler(outputs), micro_batch_size=3) as mb:
+        out = mb(rows, context)
+    assert context.statuses == {1: (500, "Internal Server Error")}
+    assert out[0] == out[2] == {"label": "cat"}
+    assert out[1]["code"] == 500 and out[1]["type"] == error
+    assert out[1]["request_id"] == "req-1"
+    assert out[1]["message"].startswith(
+        f"the handler's output of type {type(output).__name__} cannot be sent: {error}: "
+    )
+    for answer in out:
+        encode(answer)
