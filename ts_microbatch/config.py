@@ -34,8 +34,9 @@ Schema (every key optional)::
     on_recompile: warn               # a compiled model that recompiles after warm-up: log a
                                      # warning, or "error" to log it as an error
     kserve: auto                     # which bodies are KServe requests (ts_microbatch.protocols):
-                                     # "auto" only a body of the strict OIP v2 shape ({"inputs":
-                                     # [{"name", "shape", "datatype", "data"}, ...]}); true also
+                                     # "auto" only a body of the strict single-input OIP v2
+                                     # shape ({"inputs": [{"name", "shape", "datatype",
+                                     # "data"}]}, exactly one input); true also
                                      # {"instances": ...} (v1) and any {"inputs": ...} (the KServe
                                      # bundle sets it); false none: every body is the handler's
 

@@ -32,6 +32,7 @@ from .context import BatchContext
 from .errors import ConfigError, PipelineStalledError, WarmupError
 from .metrics import GuardedObserver, PipelineObserver
 from .pipeline import Pipeline, PipelineStats
+from .status import exception_text
 
 logger = logging.getLogger(__name__)
 
@@ -333,7 +334,7 @@ class MicroBatching:
         if errors:
             raise WarmupError(
                 f"warm-up with a micro-batch of {size} failed: "
-                f"{type(errors[0]).__name__}: {errors[0]}"
+                f"{type(errors[0]).__name__}: {exception_text(errors[0])}"
             ) from errors[0]
         return [f.result() for f in batch.futures]
 
