@@ -330,7 +330,7 @@ class MicroBatching:
         rows = [items[i % len(items)] for i in range(size)]
         batch = self._pipeline.submit_batch(rows, micro_batch_size=size, quiet=True)
         batch.wait()
-        errors = [f.exception() for f in batch.futures if f.exception() is not None]
+        errors = [e for e in (f.exception() for f in batch.futures) if e is not None]
         if errors:
             raise WarmupError(
                 f"warm-up with a micro-batch of {size} failed: "
