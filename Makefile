@@ -42,7 +42,7 @@ $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH_PINS)
-	$(PIP) install --quiet -e '.[test,bench,dev]' $(TORCH_PINS)
+	$(PIP) install --quiet -e '.[tools,test,bench,dev]' $(TORCH_PINS)
 	touch $(STAMP)
 
 # The KServe SDK in a venv of its own: it checks deploy/kserve/ and is a real v1/v2 client
@@ -85,16 +85,16 @@ $(MAR): $(STAMP) handlers/micro_batching_handler.py $(MB_CONFIG) $(MODEL_CONFIG)
 mar: $(MAR)
 
 serve: $(MAR)
-	$(PY) -m ts_microbatch.serve start --model-store model_store --mar $(MODEL_NAME).mar \
+	$(PY) -m ts_microbatch.tools.serve start --model-store model_store --mar $(MODEL_NAME).mar \
 	  --config configs/config.properties --batch-size $(BATCH_SIZE) \
 	  --max-batch-delay $(MAX_BATCH_DELAY) --input $(BUILD)/kitten.jpg
 
 stop:
-	$(PY) -m ts_microbatch.serve stop
+	$(PY) -m ts_microbatch.tools.serve stop
 
 # While `make serve` runs: per-stage times, micro-batch sizes and errors every 10 s.
 metrics:
-	$(PY) -m ts_microbatch.scrape http://127.0.0.1:$(METRICS_PORT)/metrics --model $(MODEL_NAME) \
+	$(PY) -m ts_microbatch.tools.scrape http://127.0.0.1:$(METRICS_PORT)/metrics --model $(MODEL_NAME) \
 	  --interval 10
 
 ab:
@@ -126,7 +126,7 @@ kserve-bundle: $(STAMP)
 	$(PY) examples/image_classifier/build_mar.py --export-path $(KSERVE_OUT)/.staging \
 	  --model-name $(MODEL_NAME) --micro-batching-json $(MB_CONFIG) --self-contained --kserve \
 	  $(if $(WEIGHTS),--weights $(WEIGHTS))
-	$(PY) -m ts_microbatch.bundle --out $(KSERVE_OUT) --mar $(KSERVE_OUT)/.staging/$(MODEL_NAME).mar \
+	$(PY) -m ts_microbatch.tools.bundle --out $(KSERVE_OUT) --mar $(KSERVE_OUT)/.staging/$(MODEL_NAME).mar \
 	  --model-name $(MODEL_NAME) --metrics-yaml configs/metrics.yaml --mount-path $(KSERVE_MOUNT) \
 	  --batch-size $(BATCH_SIZE) --max-batch-delay $(MAX_BATCH_DELAY)
 	rm -rf $(KSERVE_OUT)/.staging
@@ -135,7 +135,7 @@ kserve-bundle: $(STAMP)
 CONFIRM ?= 0
 TUNE_ARGS ?=
 tune: $(MAR) $(if $(filter-out 0,$(CONFIRM)),ab)
-	$(PY) -m ts_microbatch.tune --mar $(MAR) --input $(BUILD)/kitten.jpg --batch-size $(BATCH_SIZE) \
+	$(PY) -m ts_microbatch.tools.tune --mar $(MAR) --input $(BUILD)/kitten.jpg --batch-size $(BATCH_SIZE) \
 	  --max-batch-delay $(MAX_BATCH_DELAY) --confirm $(CONFIRM) --confirm-out $(BUILD)/tune-confirm \
 	  --out $(BUILD)/micro_batching.tuned.json $(TUNE_ARGS)
 	@echo "Serve it with: make serve MB_CONFIG=$(BUILD)/micro_batching.tuned.json"

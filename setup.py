@@ -23,12 +23,11 @@ setup(
         "captum>=0.7",
         "pillow>=10",
         "numpy>=1.24",
-        # the ts backend imports psutil in its metrics collector
-        "psutil>=5.9",
-        # tooling only (ts_microbatch.scrape reads /metrics); never imported in a worker
-        "prometheus_client>=0.17",
     ],
     extras_require={
+        # ts_microbatch.tools: server/serve watch processes (psutil), scrape parses /metrics
+        # (prometheus_client); a worker imports neither (TorchServe brings its own psutil)
+        "tools": ["psutil>=5.9", "prometheus_client>=0.17"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",

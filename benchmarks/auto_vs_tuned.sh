@@ -16,7 +16,7 @@ $PY benchmarks/benchmark-ab.py --config benchmarks/config.json --export "$BUILD/
 PYTHONPATH=examples/image_classifier $PY -c \
   "import prepare, sys; open(sys.argv[1], 'wb').write(prepare.make_jpeg(seed=0))" "$BUILD/input.jpg"
 
-$PY -m ts_microbatch.tune --mar "$BUILD/sim-accelerator" --input "$BUILD/input.jpg" \
+$PY -m ts_microbatch.tools.tune --mar "$BUILD/sim-accelerator" --input "$BUILD/input.jpg" \
   --batch-size 32 --micro-batch-sizes 1,2,4,8,16 --threads 1,2 \
   --confirm 3 --requests 1500 --concurrency 64 --confirm-out "$OUT/confirm" \
   --out "$OUT/micro_batching.tuned.json" | tee "$OUT/tune.txt"

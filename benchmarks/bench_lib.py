@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ts_microbatch.config import MicroBatchingConfig
-from ts_microbatch.errors import ConfigError
+from ts_microbatch.core.config import MicroBatchingConfig
+from ts_microbatch.core.errors import ConfigError
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -75,7 +75,7 @@ SCENARIOS = ("real", "accelerator", "mar")
 METRICS_MODES = ("prometheus", "log")
 
 if TYPE_CHECKING:
-    from ts_microbatch.server import TorchServe
+    from ts_microbatch.tools.server import TorchServe
 
 
 class BenchConfigError(ValueError):
@@ -451,7 +451,7 @@ def plot_bodies(rows: list[dict[str, Any]], path: Path, title: str) -> bool:
 
 
 def flatten_pipeline(pipeline: dict[str, Any]) -> dict[str, Any]:
-    """ts_microbatch.scrape.summarize's result as result-row columns (and kept whole)."""
+    """ts_microbatch.tools.scrape.summarize's result as result-row columns (and kept whole)."""
     row: dict[str, Any] = {
         "pipeline": pipeline,
         "mean_batch_size": pipeline["mean_batch_size"],
@@ -651,7 +651,7 @@ def project_server(
     """A TorchServe on free loopback ports with the project's configs/config.properties
     (``properties`` over it, ``env`` added to its environment); a context manager, or
     start() and stop() by hand."""
-    from ts_microbatch.server import TorchServe
+    from ts_microbatch.tools.server import TorchServe
 
     return TorchServe(
         model_store=model_store,

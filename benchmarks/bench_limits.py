@@ -13,7 +13,7 @@ from typing import Any
 import bench_lib
 import corpus
 
-from ts_microbatch.config import MicroBatchingConfig
+from ts_microbatch.core.config import MicroBatchingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,8 +13,8 @@ from typing import Any
 import prepare
 import yaml
 
-from ts_microbatch.config import CONFIG_FILE_NAME, MicroBatchingConfig
-from ts_microbatch.tune import model_dir_of
+from ts_microbatch.core.config import CONFIG_FILE_NAME, MicroBatchingConfig
+from ts_microbatch.tools.tune import model_dir_of
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -34,8 +34,8 @@ import corpus  # noqa: E402
 from bench_limits import ideal_for, stage_limits  # noqa: E402
 from bench_packaging import package  # noqa: E402
 
-from ts_microbatch.scrape import format_summary, summarize  # noqa: E402
-from ts_microbatch.server import TorchServe  # noqa: E402
+from ts_microbatch.tools.scrape import format_summary, summarize  # noqa: E402
+from ts_microbatch.tools.server import TorchServe  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -302,7 +302,7 @@ def main() -> int:
         default=None,
         metavar="DIR",
         help="only write the first scenario's model with our handler, at the first point, as "
-        "a model directory DIR (for python -m ts_microbatch.tune --mar DIR), and exit",
+        "a model directory DIR (for python -m ts_microbatch.tools.tune --mar DIR), and exit",
     )
     args = parser.parse_args()
     if shutil.which("ab") is None:

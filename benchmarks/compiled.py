@@ -48,8 +48,8 @@ import build_mar  # noqa: E402
 import prepare  # noqa: E402
 from soak import _benchmark_ab  # noqa: E402
 
-from ts_microbatch.scrape import summarize  # noqa: E402
-from ts_microbatch.server import TorchServe  # noqa: E402
+from ts_microbatch.tools.scrape import summarize  # noqa: E402
+from ts_microbatch.tools.server import TorchServe  # noqa: E402
 
 BATCH, DELAY_MS = 32, 50
 MICRO_BATCHING = {

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "examples" / "image_classifier"))
 import bench_lib  # noqa: E402
 import corpus  # noqa: E402
 
-from ts_microbatch import tune  # noqa: E402
+from ts_microbatch.tools import tune  # noqa: E402
 
 DECODERS = ("pil", "torchvision", "pil-draft")
 

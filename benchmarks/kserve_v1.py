@@ -38,7 +38,7 @@ import prepare  # noqa: E402
 from bench_packaging import package  # noqa: E402
 from soak import _benchmark_ab  # noqa: E402
 
-from ts_microbatch.server import TorchServe  # noqa: E402
+from ts_microbatch.tools.server import TorchServe  # noqa: E402
 
 JSON = "application/json"
 # name: (handler, batch size, TorchServe properties)

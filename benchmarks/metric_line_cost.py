@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ts_microbatch.torchserve_metrics import TorchServeMetricsObserver  # noqa: E402
-from ts_microbatch.tune import make_context  # noqa: E402
+from ts_microbatch.tools.tune import make_context  # noqa: E402
+from ts_microbatch.torchserve.metrics import TorchServeMetricsObserver  # noqa: E402
 
 CALLS = 5000
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_lib  # noqa: E402
 
-from ts_microbatch import tune  # noqa: E402
+from ts_microbatch.tools import tune  # noqa: E402
 
 
 def body(output: Any) -> str:

@@ -26,7 +26,7 @@ import bench_lib  # noqa: E402
 import build_mar  # noqa: E402
 import prepare  # noqa: E402
 
-from ts_microbatch.server import TorchServe  # noqa: E402
+from ts_microbatch.tools.server import TorchServe  # noqa: E402
 
 NAME = "resnet-scale"
 

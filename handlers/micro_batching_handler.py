@@ -18,7 +18,7 @@ Settings, all optional, in the ``handler:`` section of model-config.yaml::
                                    # pil stays bit-exact with ImageClassifier for such images
 
 The micro-batching settings come from micro_batching.json and the ``micro_batching:``
-section (see ts_microbatch.config). A request whose body is empty, is not an image or is
+section (see ts_microbatch.core.config). A request whose body is empty, is not an image or is
 over the pixel limit gets its own 400 or 413; the rest of its batch is answered normally.
 """
 

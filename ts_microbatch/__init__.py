@@ -1,12 +1,24 @@
 """Micro-batching for TorchServe handlers: a pipeline that answers every request (by
-``timeout_s``, else before TorchServe's responseTimeout) and isolates bad requests."""
+``timeout_s``, else before TorchServe's responseTimeout) and isolates bad requests.
+
+Three wings:
+
+* ``ts_microbatch.core``: the pipeline and everything it needs (stage threads, batches and
+  their micro-batches, isolation, padding, the adaptive size, config, errors, the observer
+  interface). It imports nothing from TorchServe.
+* ``ts_microbatch.torchserve``: the adapter that runs inside a TorchServe worker
+  (``MicroBatching``, the mixin, the pinned context, answers and status codes, KServe
+  bodies, TorchServe metrics, compiled-model rules). ``core`` and ``torchserve`` are what a
+  self-contained .mar vendors.
+* ``ts_microbatch.tools``: what drives a server from outside (server, serve, scrape, tune,
+  bundle); never imported in a worker.
+"""
 
 from __future__ import annotations
 
-from .batch import Batch, MicroBatchInfo, RequestFailure
-from .config import MicroBatchingConfig, Parallelism, WarmupConfig, load_config
-from .context import BatchContext
-from .errors import (
+from .core.batch import Batch, MicroBatchInfo, RequestFailure
+from .core.config import MicroBatchingConfig, Parallelism, WarmupConfig, load_config
+from .core.errors import (
     ConfigError,
     InvalidInputError,
     MicroBatchingError,
@@ -18,12 +30,13 @@ from .errors import (
     StageOutputError,
     WarmupError,
 )
-from .metrics import PipelineObserver
-from .micro_batching import MicroBatching
-from .mixin import MicroBatchingMixin
-from .pipeline import Pipeline, PipelineStats
-from .status import error_status, status_code_for
-from .torchserve_metrics import TorchServeMetricsObserver
+from .core.metrics import PipelineObserver
+from .core.pipeline import Pipeline, PipelineStats
+from .torchserve.context import BatchContext
+from .torchserve.metrics import TorchServeMetricsObserver
+from .torchserve.micro_batching import MicroBatching
+from .torchserve.mixin import MicroBatchingMixin
+from .torchserve.status import error_status, status_code_for
 
 __all__ = [
     "Batch",

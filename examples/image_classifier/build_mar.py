@@ -54,7 +54,7 @@ def build_mar(
     config_copy.write_bytes(config_bytes)
     extra = [str(labels), str(config_copy)]
     if self_contained:
-        from ts_microbatch.bundle import vendor
+        from ts_microbatch.tools.bundle import vendor
 
         extra.append(str(vendor(work / "vendor")))
     Path(export_path).mkdir(parents=True, exist_ok=True)

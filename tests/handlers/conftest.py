@@ -17,7 +17,7 @@ from PIL import Image
 from ts.context import Context
 
 from tests.conftest import ROOT, load_module
-from ts_microbatch import tune
+from ts_microbatch.tools import tune
 
 prepare = load_module("examples/image_classifier/prepare.py", "ts_microbatch_example_prepare")
 make_jpeg = prepare.make_jpeg

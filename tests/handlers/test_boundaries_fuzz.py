@@ -39,7 +39,7 @@ from ts.protocol import otf_message_handler
 from ts.protocol.otf_message_handler import _retrieve_inference_msg, create_predict_response
 
 from tests.handlers.ts_machinery import decode, load_service
-from ts_microbatch.protocols import V2_DATATYPES
+from ts_microbatch.torchserve.kserve import V2_DATATYPES
 
 FUZZ_HANDLER = '''
 """A cheap handler whose answer depends on the body alone."""

@@ -20,7 +20,7 @@ import torch
 from tests.compiled_model import build
 from tests.handlers.ts_machinery import decode, load_service, request
 from ts_microbatch import ConfigError, WarmupError
-from ts_microbatch.compiled import compile_count
+from ts_microbatch.torchserve.compiled import compile_count
 
 PADDED = {
     "micro_batch_size": 8,
@@ -102,10 +102,10 @@ def test_without_padding_the_same_stream_recompiles(
     try:
         compiled = handler.micro_batching.compiled
         assert compiled.compiles == 1  # warm-up: the largest micro-batch only
-        with caplog.at_level(logging.ERROR, logger="ts_microbatch.compiled"):
+        with caplog.at_level(logging.ERROR, logger="ts_microbatch.torchserve.compiled"):
             inputs, answers = serve(service, STREAM)
         assert compiled.recompiles > 0
-        ours = [r for r in caplog.records if r.name == "ts_microbatch.compiled"]
+        ours = [r for r in caplog.records if r.name == "ts_microbatch.torchserve.compiled"]
         assert ours and all("recompiled" in r.getMessage() for r in ours)
         assert all(r.levelno == logging.ERROR for r in ours)
         assert_eager_answers(inputs, answers)  # slower, still right

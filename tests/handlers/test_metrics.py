@@ -12,7 +12,7 @@ import torch
 from tests.compiled_model import build
 from tests.handlers.conftest import jpeg_rows, load_handler_module, make_context
 from tests.handlers.ts_machinery import decode, load_service, request
-from ts_microbatch.torchserve_metrics import METRIC_NAMES, PADDED_ITEMS, RECOMPILES
+from ts_microbatch.torchserve.metrics import METRIC_NAMES, PADDED_ITEMS, RECOMPILES
 
 
 def metric_lines(caplog: pytest.LogCaptureFixture) -> list[str]:

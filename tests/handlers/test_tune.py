@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import ROOT, load_module
 from ts_microbatch import MicroBatchingConfig, load_config
-from ts_microbatch.tune import main
+from ts_microbatch.tools.tune import main
 
 text_build = load_module("examples/text_classifier/build_mar.py", "ts_microbatch_text_build_mar")
 

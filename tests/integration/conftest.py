@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, load_module
-from ts_microbatch.server import TorchServe, java_problem
+from ts_microbatch.tools.server import TorchServe, java_problem
 
 build = load_module("examples/image_classifier/build_mar.py", "ts_microbatch_example_build_mar")
 MODEL = "resnet-18_mb"

@@ -13,8 +13,8 @@ import torch
 from tests.compiled_model import build
 from tests.integration.conftest import local_server
 from tests.integration.test_torchserve import parallel
-from ts_microbatch.scrape import summarize
-from ts_microbatch.server import TorchServe
+from ts_microbatch.tools.scrape import summarize
+from ts_microbatch.tools.server import TorchServe
 
 SERVED = {
     "micro_batch_size": 8,

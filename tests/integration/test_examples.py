@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from ts_microbatch.server import free_port
+from ts_microbatch.tools.server import free_port
 
 EXAMPLES = sorted(p.parent.name for p in Path(ROOT, "examples").glob("*/README.md"))
 
@@ -45,7 +45,7 @@ def test_readme_commands_work_as_written(example: str, tmp_path: Path) -> None:
             assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr}"
     finally:
         subprocess.run(
-            [sys.executable, "-m", "ts_microbatch.serve", "stop"],
+            [sys.executable, "-m", "ts_microbatch.tools.serve", "stop"],
             cwd=ROOT,
             env=env,
             capture_output=True,

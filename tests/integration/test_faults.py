@@ -21,7 +21,7 @@ from tests.handlers.conftest import make_jpeg
 from tests.integration.conftest import build, local_server
 from tests.integration.handlers.fault_handler import ENTERED, HANG
 from tests.integration.test_torchserve import parallel, worker_pids
-from ts_microbatch.server import TorchServe
+from ts_microbatch.tools.server import TorchServe
 
 FAULT_HANDLER = Path(__file__).parent / "handlers" / "fault_handler.py"
 MB = {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 1}}

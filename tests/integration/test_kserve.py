@@ -37,8 +37,8 @@ import pytest
 from tests.conftest import ROOT
 from tests.handlers.conftest import make_jpeg
 from tests.integration.conftest import build
-from ts_microbatch.scrape import summarize
-from ts_microbatch.server import LOOPBACK, free_port, stop_process_group
+from ts_microbatch.tools.scrape import summarize
+from ts_microbatch.tools.server import LOOPBACK, free_port, stop_process_group
 
 KSERVE_PYTHON = Path(ROOT) / ".venv-kserve" / "bin" / "python"  # make kserve-venv
 DEPLOY = Path(ROOT) / "deploy" / "kserve"
@@ -61,14 +61,14 @@ def runtime_envelope() -> str:
 @pytest.fixture(scope="module")
 def mount(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundle as `make kserve-bundle` writes it (build_mar.py --self-contained --kserve,
-    then ``python -m ts_microbatch.bundle``), lying at <tmp>/mnt/models and written for that
+    then ``python -m ts_microbatch.tools.bundle``), lying at <tmp>/mnt/models and written for that
     mount path, as the pod sees it at /mnt/models."""
     work = tmp_path_factory.mktemp("kserve_build")
     mar = build.build_mar(
         work / "staging", model_name=NAME, work_dir=work / "mar", self_contained=True, kserve=True
     )
     mount = work / "mnt" / "models"
-    bundle_cli = [sys.executable, "-m", "ts_microbatch.bundle", "--out", str(mount)]
+    bundle_cli = [sys.executable, "-m", "ts_microbatch.tools.bundle", "--out", str(mount)]
     bundle_cli += ["--mar", str(mar), "--model-name", NAME, "--mount-path", str(mount)]
     bundle_cli += ["--metrics-yaml", str(Path(ROOT) / "configs/metrics.yaml")]
     bundle_cli += ["--batch-size", str(BATCH), "--max-batch-delay", "100"]

@@ -1,4 +1,4 @@
-"""ts_microbatch.server.TorchServe, the fixture every integration test stands on."""
+"""ts_microbatch.tools.server.TorchServe, the fixture every integration test stands on."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from ts_microbatch import server as server_module
-from ts_microbatch.server import TorchServe
+from ts_microbatch.tools import server as server_module
+from ts_microbatch.tools.server import TorchServe
 
 
 def test_hang_free_port_taken_before_torchserve_binds_it(
@@ -33,7 +33,7 @@ def test_hang_free_port_taken_before_torchserve_binds_it(
             base_config=Path(ROOT) / "configs/config.properties",
         )
         assert ts.ports is not None and ts.ports[0] == busy
-        with caplog.at_level(logging.WARNING, logger="ts_microbatch.server"), ts:
+        with caplog.at_level(logging.WARNING, logger="ts_microbatch.tools.server"), ts:
             assert "retrying on new ports" in caplog.text  # the first try did hit the port
             assert ts.ports[0] != busy
             assert ts.request("GET", f"{ts.inference_url}/ping").status == 200

@@ -12,8 +12,8 @@ import pytest
 
 from tests.handlers.conftest import bomb_png, make_jpeg
 from tests.integration.conftest import AUTO_MODEL, BAD_MODEL, MODEL
-from ts_microbatch.scrape import summarize
-from ts_microbatch.server import Response, TorchServe
+from ts_microbatch.tools.scrape import summarize
+from ts_microbatch.tools.server import Response, TorchServe
 
 BATCH_SIZE = 8
 

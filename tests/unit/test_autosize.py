@@ -12,7 +12,7 @@ import pytest
 
 from tests.unit.fakes import FakeHandler, expected
 from ts_microbatch import ConfigError, MicroBatching, MicroBatchingConfig, Pipeline
-from ts_microbatch.autosize import AutoMicroBatchSize, StageCost, fit_cost
+from ts_microbatch.core.autosize import AutoMicroBatchSize, StageCost, fit_cost
 
 THREADS = {"preprocess": 2, "inference": 1, "postprocess": 1}
 Costs = dict[str, Callable[[int], float]]

@@ -12,13 +12,29 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
-from ts_microbatch.bundle import TOOLING, kserve_properties, path_keys, worker_modules, write_bundle
+from ts_microbatch.tools.bundle import kserve_properties, path_keys, vendor, write_bundle
 
 
-def test_the_mar_carries_worker_modules_and_no_tooling() -> None:
-    modules = worker_modules()
-    assert {"__init__", "pipeline", "micro_batching", "mixin", "protocols"} <= set(modules)
-    assert not set(modules) & set(TOOLING)  # tooling imported by the worker would break it
+def test_the_mar_carries_core_and_torchserve_and_no_tools(tmp_path: Path) -> None:
+    vendor(tmp_path)
+    package = tmp_path / "ts_microbatch"
+    files = {p.relative_to(package).as_posix() for p in package.rglob("*.py")}
+    assert {
+        "__init__.py",
+        "core/pipeline.py",
+        "torchserve/micro_batching.py",
+        "torchserve/mixin.py",
+        "torchserve/kserve.py",
+    } <= files
+    assert not any(f.startswith("tools/") for f in files)
+    # The vendored copy imports on its own, as a worker imports it: tools/ is never reached.
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import ts_microbatch;"
+        "from ts_microbatch import MicroBatching, MicroBatchingMixin;"
+        "assert ts_microbatch.__file__.startswith(sys.argv[1]), ts_microbatch.__file__;"
+        "assert not [m for m in sys.modules if m.startswith('ts_microbatch.tools')]"
+    )
+    subprocess.run([sys.executable, "-I", "-c", code, str(tmp_path)], check=True)
 
 
 def test_config_properties_as_kserve_runs_them() -> None:
@@ -100,7 +116,15 @@ def test_the_cli_writes_paths_under_mount_path(tmp_path: Path) -> None:
     mar = tmp_path / "m.mar"
     mar.write_bytes(b"a .mar")
     out = tmp_path / "bundle"
-    args = [sys.executable, "-m", "ts_microbatch.bundle", "--out", str(out), "--mar", str(mar)]
+    args = [
+        sys.executable,
+        "-m",
+        "ts_microbatch.tools.bundle",
+        "--out",
+        str(out),
+        "--mar",
+        str(mar),
+    ]
     args += ["--model-name", "m", "--metrics-yaml", str(Path(ROOT) / "configs/metrics.yaml")]
     subprocess.run([*args, "--mount-path", "/srv/models"], check=True, capture_output=True)
     entries = path_entries((out / "config" / "config.properties").read_text())

@@ -17,7 +17,7 @@ from ts_microbatch import (
     Parallelism,
     PipelineObserver,
 )
-from ts_microbatch.compiled import CompiledInference, is_compiled
+from ts_microbatch.torchserve.compiled import CompiledInference, is_compiled
 
 INFERENCE_REFUSED = "micro_batching.parallelism.inference: got {}, expected 1 for a compiled model"
 
@@ -169,10 +169,10 @@ def test_defect_configure_applies_on_recompile(caplog: pytest.LogCaptureFixture)
         mb.configure(replace(config, on_recompile="error"))
         assert mb.compiled.on_recompile == "error" and mb.config.on_recompile == "error"
         assert mb.thread_groups == threads  # changed in place: the same inference thread
-        with caplog.at_level(logging.WARNING, logger="ts_microbatch.compiled"):
+        with caplog.at_level(logging.WARNING, logger="ts_microbatch.torchserve.compiled"):
             mb.handle([1, 2])  # no warm-up: this compile is on the request path
         assert mb.compiled.recompiles == 1
-        (record,) = [r for r in caplog.records if r.name == "ts_microbatch.compiled"]
+        (record,) = [r for r in caplog.records if r.name == "ts_microbatch.torchserve.compiled"]
         assert record.levelno == logging.ERROR and "recompiled" in record.getMessage()
     torch._dynamo.reset()
 
@@ -190,7 +190,7 @@ def test_compile_count_counts_graphs_and_the_recompile_limit_once() -> None:
     import torch
     import torch._dynamo
 
-    from ts_microbatch.compiled import compile_count
+    from ts_microbatch.torchserve.compiled import compile_count
 
     torch._dynamo.reset()
     limit = torch._dynamo.config.recompile_limit

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tests.unit.fakes import Bad, FakeHandler, expected
 from ts_microbatch import InvalidInputError, MicroBatching, MicroBatchingConfig, Pipeline
-from ts_microbatch.config import STAGES
+from ts_microbatch.core.config import STAGES
 
 pytestmark = pytest.mark.generative
 

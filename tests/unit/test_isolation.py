@@ -17,8 +17,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ts_microbatch import Pipeline
-from ts_microbatch.batch import Batch, RequestFailure, _MicroBatch
-from ts_microbatch.isolation import Isolator, Outcome, fewest_requests
+from ts_microbatch.core.batch import Batch, RequestFailure, _MicroBatch
+from ts_microbatch.core.isolation import Isolator, Outcome, fewest_requests
 
 
 class Boom(Exception):

@@ -18,8 +18,8 @@ from tests.conftest import ROOT
 from tests.handlers.ts_machinery import decode
 from tests.unit.fakes import FakeHandler, expected
 from ts_microbatch import ConfigError, MicroBatching, MicroBatchingConfig, PipelineClosedError
-from ts_microbatch.config import STAGES
-from ts_microbatch.torchserve_metrics import STAGE_TIME, TorchServeMetricsObserver
+from ts_microbatch.core.config import STAGES
+from ts_microbatch.torchserve.metrics import STAGE_TIME, TorchServeMetricsObserver
 
 
 class FakeMetrics:
@@ -467,4 +467,4 @@ def test_broken_metrics_change_no_answer_and_are_logged_once_per_hook(
     first = [r for r in caplog.records if r.levelno >= logging.ERROR]
     hooks = sorted(r.getMessage().split(".")[1].split(" ")[0] for r in first)
     assert hooks == ["on_batch", "on_stage"], [r.getMessage() for r in first]
-    assert all(r.exc_info and r.name == "ts_microbatch.metrics" for r in first)
+    assert all(r.exc_info and r.name == "ts_microbatch.core.metrics" for r in first)

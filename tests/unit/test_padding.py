@@ -21,10 +21,10 @@ from ts_microbatch import (
     PipelineObserver,
     StageOutputError,
 )
-from ts_microbatch._padding import pad, unpad
-from ts_microbatch.autosize import AutoMicroBatchSize
-from ts_microbatch.config import WarmupConfig
-from ts_microbatch.errors import WarmupError
+from ts_microbatch.core._padding import pad, unpad
+from ts_microbatch.core.autosize import AutoMicroBatchSize
+from ts_microbatch.core.config import WarmupConfig
+from ts_microbatch.core.errors import WarmupError
 
 ALLOWED = [1, 2, 4, 8]
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.fakes import Bad, FakeHandler, expected
 from ts_microbatch import ConfigError, Pipeline, PipelineClosedError, StageOutputError
-from ts_microbatch.metrics import PipelineObserver
+from ts_microbatch.core.metrics import PipelineObserver
 
 WAIT_S = 10.0  # bound on any wait; a correct pipeline answers in milliseconds
 

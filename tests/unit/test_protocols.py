@@ -16,11 +16,10 @@ import torch
 from tests.unit.fakes import Bad
 from tests.unit.test_micro_batching import FakeContext, FakeTorchServeHandler
 from ts_microbatch import MicroBatching
-from ts_microbatch._encoding import to_json
-from ts_microbatch._wire import encode
-from ts_microbatch.config import MicroBatchingConfig
-from ts_microbatch.errors import RequestError
-from ts_microbatch.protocols import (
+from ts_microbatch.core.config import MicroBatchingConfig
+from ts_microbatch.core.errors import RequestError
+from ts_microbatch.torchserve._wire import encode
+from ts_microbatch.torchserve.kserve import (
     PLAIN,
     V1,
     V2,
@@ -29,6 +28,7 @@ from ts_microbatch.protocols import (
     regroup,
     unpack,
 )
+from ts_microbatch.torchserve.kserve_encoding import to_json
 
 KSERVE = MicroBatchingConfig(kserve=True)
 

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from ts_microbatch.scrape import format_summary, main, parse_prometheus, summarize, total
+from ts_microbatch.tools.scrape import format_summary, main, parse_prometheus, summarize, total
 
 
 def scrape(scale: float, model: str = "m") -> str:

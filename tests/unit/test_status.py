@@ -18,7 +18,7 @@ from ts_microbatch import (
     error_status,
     status_code_for,
 )
-from ts_microbatch.status import reason_phrase
+from ts_microbatch.torchserve.status import reason_phrase
 
 
 def unidentified_image_error() -> Exception:

@@ -21,9 +21,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .config import ON_RECOMPILE, YAML_SECTION
-from .errors import ConfigError
-from .metrics import PipelineObserver
+from ..core.config import ON_RECOMPILE, YAML_SECTION
+from ..core.errors import ConfigError
+from ..core.metrics import PipelineObserver
 
 logger = logging.getLogger(__name__)
 

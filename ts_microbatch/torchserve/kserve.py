@@ -33,7 +33,8 @@ Answers are encoded as each protocol says, whatever the handler returned: v1 pre
 as JSON values (tensors and arrays as nested lists, numpy scalars as numbers, bytes as
 ``{"b64": ...}`` as TensorFlow Serving and KServe do); a v2 output as one tensor whose
 datatype is the outputs' own (a tensor's or array's dtype; ``INT64``, ``FP64`` or ``BOOL``
-for Python numbers), else ``BYTES`` with one text per instance (``ts_microbatch._encoding``).
+for Python numbers), else ``BYTES`` with one text per instance
+(``ts_microbatch.torchserve.kserve_encoding``).
 
 This module runs inside the worker and needs only numpy (torch is used when loaded).
 """
@@ -51,8 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from ._encoding import V2_NUMERIC, to_json, v2_output
-from .errors import InvalidInputError, RequestError
+from ..core.errors import InvalidInputError, RequestError
+from .kserve_encoding import V2_NUMERIC, to_json, v2_output
 from .status import exception_text, reason_phrase
 
 logger = logging.getLogger(__name__)

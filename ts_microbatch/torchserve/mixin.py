@@ -9,8 +9,8 @@ pipeline and, with a ``warmup:`` setting, runs the warm-up through it before Tor
 marks the worker ready; ``handle`` runs batches through it.
 
 A compiled model (TorchServe's ``pt2:`` section makes ``self.model`` a ``torch.compile``d
-module) gets one inference thread: a second is refused at load (``ts_microbatch.compiled``
-says why).
+module) gets one inference thread: a second is refused at load
+(``ts_microbatch.torchserve.compiled`` says why).
 
 A batch must be answered before TorchServe's ``responseTimeout``, or the frontend kills the
 worker and every request of the batch fails: ``timeout_s`` null runs with 90% of it, and a
@@ -26,19 +26,20 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from ..core.config import YAML_SECTION, MicroBatchingConfig, WarmupConfig, load_config
+from ..core.errors import ConfigError
+from ..core.metrics import PipelineObserver
 from .compiled import check_inference_threads, is_compiled, recompile_limit
-from .config import YAML_SECTION, MicroBatchingConfig, WarmupConfig, load_config
-from .errors import ConfigError
-from .metrics import PipelineObserver
+from .metrics import TorchServeMetricsObserver
 from .micro_batching import (
     DEFAULT_RESPONSE_TIMEOUT_S,
     MicroBatching,
     default_timeout_s,
     response_timeout_s,
 )
-from .torchserve_metrics import TorchServeMetricsObserver
 
 logger = logging.getLogger(__name__)
+
 
 class MicroBatchingMixin:
     """Put it first among the bases of a ``BaseHandler`` subclass."""

@@ -1,6 +1,6 @@
 """Finds the micro-batching config that serves a model fastest, in-process.
 
-    python -m ts_microbatch.tune --mar model_store/resnet-18_mb.mar --input kitten.jpg \\
+    python -m ts_microbatch.tools.tune --mar model_store/resnet-18_mb.mar --input kitten.jpg \\
         --batch-size 32 --micro-batch-sizes 1,2,4,8,16 --threads 1,2 --out micro_batching.json
 
 It unpacks the .mar (or reads a model directory laid out like one), loads its handler with
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import MicroBatchingConfig, load_config
-from .micro_batching import MicroBatching
+from ..core.config import MicroBatchingConfig, load_config
+from ..torchserve.micro_batching import MicroBatching
 
 
 @dataclass(frozen=True)
@@ -289,7 +289,7 @@ def ints(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m ts_microbatch.tune", description=__doc__.split("\n\n")[0]
+        prog="python -m ts_microbatch.tools.tune", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--mar", required=True, type=Path, help=".mar file or unpacked model directory"

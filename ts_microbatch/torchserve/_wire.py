@@ -9,14 +9,14 @@ can send one in JSON, a text handler echoes it), an int of more than 4,300 digit
 circular reference or a tensor ``torch.save`` cannot pickle escapes ``Service.predict``,
 and no request of the batch is answered.
 
-``encode`` does the same conversion inside the per-request guard (``ts_microbatch.answers``).
-When TorchServe's serializer is the next to see ``handle()``'s answers
-(``sent_as_returned``), they are returned as those bytes, which it sends unchanged: the
-body is byte for byte what it would have made, and the content type is the context's
-(``get_response_content_type``), which never depended on the answer's type. Anywhere else
-(a test, a handler that wraps ``handle()``, TorchServe's ``json`` envelope, which dumps the
-answers itself) the answers stay objects, encoded once only to find those that cannot be
-sent.
+``encode`` does the same conversion inside the per-request guard
+(``ts_microbatch.torchserve.answers``). When TorchServe's serializer is the next to see
+``handle()``'s answers (``sent_as_returned``), they are returned as those bytes, which it
+sends unchanged: the body is byte for byte what it would have made, and the content type
+is the context's (``get_response_content_type``), which never depended on the answer's
+type. Anywhere else (a test, a handler that wraps ``handle()``, TorchServe's ``json``
+envelope, which dumps the answers itself) the answers stay objects, encoded once only to
+find those that cannot be sent.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 from types import FrameType
 from typing import Any
 
-from ._types import is_tensor
+from ..core._types import is_tensor
 
 # The frames that serialize what the handler's entry point returned (sync and async workers).
 _SERIALIZERS = {("ts.service", "predict"), ("ts.async_service", "predict")}

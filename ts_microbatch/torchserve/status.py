@@ -10,7 +10,12 @@ import http
 import json
 from typing import Any, NamedTuple
 
-from .errors import PipelineClosedError, PipelineStalledError, RequestError, RequestTimeoutError
+from ..core.errors import (
+    PipelineClosedError,
+    PipelineStalledError,
+    RequestError,
+    RequestTimeoutError,
+)
 
 # Errors raised by common decoders that mean "this input is bad", named by qualified class
 # name so that the core needs neither PIL nor torch to recognise them.
@@ -36,6 +41,13 @@ class ErrorStatus(NamedTuple):
 
 def _qualified_names(exc: BaseException) -> set[str]:
     return {f"{cls.__module__}.{cls.__qualname__}" for cls in type(exc).__mro__}
+
+
+def is_input_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means its request's input is bad (a 4xx): what the core's isolation
+    asks, so a decoder error or a 4xx PredictionException is bisected down to its request
+    and never judged systemic."""
+    return status_code_for(exc) < 500
 
 
 def status_code_for(exc: BaseException) -> int:
@@ -75,7 +87,7 @@ def error_status(
 
     Args:
         bad_input: the failure is known to be this request's input (see
-            ``ts_microbatch.answers``), so an error that would be a 500 is a 400.
+            ``ts_microbatch.torchserve.answers``), so an error that would be a 500 is a 400.
         about: what failed, when it is the server's doing whatever the type of ``exc``
             (a UnicodeDecodeError sending the handler's output is no bad input): a 500,
             with the message "<about>: <type>: <message>".

@@ -1,7 +1,7 @@
 """`make serve` / `make stop`: a local TorchServe with one model, answering one request.
 
-python -m ts_microbatch.serve start --mar resnet-18_mb.mar --input kitten.jpg
-python -m ts_microbatch.serve stop
+python -m ts_microbatch.tools.serve start --mar resnet-18_mb.mar --input kitten.jpg
+python -m ts_microbatch.tools.serve stop
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def start(args: argparse.Namespace) -> int:
     )
     print(f"Try: curl{auth} -T {args.input} {server.inference_url}/predictions/{model_name}")
     print(
-        "Pipeline metrics: python -m ts_microbatch.scrape "
+        "Pipeline metrics: python -m ts_microbatch.tools.scrape "
         f"{server.metrics_url}/metrics --model {model_name} --interval 10  (or: make metrics)"
     )
     print("Stop it with: make stop")
@@ -108,7 +108,9 @@ def stop(_: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ts_microbatch.serve", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m ts_microbatch.tools.serve", description=__doc__
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("start", help="start TorchServe, register a model, send one request")
     p.add_argument("--mar", required=True, help="file name of the .mar in the model store")

@@ -14,7 +14,7 @@ The tree::
         └── PayloadTooLargeError            413: the input is over a configured size limit
 
 HTTP status codes are attached to exceptions only as data; they are turned into
-responses at the handler boundary (``ts_microbatch.status``).
+responses at the handler boundary (``ts_microbatch.torchserve.status``).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ request to stop, not a failure of any input: its micro-batch fails whole, unbise
 none of its requests counts as failing alone.
 
 An error that means bad input (a ``RequestError``, a ``PredictionException`` with a 4xx
-code, or a decoder error ``ts_microbatch.status`` maps to 4xx) never leads to a systemic
+code, or a decoder error ``ts_microbatch.torchserve.status`` maps to 4xx) never leads to a systemic
 verdict: it is always bisected down to the request. For other errors, every failing
 request is isolated when its micro-batch holds at most two failing requests and the batch
 at most three; otherwise the verdict can be systemic, and requests that would have
@@ -52,11 +52,11 @@ from __future__ import annotations
 import bisect
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from .batch import Batch, _MicroBatch
-from .status import status_code_for
+from .errors import RequestError
 
 # Below this many requests to blame, "every micro-batch failed" is weak evidence (two
 # micro-batches with one bad request each fail both), so the probe decides instead.
@@ -64,9 +64,10 @@ MIN_REQUESTS_FOR_BATCH_VERDICT = 4
 
 
 def declared_per_request(error: BaseException) -> bool:
-    """True for errors that mean "this request's input is bad": a RequestError, a 4xx
-    PredictionException, or a decoder error known to mean bad input (status.py)."""
-    return status_code_for(error) < 500
+    """The core's own notion of "this request's input is bad": a ``RequestError``. An
+    adapter that knows more (TorchServe's 4xx ``PredictionException``, decoder errors) gives
+    the ``Isolator`` its own test."""
+    return isinstance(error, RequestError)
 
 
 def fewest_requests(owners: Sequence[int] | None, spans: Sequence[range]) -> int:
@@ -156,10 +157,17 @@ class Isolator:
 
     Args:
         enabled: bisect failed micro-batches; when False a failure fails its micro-batch.
+        is_input_error: whether an error means its request's input is bad (never a systemic
+            verdict, always bisected down to the request).
     """
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        enabled: bool = True,
+        is_input_error: Callable[[BaseException], bool] = declared_per_request,
+    ) -> None:
         self.enabled = enabled
+        self._is_input_error = is_input_error
         self._lock = threading.Lock()
         # A batch's bookkeeping lives as long as the batch: stale micro-batches of a batch
         # that timed out still report to it, and nothing has to remember to drop it.
@@ -210,7 +218,7 @@ class Isolator:
                 return _merge(
                     Outcome([], [Fail(mb, error, stage, isolated)]), self._report(mb, None)
                 )
-            if declared_per_request(error):
+            if self._is_input_error(error):
                 return _merge(self._bisect(mb, stage, error), self._report(mb, None))
             if mb.attempt == 0 and self._every_first_run_failed(mb.batch, ledger, stage, error):
                 ledger.systemic[stage] = type(error)

@@ -1,5 +1,5 @@
 """Handler outputs in the types a KServe answer carries: JSON values for v1, one tensor of
-an Open Inference Protocol datatype (or BYTES texts) for v2. ``ts_microbatch.protocols``
+an Open Inference Protocol datatype (or BYTES texts) for v2. ``ts_microbatch.torchserve.kserve``
 builds the answers; this module only converts.
 
 Whatever a handler returned: tensors and arrays become nested lists (v1) or a tensor of
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._types import is_tensor
+from ..core._types import is_tensor
 
 # The numpy types of the Open Inference Protocol's numeric datatypes (KServe v2 REST).
 V2_NUMERIC = {

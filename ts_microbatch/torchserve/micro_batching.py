@@ -4,7 +4,7 @@ It replaces a handler's ``handle``: TorchServe calls it with a batch and a conte
 the handler's preprocess, inference and postprocess as a pipeline of micro-batches, and it
 answers every request: with its output, or with its own error status and a JSON body.
 
-How each request is answered, and with which status: ``ts_microbatch.answers``.
+How each request is answered, and with which status: ``ts_microbatch.torchserve.answers``.
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
-from . import protocols
-from ._padding import same_answer
+from ..core._padding import same_answer
+from ..core.autosize import AutoMicroBatchSize
+from ..core.batch import MicroBatchInfo
+from ..core.config import STAGES, MicroBatchingConfig, Parallelism, _positive_int
+from ..core.errors import ConfigError, PipelineStalledError, WarmupError
+from ..core.metrics import GuardedObserver, PipelineObserver
+from ..core.pipeline import Pipeline, PipelineStats
+from . import kserve
 from .answers import SubmittedBatch, answer_batch
-from .autosize import AutoMicroBatchSize
-from .batch import MicroBatchInfo
 from .compiled import CompiledInference, check_inference_threads
-from .config import STAGES, MicroBatchingConfig, Parallelism, _positive_int
 from .context import BatchContext
-from .errors import ConfigError, PipelineStalledError, WarmupError
-from .metrics import GuardedObserver, PipelineObserver
-from .pipeline import Pipeline, PipelineStats
-from .status import exception_text
+from .status import exception_text, is_input_error
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ RESPONSE_TIMEOUT_SHARE = 0.9
 
 # TorchServe's own KServe envelopes read only the first request of a frontend batch and
 # answer once, so with batchSize > 1 every request gets 503 (pytorch/serve#2158, #1302);
-# ts_microbatch unpacks those protocols itself (ts_microbatch.protocols).
+# ts_microbatch unpacks those protocols itself (ts_microbatch.torchserve.kserve).
 _BROKEN_ENVELOPES = ("kserve", "kservev2")
 
 
@@ -99,7 +99,7 @@ class MicroBatching:
         observer: receives timings and errors, for metrics.
         compiled: the handler's model is compiled (``torch.compile``): inference calls are
             serialized, their outputs cloned and recompiles after :meth:`warm_up` reported
-            (``ts_microbatch.compiled``).
+            (``ts_microbatch.torchserve.compiled``).
     """
 
     def __init__(
@@ -157,6 +157,7 @@ class MicroBatching:
             observer=self._observer,
             allowed_sizes=allowed,
             padded_stages=_padded_stages(config),
+            is_input_error=is_input_error,
         )
         self._apply_size(pipeline, config.micro_batch_size, config)
         return pipeline
@@ -289,7 +290,7 @@ class MicroBatching:
 
     def _warm_up_items(self, sample: Any) -> list[Any]:
         """The pipeline items of ``sample``, unpacked as ``handle`` unpacks a request."""
-        requests, items = protocols.unpack([sample], self._config.kserve)
+        requests, items = kserve.unpack([sample], self._config.kserve)
         error = requests[0].error if requests else None
         if error is not None or not items:
             raise WarmupError(
@@ -359,7 +360,7 @@ class MicroBatching:
         """Runs a batch through the pipeline; returns one answer per request, in order.
 
         A plain request gets its output; a KServe v1 or v2 request gets one predictions
-        body for all its instances (``ts_microbatch.protocols``). A request that failed
+        body for all its instances (``ts_microbatch.torchserve.kserve``). A request that failed
         gets a JSON error body instead, and its status is set on ``context`` (the
         handler's ``context`` when None) when the batch has one row per request. When it
         does not (a request envelope such as TorchServe's ``json`` flattened several
@@ -393,7 +394,7 @@ class MicroBatching:
     def _submit(self, data: Sequence[Any], context: Any) -> SubmittedBatch:
         live = context if context is not None else getattr(self.handler, "context", None)
         view = BatchContext(live) if live is not None else None
-        requests, items = protocols.unpack(list(data), self._config.kserve, view)
+        requests, items = kserve.unpack(list(data), self._config.kserve, view)
         # Statuses go on the context only when row i is request i: a request envelope
         # (TorchServe's json) may have flattened several instances per request.
         aligned = view is not None and view.request_count in (None, len(data))
@@ -546,7 +547,7 @@ def default_timeout_s(model_yaml_config: Mapping[str, Any] | None) -> float:
 
 
 def _padded_stages(config: MicroBatchingConfig) -> tuple[str, ...] | None:
-    """The stages that see only allowed sizes (ts_microbatch._padding): every stage when
+    """The stages that see only allowed sizes (ts_microbatch.core._padding): every stage when
     whole requests are padded, inference alone when the handler's tensors are."""
     if config.allowed_micro_batch_sizes is None:
         return None

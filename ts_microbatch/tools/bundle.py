@@ -2,12 +2,12 @@
 
 KServe's TorchServe runtime starts ``torchserve --start --model-store=/mnt/models/model-store
 --ts-config=/mnt/models/config/config.properties`` in a stock image; nothing installs this
-package there. So the .mar carries the part of ts_microbatch that runs inside a worker
-(``worker_modules()``: what ``ts_microbatch/__init__.py`` imports, transitively; never the
-tooling that drives a server from outside, such as this module), copied into the model
-directory, which TorchServe puts on the worker's import path.
+package there. So the .mar carries the part of ts_microbatch that runs inside a worker:
+the package's ``__init__``, ``core/`` and ``torchserve/`` (``WORKER_WINGS``), never
+``tools/``, which drives a server from outside (this module is there), copied into the
+model directory, which TorchServe puts on the worker's import path.
 
-    python -m ts_microbatch.bundle --out build/kserve --mar model_store/resnet-18_mb.mar ...
+    python -m ts_microbatch.tools.bundle --out build/kserve --mar model_store/resnet-18_mb.mar ...
 
 is what ``make kserve-bundle`` runs; see deploy/kserve/README.md.
 
@@ -20,14 +20,14 @@ file, and a relative ``metrics_config`` kept the worker from ever loading (issue
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import re
 import shutil
 from pathlib import Path, PurePosixPath
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-TOOLING = ("bundle", "scrape", "serve", "server", "tune")
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # ts_microbatch/
+# What a worker runs; tools/ never is.
+WORKER_WINGS = ("core", "torchserve")
 MOUNT_PATH = "/mnt/models"  # where KServe's storage initializer puts the storage URI
 # The keys of config.properties that name a file or directory (TorchServe 0.12's
 # *_config, *_path and model_store keys; the enable_*_config switches name none).
@@ -44,34 +44,23 @@ def path_keys(properties: str) -> dict[str, str]:
     }
 
 
-def worker_modules() -> list[str]:
-    """The package's modules a worker imports: the relative-import closure of __init__."""
-    seen: set[str] = set()
-    todo = ["__init__"]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        tree = ast.parse((PACKAGE_DIR / f"{name}.py").read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                if node.module:
-                    todo.append(node.module.split(".")[0])
-                else:  # from . import x
-                    todo.extend(alias.name for alias in node.names)
-    return sorted(seen)
+def worker_files() -> list[str]:
+    """The package's files a worker needs, relative to the package directory."""
+    files = ["__init__.py", "py.typed"]
+    for wing in WORKER_WINGS:
+        files += sorted(f"{wing}/{p.name}" for p in (PACKAGE_DIR / wing).glob("*.py"))
+    return files
 
 
 def vendor(dest: Path) -> Path:
-    """Copies the worker modules to ``dest/ts_microbatch``; returns ``dest`` (pass it to
-    torch-model-archiver's --extra-files: a directory's contents land in the model root)."""
+    """Copies the worker's part of the package to ``dest/ts_microbatch``; returns ``dest``
+    (pass it to torch-model-archiver's --extra-files: a directory's contents land in the
+    model root)."""
     target = dest / "ts_microbatch"
     shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True)
-    for name in worker_modules():
-        shutil.copy2(PACKAGE_DIR / f"{name}.py", target / f"{name}.py")
-    shutil.copy2(PACKAGE_DIR / "py.typed", target / "py.typed")
+    for name in worker_files():
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(PACKAGE_DIR / name, target / name)
     return dest
 
 

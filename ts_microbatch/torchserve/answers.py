@@ -1,20 +1,20 @@
 """How each request of a batch is answered, and with which status.
 
 A plain request gets its item's output; a KServe v1 or v2 request one body for all its
-instances, in its protocol's shape (``ts_microbatch.protocols``). A request that failed
+instances, in its protocol's shape (``ts_microbatch.torchserve.kserve``). A request that failed
 gets a JSON error body and its own status on the batch's context, when the batch has one
 row per request (a request envelope such as TorchServe's ``json`` may have flattened
 several instances per request: an index would then name another request).
 
-Which status (``ts_microbatch.status`` maps the exception): a ``RequestError`` or
+Which status (``ts_microbatch.torchserve.status`` maps the exception): a ``RequestError`` or
 ``PredictionException`` carries its own; any other error is a 500, except that an error in
 the first stage that bisection pinned on one request alone, while other requests of the
 same batch got through that stage, is that request's input: 400 with the message. An
 error every request hits alike (a broken handler) stays a 500. A body that could not be
-read (``protocols.unpack``) is a 400 and never enters the pipeline.
+read (``kserve.unpack``) is a 400 and never enters the pipeline.
 
 What a handler returned is read here too, one guard per request: each answer is turned
-into the bytes TorchServe's own serializer would send (``ts_microbatch._wire``), and an
+into the bytes TorchServe's own serializer would send (``ts_microbatch.torchserve._wire``), and an
 output that its protocol cannot encode, or that serializer cannot (a str with a lone
 surrogate, an int of 5,000 digits, a tensor ``torch.save`` cannot pickle), fails its own
 request with a 500 naming its type; TorchServe would otherwise answer the whole batch 503,
@@ -27,11 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import _wire, protocols
-from .batch import Batch
+from ..core.batch import Batch
+from ..core.errors import PipelineStalledError
+from ..core.metrics import PipelineObserver
+from . import _wire, kserve
 from .context import BatchContext
-from .errors import PipelineStalledError
-from .metrics import PipelineObserver
 from .status import ErrorStatus, error_status
 
 
@@ -41,7 +41,7 @@ class SubmittedBatch:
 
     target: BatchContext | None  # the context statuses are set on; None when not aligned
     view: BatchContext | None
-    requests: list[protocols.Request]
+    requests: list[kserve.Request]
     batch: Batch | None = None
     refused: PipelineStalledError | None = None
     # The answers go to TorchServe's serializer as returned: answer with their bytes.
@@ -57,9 +57,9 @@ def answer_batch(submitted: SubmittedBatch, observer: PipelineObserver) -> list[
     submitted.wire = _wire.sent_as_returned()
     answers = []
     for idx, request in enumerate(submitted.requests):
-        if request.protocol == protocols.PLAIN and request.error is not None:
+        if request.protocol == kserve.PLAIN and request.error is not None:
             answers.append(_unread_answer(submitted, idx, request.error, observer))
-        elif request.protocol == protocols.PLAIN:
+        elif request.protocol == kserve.PLAIN:
             answers.append(_plain_answer(submitted, idx, request.start, observer))
         else:
             answers.append(_protocol_answer(submitted, idx, request, observer))
@@ -69,7 +69,7 @@ def answer_batch(submitted: SubmittedBatch, observer: PipelineObserver) -> list[
 def _unread_answer(
     submitted: SubmittedBatch, idx: int, error: BaseException, observer: PipelineObserver
 ) -> Any:
-    """A plain body that could not be read (``protocols.unpack``): it has no item."""
+    """A plain body that could not be read (``kserve.unpack``): it has no item."""
     status = error_status(error, _request_id(submitted, idx))
     _report_status(submitted, idx, status.code, status.phrase, observer)
     return _sendable(submitted, status.body)
@@ -113,8 +113,8 @@ def _plain_answer(
 
 
 def _sendable(submitted: SubmittedBatch, answer: Any) -> Any:
-    """``answer`` as TorchServe sends it (``ts_microbatch._wire``): its bytes when they go
-    to TorchServe's serializer as returned, else itself, once they are known to exist."""
+    """``answer`` as TorchServe sends it (``ts_microbatch.torchserve._wire``): its bytes when
+    they go to TorchServe's serializer as returned, else itself, once they are known to exist."""
     encoded = _wire.encode(answer)
     return encoded if submitted.wire else answer
 
@@ -129,7 +129,7 @@ def _unsendable(
 
 
 def _protocol_answer(
-    submitted: SubmittedBatch, idx: int, request: protocols.Request, observer: PipelineObserver
+    submitted: SubmittedBatch, idx: int, request: kserve.Request, observer: PipelineObserver
 ) -> Any:
     outputs: list[Any] = []
     errors: list[tuple[int, str, str] | None] = []
@@ -141,17 +141,17 @@ def _protocol_answer(
         else:
             status = _status(submitted, idx, item, exc)
             errors.append((status.code, status.phrase, status.body["message"]))
-    if request.protocol == protocols.V2 and request.request_id is None:
+    if request.protocol == kserve.V2 and request.request_id is None:
         request.request_id = _request_id(submitted, idx)  # None when rows are not requests
     model = (getattr(submitted.view, "manifest", None) or {}).get("model", {})
     try:
-        answer = protocols.regroup(
+        answer = kserve.regroup(
             request, outputs, errors, model.get("modelName"), model.get("modelVersion")
         )
         body = _sendable(submitted, answer.body)
     except Exception as exc:  # the per-request boundary
         status = _unsendable(submitted, idx, exc)
-        answer = protocols.Answer({"error": status.body["message"]}, 500, status.phrase)
+        answer = kserve.Answer({"error": status.body["message"]}, 500, status.phrase)
         body = _sendable(submitted, answer.body)
     if answer.status is not None:
         _report_status(submitted, idx, answer.status, answer.phrase, observer)

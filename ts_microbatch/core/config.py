@@ -2,7 +2,7 @@
 
 Schema (every key optional)::
 
-    micro_batch_size: 4              # integer >= 1, or "auto" (see ts_microbatch.autosize)
+    micro_batch_size: 4              # integer >= 1, or "auto" (see ts_microbatch.core.autosize)
     min_micro_batch_size: 1          # bounds of "auto"
     max_micro_batch_size: 32
     parallelism:                     # threads per stage, integers >= 1
@@ -18,7 +18,7 @@ Schema (every key optional)::
     allowed_micro_batch_sizes: null  # e.g. [1, 2, 4, 8]: the only sizes inference sees; a
                                      # micro-batch of another size is padded to the next
                                      # allowed size by repeating its last item, and the padded
-                                     # outputs dropped (ts_microbatch._padding)
+                                     # outputs dropped (ts_microbatch.core._padding)
     pad: requests                    # where: "requests" repeats the last request before
                                      # preprocess and drops the padded answers after
                                      # postprocess (any handler); "tensors" pads preprocess's
@@ -33,7 +33,7 @@ Schema (every key optional)::
                                      # synthetic input (warmup_input())
     on_recompile: warn               # a compiled model that recompiles after warm-up: log a
                                      # warning, or "error" to log it as an error
-    kserve: auto                     # which bodies are KServe requests (ts_microbatch.protocols):
+    kserve: auto                     # which bodies are KServe requests (torchserve.kserve):
                                      # "auto" only a body of the strict single-input OIP v2
                                      # shape ({"inputs": [{"name", "shape", "datatype",
                                      # "data"}]}, exactly one input); true also
@@ -251,7 +251,7 @@ class MicroBatchingConfig:
     pad: str = "requests"
     warmup: WarmupConfig | None = None
     on_recompile: str = "warn"
-    kserve: bool | str = "auto"  # "auto" | True | False: see ts_microbatch.protocols
+    kserve: bool | str = "auto"  # "auto" | True | False: see ts_microbatch.torchserve.kserve
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallelism, Parallelism):

@@ -6,11 +6,11 @@ k+1 of the previous one. Every request carries a ``concurrent.futures.Future`` t
 resolved in ``_finish`` and nowhere else (or by its batch's timeout).
 
 Failures: a micro-batch that fails in a stage is re-run in halves to find the requests to
-blame, at a bounded cost (``ts_microbatch.isolation``).
+blame, at a bounded cost (``ts_microbatch.core.isolation``).
 
 Allowed sizes: with ``allowed_sizes``, the ``padded_stages`` see only those sizes: a
 micro-batch of another size is padded before the first of them and cut back after the last
-(``ts_microbatch._padding``).
+(``ts_microbatch.core._padding``).
 
 Stale work: a micro-batch whose requests are all answered already (its batch timed out,
 or its futures were cancelled) is dropped before each stage instead of running ahead of
@@ -18,7 +18,7 @@ newer batches. A stage call still running for a batch that timed out is *abandon
 thread is left to finish on its own and a new thread takes its place, up to as many
 abandoned threads as the stage has threads. Past that the stage is stalled, and new
 batches are refused at once with PipelineStalledError instead of queuing behind it, until
-a stuck call returns (``ts_microbatch._stall``).
+a stuck call returns (``ts_microbatch.core._stall``).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from .errors import (
     RequestError,
     StageOutputError,
 )
-from .isolation import Fail, Isolator, Outcome
+from .isolation import Fail, Isolator, Outcome, declared_per_request
 from .metrics import GuardedObserver, PipelineObserver
 
 logger = logging.getLogger(__name__)
@@ -86,8 +86,10 @@ class Pipeline:
         max_queued_micro_batches: capacity of each queue between two stages.
         isolate_failures: re-run a failed micro-batch in halves to find the bad requests.
         join_timeout_s: how long shutdown waits for queued work and then for the threads.
-        observer: receives stage timings; see ``ts_microbatch.metrics``.
+        observer: receives stage timings; see ``ts_microbatch.core.metrics``.
         allowed_sizes: the only micro-batch sizes ``padded_stages`` are called with.
+        is_input_error: whether an error means its request's input is bad (bisected to the
+            request, never a systemic verdict); a ``RequestError`` by default.
         padded_stages: consecutive stages: the input of the first is padded to an allowed
             size (the items themselves when it is the first stage), the output of the last
             is cut back to the real items.
@@ -105,6 +107,7 @@ class Pipeline:
         observer: PipelineObserver | None = None,
         allowed_sizes: Sequence[int] | None = None,
         padded_stages: Sequence[str] | None = None,
+        is_input_error: Callable[[BaseException], bool] = declared_per_request,
     ) -> None:
         if not stages:
             raise ConfigError("stages: got none, expected at least one stage")
@@ -121,7 +124,7 @@ class Pipeline:
         self._queues: list[StageQueue[_MicroBatch]] = [StageQueue[_MicroBatch](None)] + [
             StageQueue[_MicroBatch](max_queued_micro_batches) for _ in self._names[1:]
         ]
-        self._isolator = Isolator(isolate_failures)
+        self._isolator = Isolator(isolate_failures, is_input_error)
         self._join_timeout_s = join_timeout_s
         self._observer = GuardedObserver.wrap(observer or PipelineObserver())
         self._lock = threading.Lock()  # guards the fields below

@@ -9,7 +9,7 @@ restart resets them, and then the ``after`` scrape alone is summarized.
 
 From a shell, against a running TorchServe's metrics address::
 
-    python -m ts_microbatch.scrape http://127.0.0.1:8082/metrics --model resnet-18_mb \
+    python -m ts_microbatch.tools.scrape http://127.0.0.1:8082/metrics --model resnet-18_mb \
         --interval 10
 
 prints one summary line for every 10 s of traffic (``--count N`` stops after N lines).
@@ -25,8 +25,8 @@ import urllib.request
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from .config import STAGES
-from .torchserve_metrics import (
+from ..core.config import STAGES
+from ..torchserve.metrics import (
     MICRO_BATCH_SIZE,
     MICRO_BATCHES_PER_BATCH,
     PADDED_ITEMS,
@@ -169,7 +169,7 @@ def fetch(url: str, timeout_s: float = 10.0) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ts_microbatch.scrape",
+        prog="python -m ts_microbatch.tools.scrape",
         description="Per-stage times, micro-batch sizes and errors from TorchServe's /metrics.",
     )
     parser.add_argument("url", help="the metrics address's /metrics URL")

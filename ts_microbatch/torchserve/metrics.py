@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .batch import current_micro_batch
-from .metrics import PipelineObserver
+from ..core.batch import current_micro_batch
+from ..core.metrics import PipelineObserver
 
 STAGE_TIME = "MicroBatchStageSeconds"
 QUEUE_TIME = "MicroBatchQueueSeconds"
@@ -82,7 +82,7 @@ class TorchServeMetricsObserver(PipelineObserver):
         self, name: str, value: float, unit: str, dims: dict[str, str], histogram: bool = True
     ) -> None:
         # What TorchServe raises here escapes: the pipeline wraps every observer in a
-        # GuardedObserver (ts_microbatch.metrics), the one guard that keeps a metric failure
+        # GuardedObserver (ts_microbatch.core.metrics), the one guard that keeps a metric failure
         # from failing the requests it measures.
         # A new list each call: TorchServe appends ModelName and Level to it.
         dimensions = [self._dimension(k, v) for k, v in dims.items()]

@@ -8,9 +8,10 @@ never reads the state of a newer one.
 
 Items and requests: an item is what a stage sees as one row; a request is a row of the
 batch TorchServe handed over. A plain request is one item; a KServe request of n instances
-is n consecutive items (``ts_microbatch.protocols``); a malformed one has none. ``owners[i]``
-is the request index of item i, so whatever is per request (ids, headers, statuses, metric
-lines, whether a failure is one request's) is looked up through it, never by item index.
+is n consecutive items (``ts_microbatch.torchserve.kserve``); a malformed one has none.
+``owners[i]`` is the request index of item i, so whatever is per request (ids, headers,
+statuses, metric lines, whether a failure is one request's) is looked up through it, never
+by item index.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ IndexError, as TorchServe's does for an index past its batch.
 
 Not pinned: ``context.metrics`` is TorchServe's metrics cache, which looks request ids up in
 the live batch; the pipeline's own metric lines carry their micro-batch's request id
-(``ts_microbatch.torchserve_metrics``).
+(``ts_microbatch.torchserve.metrics``).
 """
 
 from __future__ import annotations
