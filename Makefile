@@ -59,8 +59,9 @@ $(KSERVE_STAMP):
 test: venv kserve-venv
 	$(VENV)/bin/pytest
 
+# The fast part: the core and the adapter in-process, no TorchServe server.
 test-unit: venv
-	$(VENV)/bin/pytest tests/unit
+	$(VENV)/bin/pytest tests/core tests/torchserve tests/tools
 
 # The generative (hypothesis) tests with a long random profile; CI runs a bounded one.
 FUZZ_EXAMPLES ?= 3000

@@ -24,7 +24,7 @@ import prepare  # noqa: E402
 import torch  # noqa: E402
 from torchvision.models import resnet18  # noqa: E402
 
-from tests.handlers.conftest import (  # noqa: E402
+from tests.torchserve.images import (  # noqa: E402
     jpeg_rows,
     load_handler_module,
     make_context,

@@ -1,11 +1,9 @@
-"""Shared fixtures; the path-based markers follow LitServe's layout."""
+"""Hypothesis profiles and the path-based markers (LitServe's layout); shared helpers are
+in tests/helpers.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -29,25 +27,13 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_module(relative_path: str, name: str) -> ModuleType:
-    """Imports a file of the repository that is not in a package (handlers, examples)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, relative_path))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+# The test folders mirror the package's wings; each test is marked by its folder.
+WINGS = ("core", "torchserve", "tools", "integration")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        path = str(item.path)
-        if f"{os.sep}integration{os.sep}" in path:
-            item.add_marker(pytest.mark.integration)
-        elif f"{os.sep}handlers{os.sep}" in path:
-            item.add_marker(pytest.mark.handlers)
+        parts = item.path.parts
+        for wing in WINGS:
+            if wing in parts:
+                item.add_marker(getattr(pytest.mark, wing))

@@ -8,20 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, load_module
+from tests.integration.servers import (
+    AUTO_CONFIG,
+    AUTO_MODEL,
+    BAD_CONFIG,
+    BAD_MODEL,
+    MODEL,
+    build,
+    local_server,
+)
 from ts_microbatch.tools.server import TorchServe, java_problem
-
-build = load_module("examples/image_classifier/build_mar.py", "ts_microbatch_example_build_mar")
-MODEL = "resnet-18_mb"
-BAD_MODEL = "resnet-18_badcfg"
-BAD_CONFIG = {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 0}}
-AUTO_MODEL = "resnet-18_auto"
-AUTO_CONFIG = {
-    "micro_batch_size": "auto",
-    "min_micro_batch_size": 2,
-    "max_micro_batch_size": 6,
-    "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 1},
-}
 
 
 @pytest.fixture(scope="session")
@@ -52,13 +48,3 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
     with local_server(model_store, tmp_path_factory.mktemp("torchserve")) as ts:
         yield ts
-
-
-def local_server(model_store: Path, workdir: Path) -> TorchServe:
-    """A TorchServe on free loopback ports with the project's config; a context manager
-    that starts it and always stops it."""
-    return TorchServe(
-        model_store=model_store,
-        workdir=workdir,
-        base_config=Path(ROOT) / "configs/config.properties",
-    )

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.compiled_model import build
-from tests.integration.conftest import local_server
+from tests.integration.servers import local_server
 from tests.integration.test_torchserve import parallel
 from ts_microbatch.tools.scrape import summarize
 from ts_microbatch.tools.server import TorchServe

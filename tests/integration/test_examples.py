@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from ts_microbatch.tools.server import free_port
 
 EXAMPLES = sorted(p.parent.name for p in Path(ROOT, "examples").glob("*/README.md"))

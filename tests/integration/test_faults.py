@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ROOT
-from tests.handlers.conftest import make_jpeg
-from tests.integration.conftest import build, local_server
+from tests.helpers import ROOT
 from tests.integration.handlers.fault_handler import ENTERED, HANG
+from tests.integration.servers import build, local_server
 from tests.integration.test_torchserve import parallel, worker_pids
+from tests.torchserve.images import make_jpeg
 from ts_microbatch.tools.server import TorchServe
 
 FAULT_HANDLER = Path(__file__).parent / "handlers" / "fault_handler.py"

@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 import psutil
 import pytest
 
-from tests.conftest import ROOT
-from tests.handlers.conftest import make_jpeg
-from tests.integration.conftest import build
+from tests.helpers import ROOT
+from tests.integration.servers import build
+from tests.torchserve.images import make_jpeg
 from ts_microbatch.tools.scrape import summarize
 from ts_microbatch.tools.server import LOOPBACK, free_port, stop_process_group
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from ts_microbatch.tools import server as server_module
 from ts_microbatch.tools.server import TorchServe
 

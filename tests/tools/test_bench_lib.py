@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import load_module
+from tests.helpers import load_module
 
 bench = load_module("benchmarks/bench_lib.py", "bench_lib")
 

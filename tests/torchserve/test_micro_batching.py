@@ -14,9 +14,9 @@ import ts
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.service import Service
 
-from tests.conftest import ROOT
-from tests.handlers.ts_machinery import decode
-from tests.unit.fakes import FakeHandler, expected
+from tests.core.fakes import FakeHandler, expected
+from tests.helpers import ROOT
+from tests.torchserve.ts_machinery import decode
 from ts_microbatch import ConfigError, MicroBatching, MicroBatchingConfig, PipelineClosedError
 from ts_microbatch.core.config import STAGES
 from ts_microbatch.torchserve.metrics import STAGE_TIME, TorchServeMetricsObserver

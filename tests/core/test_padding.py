@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.fakes import Bad, FakeHandler, expected
-from tests.unit.test_autosize import THREADS, drive, known_costs
+from tests.core.fakes import Bad, FakeHandler, expected
+from tests.core.test_autosize import THREADS, drive, known_costs
 from ts_microbatch import (
     ConfigError,
     MicroBatching,

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from tests.handlers.ts_machinery import decode
-from tests.unit.fakes import Bad, FakeHandler, expected
-from tests.unit.test_micro_batching import (
+from tests.core.fakes import Bad, FakeHandler, expected
+from tests.core.test_pipeline import WAIT_S, make_pipeline, outcomes
+from tests.torchserve.test_micro_batching import (
     FakeContext,
     FakeTorchServeHandler,
     RowHandler,
     ts_request,
     ts_service,
 )
-from tests.unit.test_pipeline import WAIT_S, make_pipeline, outcomes
+from tests.torchserve.ts_machinery import decode
 from ts_microbatch import (
     InvalidInputError,
     MicroBatching,

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.handlers.conftest import make_jpeg
-from tests.handlers.ts_machinery import decode, load_service, request
+from tests.torchserve.images import make_jpeg
+from tests.torchserve.ts_machinery import decode, load_service, request
 from ts_microbatch import ConfigError
 
 # TorchServe's own ImageClassifier with upstream's micro-batching example body; only the

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import ROOT, load_module
-from tests.handlers.ts_machinery import decode, load_service, request
+from tests.helpers import ROOT, load_module
+from tests.torchserve.ts_machinery import decode, load_service, request
 
 EXAMPLE = Path(ROOT, "examples/text_classifier")
 WORDS = ["great", "awful", "movie"]

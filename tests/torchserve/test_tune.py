@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, load_module
+from tests.helpers import ROOT, load_module
 from ts_microbatch import MicroBatchingConfig, load_config
 from ts_microbatch.tools.tune import main
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.fakes import Bad
-from tests.unit.test_micro_batching import FakeContext, FakeTorchServeHandler
+from tests.core.fakes import Bad
+from tests.torchserve.test_micro_batching import FakeContext, FakeTorchServeHandler
 from ts_microbatch import MicroBatching
 from ts_microbatch.core.config import MicroBatchingConfig
 from ts_microbatch.core.errors import RequestError

@@ -25,7 +25,7 @@ import pytest
 from ts.torch_handler.image_classifier import ImageClassifier
 from ts.torch_handler.unit_tests.test_utils.mock_context import MockContext
 
-from tests.handlers.conftest import jpeg_rows
+from tests.torchserve.images import jpeg_rows
 from ts_microbatch import MicroBatching
 
 STAGES = ("preprocess", "inference", "postprocess")

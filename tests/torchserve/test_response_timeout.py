@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.compiled_model import build
-from tests.handlers.ts_machinery import decode, load_service, request
+from tests.torchserve.ts_machinery import decode, load_service, request
 from ts_microbatch import ConfigError
 
 ROW = json.dumps([0.5] * 16).encode()
@@ -96,7 +96,7 @@ def test_defect_upstream_style_handler_waited_forever_on_a_stuck_batch() -> None
     # time, ran with timeout_s null: handle() blocked until the frontend killed the worker.
     from ts.torch_handler.unit_tests.test_utils.mock_context import MockContext
 
-    from tests.unit.fakes import FakeHandler
+    from tests.core.fakes import FakeHandler
     from ts_microbatch import MicroBatching
 
     entered, release = threading.Event(), threading.Event()

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.compiled_model import build
-from tests.handlers.ts_machinery import decode, load_service, request
+from tests.torchserve.ts_machinery import decode, load_service, request
 from ts_microbatch import ConfigError, WarmupError
 from ts_microbatch.torchserve.compiled import compile_count
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 from ts.torch_handler.image_classifier import ImageClassifier
 
-from tests.handlers.conftest import (
+from tests.torchserve.images import (
     bomb_png,
     jpeg_rows,
     load_handler_module,

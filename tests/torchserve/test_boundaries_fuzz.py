@@ -38,7 +38,7 @@ from hypothesis.extra import numpy as hnp
 from ts.protocol import otf_message_handler
 from ts.protocol.otf_message_handler import _retrieve_inference_msg, create_predict_response
 
-from tests.handlers.ts_machinery import decode, load_service
+from tests.torchserve.ts_machinery import decode, load_service
 from ts_microbatch.torchserve.kserve import V2_DATATYPES
 
 FUZZ_HANDLER = '''

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from ts_microbatch.tools.bundle import kserve_properties, path_keys, vendor, write_bundle
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import wait
 
 import pytest
 
-from tests.unit.fakes import FakeHandler, expected
+from tests.core.fakes import FakeHandler, expected
 from ts_microbatch import ConfigError, MicroBatching, MicroBatchingConfig, Pipeline
 from ts_microbatch.core.autosize import AutoMicroBatchSize, StageCost, fit_cost
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.fakes import Bad, FakeHandler, expected
+from tests.core.fakes import Bad, FakeHandler, expected
 from ts_microbatch import ConfigError, Pipeline, PipelineClosedError, StageOutputError
 from ts_microbatch.core.metrics import PipelineObserver
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tests.unit.fakes import Bad, FakeHandler, expected
+from tests.core.fakes import Bad, FakeHandler, expected
 from ts_microbatch import InvalidInputError, MicroBatching, MicroBatchingConfig, Pipeline
 from ts_microbatch.core.config import STAGES
 

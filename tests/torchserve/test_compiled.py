@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.unit.fakes import FakeHandler, expected
+from tests.core.fakes import FakeHandler, expected
 from ts_microbatch import (
     ConfigError,
     MicroBatching,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.compiled_model import build
-from tests.handlers.conftest import jpeg_rows, load_handler_module, make_context
-from tests.handlers.ts_machinery import decode, load_service, request
+from tests.torchserve.images import jpeg_rows, load_handler_module, make_context
+from tests.torchserve.ts_machinery import decode, load_service, request
 from ts_microbatch.torchserve.metrics import METRIC_NAMES, PADDED_ITEMS, RECOMPILES
 
 

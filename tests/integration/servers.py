@@ -1,0 +1,30 @@
+"""The example's models and the project's TorchServe, for the integration tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.helpers import ROOT, load_module
+from ts_microbatch.tools.server import TorchServe
+
+build = load_module("examples/image_classifier/build_mar.py", "ts_microbatch_example_build_mar")
+MODEL = "resnet-18_mb"
+BAD_MODEL = "resnet-18_badcfg"
+BAD_CONFIG = {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 0}}
+AUTO_MODEL = "resnet-18_auto"
+AUTO_CONFIG = {
+    "micro_batch_size": "auto",
+    "min_micro_batch_size": 2,
+    "max_micro_batch_size": 6,
+    "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 1},
+}
+
+
+def local_server(model_store: Path, workdir: Path) -> TorchServe:
+    """A TorchServe on free loopback ports with the project's config; a context manager
+    that starts it and always stops it."""
+    return TorchServe(
+        model_store=model_store,
+        workdir=workdir,
+        base_config=Path(ROOT) / "configs/config.properties",
+    )
