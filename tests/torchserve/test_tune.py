@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.helpers import ROOT, load_module
 from ts_microbatch import MicroBatchingConfig, load_config
+from ts_microbatch.tools import tune
+from ts_microbatch.tools.confirm import Load, Measured
 from ts_microbatch.tools.tune import main
 
 text_build = load_module("examples/text_classifier/build_mar.py", "ts_microbatch_text_build_mar")
@@ -83,30 +87,28 @@ def test_tuner_refuses_a_handler_without_micro_batching(tmp_path: Path) -> None:
         main(["--mar", str(work / "plain"), "--input", str(handler), "--batch-size", "2"])
 
 
-FAKE_BENCHMARK = """
-import json, sys
-from pathlib import Path
-args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
-config = json.loads(Path(args["--config"]).read_text())
-assert config["scenarios"] == ["mar"] and Path(config["mar"]).exists(), config
-out = Path(args["--out"]); out.mkdir(parents=True, exist_ok=True)
-# Measures the configs in the reverse of the tuner's order: the last one sent is fastest;
-# the third, when there is one, answers 3 requests with errors.
-rows = [
-    {"micro_batching": c, "requests_per_s": 100.0 + i, "p99_ms": 50.0, "errors": 3 * (i == 2)}
-    for i, c in enumerate(config["micro_batching"])
-]
-(out / "results.json").write_text(json.dumps({"results": rows}))
-print("fake benchmark ran", len(rows), "configs")
-"""
+def fake_measure_configs(
+    model_dir: Path,
+    body: Path,
+    configs: Sequence[dict[str, Any]],
+    load: Load,
+    rounds: int,
+    workdir: Path,
+) -> list[Measured]:
+    """Measures the configs in the reverse of the tuner's order: the last one sent is
+    fastest; the third, when there is one, answers 3 requests with errors."""
+    assert (model_dir / "MAR-INF" / "MANIFEST.json").exists() and body.exists()
+    assert (load.batch_size, load.concurrency, rounds) == (8, 16, 3)
+    return [Measured(c, 100.0 + i, 50.0, 3 * (i == 2)) for i, c in enumerate(configs)]
 
 
-def test_confirm_keeps_what_the_benchmark_measures_fastest(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_confirm_keeps_what_the_server_measures_fastest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(tune, "measure_configs", fake_measure_configs)
+    monkeypatch.setattr(tune, "ab_problem", lambda: None)
+    monkeypatch.setattr(tune, "java_problem", lambda: None)
     mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
-    tool = tmp_path / "fake_benchmark.py"
-    tool.write_text(FAKE_BENCHMARK)
     out = tmp_path / "micro_batching.json"
     argv = [
         "--mar",
@@ -125,13 +127,11 @@ def test_confirm_keeps_what_the_benchmark_measures_fastest(
         str(out),
         "--confirm",
         "2",
-        "--benchmark-tool",
-        str(tool),
     ]
 
     def run(confirm: int) -> tuple[int, list[list[str]]]:
         """The in-process rank-2 size, and the rows of the on-TorchServe table."""
-        assert main(argv[:-3] + [str(confirm)] + argv[-2:]) == 0
+        assert main(argv[:-1] + [str(confirm)]) == 0
         in_process, on_server = capsys.readouterr().out.split("On TorchServe")
         ranked = [
             line.split("|")
@@ -149,13 +149,14 @@ def test_confirm_keeps_what_the_benchmark_measures_fastest(
     assert json.loads(out.read_text())["micro_batch_size"] == second_in_process
     assert int(rows[0][1]) == 2 and (int(rows[-1][1]), int(rows[-1][6])) == (3, 3)
     # --with-auto adds "auto" with the best threads; here it measures fastest and is written.
-    assert main(argv[:-3] + ["1", "--with-auto"] + argv[-2:]) == 0
+    assert main(argv[:-1] + ["1", "--with-auto"]) == 0
     written = json.loads(out.read_text())
     assert MicroBatchingConfig.from_mapping(written).micro_batch_size == "auto"
     on_server = capsys.readouterr().out.split("On TorchServe")[1].splitlines()[2].split("|")
     assert on_server[1].strip() == "-" and on_server[2].strip() == "auto"
-    with pytest.raises(SystemExit, match="--benchmark-tool"):
-        main(argv[:-1] + [str(tmp_path / "missing.py")])
+    monkeypatch.setattr(tune, "ab_problem", lambda: "`ab` not found")
+    with pytest.raises(SystemExit, match="--confirm needs TorchServe and ab: `ab` not found"):
+        main(argv)
 
 
 def test_benchmark_serves_a_mar_with_each_micro_batching_config(tmp_path: Path) -> None:

@@ -11,9 +11,10 @@ the time per batch, and writes the best combination as micro_batching.json. The 
 must use ts_microbatch (MicroBatchingMixin, or ``self.handle = MicroBatching(self)``).
 
 With ``--confirm K`` the K best combinations are then served one after the other by a real
-TorchServe on loopback and driven by benchmarks/benchmark-ab.py (apache bench) at the same
-batch size; the one it measures fastest is written instead, and both rankings are printed.
-In-process runs leave out the frontend, which shares the cores, so the two can disagree.
+TorchServe on loopback and driven by apache bench (`ab`) at the same batch size
+(ts_microbatch.tools.confirm); the one it measures fastest is written instead, and both
+rankings are printed. In-process runs leave out the frontend, which shares the cores, so
+the two can disagree.
 """
 
 from __future__ import annotations
@@ -23,17 +24,18 @@ import importlib.util
 import itertools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..core.config import MicroBatchingConfig, load_config
 from ..torchserve.micro_batching import MicroBatching
+from .ab import ab_problem
+from .confirm import Load, measure_configs, model_dir_of
+from .server import java_problem
 
 
 @dataclass(frozen=True)
@@ -49,15 +51,6 @@ class Trial:
         settings = base.as_dict()
         settings.update(micro_batch_size=self.micro_batch_size, parallelism=self.parallelism)
         return settings
-
-
-def model_dir_of(path: Path, scratch: Path) -> Path:
-    """The model directory: ``path`` itself, or the .mar unpacked into ``scratch``."""
-    if path.is_dir():
-        return path
-    with zipfile.ZipFile(path) as mar:
-        mar.extractall(scratch)
-    return scratch
 
 
 def make_context(
@@ -182,13 +175,10 @@ def tune(
     return sorted(trials, key=lambda t: -t.requests_per_s)
 
 
-BENCHMARK_TOOL = Path(__file__).resolve().parents[1] / "benchmarks" / "benchmark-ab.py"
-
-
 @dataclass(frozen=True)
 class Confirmed:
-    """A config as the benchmark measured it on a real TorchServe; ``trial`` is None for
-    ``"auto"``, which has no in-process measurement."""
+    """A config as measured on a real TorchServe; ``trial`` is None for ``"auto"``, which
+    has no in-process measurement."""
 
     trial: Trial | None
     config: dict[str, Any]
@@ -200,49 +190,34 @@ class Confirmed:
 def confirm(
     ranked: list[Trial], base: MicroBatchingConfig, args: argparse.Namespace, workdir: Path
 ) -> list[Confirmed]:
-    """Benchmarks the ``args.confirm`` best trials on a real TorchServe; fastest first,
-    those with errors last."""
-    tool = args.benchmark_tool
-    if not tool.exists():
-        raise SystemExit(
-            f"--confirm runs {tool}, which is not there: pass --benchmark-tool with the path "
-            "of benchmarks/benchmark-ab.py from the ts_microbatch repository"
-        )
+    """Measures the ``args.confirm`` best trials on a real TorchServe with `ab`; fastest
+    first, those with errors last."""
+    problem = ab_problem() or java_problem()
+    if problem:
+        raise SystemExit(f"--confirm needs TorchServe and ab: {problem}")
     top: list[Trial | None] = list(ranked[: args.confirm])
     configs = [t.as_config(base) for t in ranked[: args.confirm]]
     if args.with_auto:  # "auto" with the best threads, measured against the fixed sizes
         top.append(None)
         configs.append(dict(configs[0], micro_batch_size="auto"))
     concurrency = args.concurrency or 2 * args.batch_size
-    bench_config = {
-        "scenarios": ["mar"],
-        "mar": str(args.mar.resolve()),
-        "input": str(args.input.resolve()),
-        "micro_batching": configs,
-        "batch_size": args.batch_size,
-        "max_batch_delay": args.max_batch_delay,
-        "concurrency": concurrency,
-        "requests": max(args.requests, concurrency),
-        "warmup_requests": max(100, concurrency),
-        "repeats": args.confirm_repeats,
-    }
-    config_path = workdir / "confirm.json"
-    config_path.write_text(json.dumps(bench_config, indent=2))
-    out = args.confirm_out or workdir / "confirm"
-    print(
-        f"\nConfirming {len(top)} configs on TorchServe with {tool} (results in {out})",
-        flush=True,  # before the benchmark's own output
+    load = Load(
+        batch_size=args.batch_size,
+        max_batch_delay_ms=args.max_batch_delay,
+        concurrency=concurrency,
+        requests=max(args.requests, concurrency),
+        warmup_requests=max(100, concurrency),
     )
-    cmd = [sys.executable, str(tool), "--config", str(config_path), "--out", str(out)]
-    if subprocess.run(cmd).returncode != 0:
-        raise SystemExit(f"the benchmark failed: {' '.join(cmd)}")
-    rows = json.loads((Path(out) / "results.json").read_text())["results"]  # the medians
-    confirmed = []
-    for trial, config in zip(top, configs):
-        row = next(r for r in rows if r["micro_batching"] == config)
-        confirmed.append(
-            Confirmed(trial, config, row["requests_per_s"], row["p99_ms"], row["errors"])
-        )
+    out = args.confirm_out or workdir / "confirm"
+    print(f"\nConfirming {len(top)} configs on TorchServe (results in {out})", flush=True)
+    model_dir = model_dir_of(args.mar, workdir / "confirm-model")
+    measured = measure_configs(
+        model_dir, args.input.resolve(), configs, load, args.confirm_repeats, Path(out)
+    )
+    confirmed = [
+        Confirmed(trial, m.config, m.requests_per_s, m.p99_ms, m.errors)
+        for trial, m in zip(top, measured)
+    ]
     # A config that answered any request with an error loses to every one that did not.
     return sorted(confirmed, key=lambda c: (c.errors > 0, -c.requests_per_s))
 
@@ -325,7 +300,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help='also benchmark "auto" with the best threads; written if it measures fastest',
     )
-    confirming.add_argument("--benchmark-tool", type=Path, default=BENCHMARK_TOOL)
     confirming.add_argument(
         "--confirm-out", type=Path, default=None, help="keep the benchmark's results here"
     )
