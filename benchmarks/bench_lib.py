@@ -1,4 +1,7 @@
-"""Parsing, statistics and plotting for benchmark-ab.py; importable so tests can check them."""
+"""Config, statistics and plotting for benchmark-ab.py; importable so tests can check them.
+
+Driving `ab` and reading its output live in the package (ts_microbatch.tools.ab), which
+``tune --confirm`` uses too."""
 
 from __future__ import annotations
 
@@ -11,12 +14,14 @@ import platform
 import re
 import statistics
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ts_microbatch.core.config import MicroBatchingConfig
 from ts_microbatch.core.errors import ConfigError
+from ts_microbatch.tools.ab import percentile
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -76,6 +81,10 @@ METRICS_MODES = ("prometheus", "log")
 
 if TYPE_CHECKING:
     from ts_microbatch.tools.server import TorchServe
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 class BenchConfigError(ValueError):
@@ -260,71 +269,6 @@ def point_tag(point: dict[str, Any]) -> str:
     return "-".join(parts).replace("_", "")
 
 
-# -- apache bench output -------------------------------------------------------------------
-
-
-def parse_ab(stdout: str) -> dict[str, float]:
-    """The summary numbers of `ab` output."""
-
-    def number(label: str, default: float | None = None) -> float:
-        m = re.search(rf"^{re.escape(label)}:\s+([\d.]+)", stdout, flags=re.M)
-        if m is None:
-            if default is None:
-                raise ValueError(f"ab output has no {label!r} line")
-            return default
-        return float(m.group(1))
-
-    # ab counts a response whose length differs from the first one's as "failed"; JSON
-    # predictions vary in length, so those are kept apart from real failures.
-    m = re.search(r"\(Connect: (\d+), Receive: (\d+), Length: (\d+), Exceptions: (\d+)\)", stdout)
-    connect, receive, length, exceptions = (float(g) for g in m.groups()) if m else (0.0,) * 4
-    failed = number("Failed requests")
-    return {
-        "complete_requests": number("Complete requests"),
-        "failed_requests": failed - length,
-        "length_mismatches": length,
-        "non_2xx_responses": number("Non-2xx responses", 0.0),
-        "requests_per_s": number("Requests per second"),
-        "time_taken_s": number("Time taken for tests"),
-    }
-
-
-def parse_percentiles(csv_text: str) -> dict[str, float]:
-    """p50/p90/p99/max latency in ms from `ab -e` CSV (percentage served, time in ms)."""
-    rows = list(csv.reader(csv_text.strip().splitlines()))[1:]
-    table = {int(float(pct)): float(ms) for pct, ms in rows}
-    return {"p50_ms": table[50], "p90_ms": table[90], "p99_ms": table[99], "max_ms": table[100]}
-
-
-def parse_gnuplot(tsv_text: str) -> list[float]:
-    """Each request's total time in ms from `ab -g` output (tab-separated, a header line,
-    columns starttime, seconds, ctime, dtime, ttime, wait)."""
-    lines = tsv_text.strip().splitlines()
-    if not lines:
-        return []
-    column = lines[0].split("\t").index("ttime")
-    return [float(line.split("\t")[column]) for line in lines[1:] if line.strip()]
-
-
-def merge_ab(
-    runs: list[dict[str, float]], ttimes_ms: list[float]
-) -> tuple[dict[str, float], dict[str, float]]:
-    """The summary and percentiles of several `ab` processes run at once (a mix of bodies):
-    counts add up, throughput is every request over the longest run, percentiles are of
-    every request's time."""
-    counts = ("complete_requests", "failed_requests", "length_mismatches", "non_2xx_responses")
-    summary = {key: sum(run[key] for run in runs) for key in counts}
-    summary["time_taken_s"] = max(run["time_taken_s"] for run in runs)
-    summary["requests_per_s"] = summary["complete_requests"] / summary["time_taken_s"]
-    latency = {
-        "p50_ms": percentile(ttimes_ms, 50),
-        "p90_ms": percentile(ttimes_ms, 90),
-        "p99_ms": percentile(ttimes_ms, 99),
-        "max_ms": max(ttimes_ms) if ttimes_ms else math.nan,
-    }
-    return summary, latency
-
-
 # -- TorchServe metric logs ----------------------------------------------------------------
 
 _HANDLER_TIME = re.compile(
@@ -462,15 +406,6 @@ def flatten_pipeline(pipeline: dict[str, Any]) -> dict[str, Any]:
         row[f"{stage}_ms"] = ms
         row[f"{stage}_wait_ms"] = pipeline["stage_wait_ms"][stage]
     return row
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile; NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(pct / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +12,8 @@ from typing import Any
 import prepare
 import yaml
 
-from ts_microbatch.core.config import CONFIG_FILE_NAME, MicroBatchingConfig
-from ts_microbatch.tools.tune import model_dir_of
+from ts_microbatch.core.config import MicroBatchingConfig
+from ts_microbatch.tools.confirm import model_dir_of, with_config
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -119,24 +118,11 @@ def package_mar(
     store: Path, work: Path, name: str, config: dict[str, Any], point: dict[str, Any]
 ) -> str:
     """The user's .mar (or model directory) as a model directory in the store, with this
-    point's micro-batching config in both micro_batching.json and model-config.yaml (where
-    the YAML's section would otherwise win) and the point's frontend settings."""
+    point's micro-batching config and frontend settings (what ``tune --confirm`` serves)."""
     source = Path(config["mar"])
     if not source.is_dir():
         if not (work / "mar").exists():  # unpacked once per run
             model_dir_of(source, work / "mar")
         source = work / "mar"
-    target = store / name
-    shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(source, target)
-    manifest_path = target / "MAR-INF" / "MANIFEST.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["model"]["modelName"] = name
-    config_file = manifest["model"].setdefault("configFile", "model-config.yaml")
-    yaml_path = target / config_file
-    model = yaml.safe_load(yaml_path.read_text()) if yaml_path.exists() else None
-    model = {**(model or {}), **model_yaml(config, point, "mar")}
-    yaml_path.write_text(yaml.safe_dump(model, sort_keys=False))
-    (target / CONFIG_FILE_NAME).write_text(json.dumps(point["micro_batching"], indent=4))
-    manifest_path.write_text(json.dumps(manifest, indent=2))
+    with_config(source, store / name, point["micro_batching"], model_yaml(config, point, "mar"))
     return name

@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,79 +29,15 @@ sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "examples/image_classifier")]
 
 import bench_lib  # noqa: E402
 import corpus  # noqa: E402
+from bench_lib import log  # noqa: E402
 from bench_limits import ideal_for, stage_limits  # noqa: E402
 from bench_packaging import package  # noqa: E402
 
+from ts_microbatch.tools import ab  # noqa: E402
 from ts_microbatch.tools.scrape import format_summary, summarize  # noqa: E402
 from ts_microbatch.tools.server import TorchServe  # noqa: E402
 
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
 # -- one measurement -----------------------------------------------------------------------
-
-
-def run_ab(
-    url: str,
-    body: Path,
-    requests: int,
-    concurrency: int,
-    token: str | None,
-    csv_path: Path,
-    label: str,
-    content_type: str = "image/jpeg",
-) -> tuple[dict[str, float], dict[str, float]]:
-    wait = start_ab(
-        url, body, requests, concurrency, token, ["-e", str(csv_path)], label, content_type
-    )
-    stdout = wait()
-    return bench_lib.parse_ab(stdout), bench_lib.parse_percentiles(csv_path.read_text())
-
-
-def start_ab(
-    url: str,
-    body: Path,
-    requests: int,
-    concurrency: int,
-    token: str | None,
-    output: list[str],
-    label: str,
-    content_type: str,
-) -> Any:
-    """Starts `ab`, its progress lines logged; returns a function that waits for it and
-    returns its output (raising if it failed)."""
-    # -k: TorchServe answers ab's HTTP/1.0 requests with "connection: keep-alive" and keeps
-    # the socket open, so without keep-alive ab waits on every response until its timeout.
-    cmd = ["ab", "-k", "-n", str(requests), "-c", str(concurrency), "-p", str(body)]
-    cmd += ["-T", content_type, "-s", "180", *output]
-    if token:
-        cmd += ["-H", f"Authorization: Bearer {token}"]
-    proc = subprocess.Popen(cmd + [url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    errors: list[str] = []
-
-    def progress() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if line.startswith("Completed"):
-                log(f"  {label}: {line.strip()} of {requests}")
-            elif not line.startswith("Finished"):
-                errors.append(line)
-
-    reader = threading.Thread(target=progress, daemon=True)
-    reader.start()
-
-    def wait() -> str:
-        assert proc.stdout is not None
-        stdout = proc.stdout.read()  # not communicate(): the reader thread owns stderr
-        proc.wait()
-        reader.join(5)
-        if proc.returncode != 0:
-            raise RuntimeError(f"ab failed ({proc.returncode}): {''.join(errors)}\n{stdout}")
-        return stdout
-
-    return wait
 
 
 def run_bodies(
@@ -120,12 +54,21 @@ def run_bodies(
     for i, (body, content_type, requests, clients) in enumerate(sends):
         tsv = work / f"ab-{i}.tsv"
         name = f"{label} {body.stem}" if len(sends) > 1 else label
-        output = ["-g", str(tsv)]
-        wait = start_ab(url, body, requests, clients, token, output, name, content_type)
+        wait = ab.start_ab(
+            url,
+            body,
+            requests,
+            clients,
+            token=token,
+            output=["-g", str(tsv)],
+            content_type=content_type,
+            label=name,
+            progress=log,
+        )
         running.append((wait, tsv))
-    runs = [bench_lib.parse_ab(wait()) for wait, _ in running]
-    ttimes = [t for _, tsv in running for t in bench_lib.parse_gnuplot(tsv.read_text())]
-    return bench_lib.merge_ab(runs, ttimes)
+    runs = [ab.parse_ab(wait()) for wait, _ in running]
+    ttimes = [t for _, tsv in running for t in ab.parse_gnuplot(tsv.read_text())]
+    return ab.merge_ab(runs, ttimes)
 
 
 def drive(
@@ -305,11 +248,8 @@ def main() -> int:
         "a model directory DIR (for python -m ts_microbatch.tools.tune --mar DIR), and exit",
     )
     args = parser.parse_args()
-    if shutil.which("ab") is None:
-        print(
-            "error: `ab` not found: apt-get install apache2-utils (make bench does it)",
-            file=sys.stderr,
-        )
+    if ab.ab_problem():
+        print(f"error: {ab.ab_problem()}", file=sys.stderr)
         return 2
     try:
         config = bench_lib.load_config(args.config)

@@ -46,8 +46,8 @@ sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "examples" / "image_classifier"
 import bench_lib  # noqa: E402
 import build_mar  # noqa: E402
 import prepare  # noqa: E402
-from soak import _benchmark_ab  # noqa: E402
 
+from ts_microbatch.tools.ab import run_ab  # noqa: E402
 from ts_microbatch.tools.scrape import summarize  # noqa: E402
 from ts_microbatch.tools.server import TorchServe  # noqa: E402
 
@@ -128,7 +128,7 @@ LEVELS = (3, 13, 30)  # concurrency levels of one round, in order
 
 
 def steady(
-    ab: Any, server: TorchServe, variant: str, body: Path, args: argparse.Namespace, label: str
+    server: TorchServe, variant: str, body: Path, args: argparse.Namespace, label: str
 ) -> dict[str, Any]:
     before = server.scrape_metrics()
     url = f"{server.inference_url}/predictions/{variant}"
@@ -137,8 +137,16 @@ def steady(
     failed = 0
     for level in LEVELS:
         requests = max(level * 8, args.requests * level // LEVELS[-1])
-        summary, latency = ab.run_ab(
-            url, body, requests, level, token, work / "ab.csv", f"{label} c={level}"
+        summary, latency = run_ab(
+            url,
+            body,
+            requests,
+            level,
+            work / "ab.csv",
+            token=token,
+            content_type="image/jpeg",
+            label=f"{label} c={level}",
+            progress=bench_lib.log,
         )
         failed += int(summary["failed_requests"]) + int(summary["non_2xx_responses"])
     time.sleep(2)  # the worker's metric lines reach the frontend asynchronously
@@ -163,7 +171,6 @@ def main() -> int:
     parser.add_argument("--weights", default=None, help="real ResNet-18 weights (.pth)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    ab = _benchmark_ab()
     work = Path(tempfile.mkdtemp(prefix="compiled_"))
     for variant in VARIANTS:
         (work / f"{variant}.yaml").write_text(model_config(variant))
@@ -183,23 +190,23 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     try:
         for variant in VARIANTS:
-            ab.log(f"{variant}: registering (cold inductor cache)")
+            bench_lib.log(f"{variant}: registering (cold inductor cache)")
             servers[variant] = start(work, variant, "cold", work / f"inductor-{variant}")
             first[variant] = first_requests(servers[variant], variant, image)
-            ab.log(f"{variant}: {first[variant]}")
+            bench_lib.log(f"{variant}: {first[variant]}")
         for round_ in range(1, args.rounds + 1):
             for variant, server in servers.items():
                 label = f"round {round_} {variant}"
-                result = steady(ab, server, variant, body, args, label)
+                result = steady(server, variant, body, args, label)
                 runs.append({"variant": variant, "round": round_, **result})
-                ab.log(f"{label}: {result}")
+                bench_lib.log(f"{label}: {result}")
         for server in servers.values():
             server.stop()
         servers.clear()
-        ab.log(f"{WARM}: registering again on a new server with its inductor cache (restart)")
+        bench_lib.log(f"{WARM}: registering again on a new server with its inductor cache")
         servers["restart"] = start(work, WARM, "restart", work / f"inductor-{WARM}")
         restart = first_requests(servers["restart"], WARM, image)
-        ab.log(f"restart: {restart}")
+        bench_lib.log(f"restart: {restart}")
     finally:
         for server in servers.values():
             server.stop()

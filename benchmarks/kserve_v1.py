@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT / "examples" / "image_classifier"))
 import bench_lib  # noqa: E402
 import prepare  # noqa: E402
 from bench_packaging import package  # noqa: E402
-from soak import _benchmark_ab  # noqa: E402
 
+from ts_microbatch.tools.ab import run_ab  # noqa: E402
 from ts_microbatch.tools.server import TorchServe  # noqa: E402
 
 JSON = "application/json"
@@ -100,7 +100,6 @@ def burst(work: Path, config: dict[str, Any], body: Path, requests: int) -> dict
 
 
 def run_one(
-    ab: Any,
     work: Path,
     config: dict[str, Any],
     setup: str,
@@ -113,9 +112,10 @@ def run_one(
     server, url = serve(work, config, setup, handler, batch_size, properties, label)
     try:
         token = server.token("inference")
-        ab.run_ab(url, body, 200, concurrency, token, work / "w.csv", f"{label} warm-up", JSON)
-        summary, latency = ab.run_ab(
-            url, body, requests, concurrency, token, work / "m.csv", label, JSON
+        common: dict[str, Any] = {"token": token, "content_type": JSON, "progress": bench_lib.log}
+        run_ab(url, body, 200, concurrency, work / "w.csv", label=f"{label} warm-up", **common)
+        summary, latency = run_ab(
+            url, body, requests, concurrency, work / "m.csv", label=label, **common
         )
         sample = server.request("POST", url, body=body.read_bytes(), headers={"Content-Type": JSON})
     finally:
@@ -140,7 +140,6 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    ab = _benchmark_ab()
     config = {**bench_lib.load_config(args.config), "decoder": "pil"}  # like for like
     work = Path(tempfile.mkdtemp(prefix="kserve_v1_"))
     image = prepare.make_jpeg(seed=0)
@@ -150,10 +149,10 @@ def main() -> int:
     for round_ in range(1, args.rounds + 1):
         for setup in SETUPS:
             label = f"round {round_} {setup}"
-            result = run_one(ab, work, config, setup, body, args.requests, args.concurrency, label)
+            result = run_one(work, config, setup, body, args.requests, args.concurrency, label)
             result["round"] = round_
             runs.append(result)
-            ab.log(
+            bench_lib.log(
                 f"{label}: {result['requests_per_s']:.1f} req/s, p99 {result['p99_ms']} ms, "
                 f"non-2xx {result['non_2xx']}, sample {result['sample_status']}"
             )

@@ -30,6 +30,8 @@ import bench_packaging  # noqa: E402
 import corpus  # noqa: E402
 import yaml as pyyaml  # noqa: E402
 
+from ts_microbatch.tools.ab import parse_ab  # noqa: E402
+
 bench_packaging.HANDLER_FILES["no-metrics"] = str(HERE / "handlers/no_metrics_handler.py")
 HANDLERS = ("upstream", "ours-same", "no-metrics")
 
@@ -57,7 +59,7 @@ def run(work: Path, handler: str, body: Path, requests: int, label: str) -> dict
         before = bench_lib.cpu_seconds(server)
         out = subprocess.run([*ab, "-n", str(requests), url], capture_output=True, text=True)
         after = bench_lib.cpu_seconds(server)
-    summary = bench_lib.parse_ab(out.stdout)
+    summary = parse_ab(out.stdout)
     done = summary["complete_requests"]
     result = {"handler": handler, "requests_per_s": summary["requests_per_s"]}
     for side in before:

@@ -15,7 +15,6 @@ every chunk after the first is reported too.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import tempfile
@@ -37,14 +36,7 @@ import bench_lib  # noqa: E402
 import prepare  # noqa: E402
 from bench_packaging import package  # noqa: E402
 
-
-def _benchmark_ab() -> Any:
-    spec = importlib.util.spec_from_file_location("benchmark_ab", HERE / "benchmark-ab.py")
-    if spec is None or spec.loader is None:
-        raise SystemExit("cannot load benchmarks/benchmark-ab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from ts_microbatch.tools.ab import run_ab  # noqa: E402
 
 
 class RssSampler(threading.Thread):
@@ -84,7 +76,6 @@ def main() -> int:
         saved = json.loads(args.from_json.read_text())
         (pid,) = saved["chunks"][0]["worker_pids"]
         return report(args, saved["chunks"], [tuple(s) for s in saved["rss_samples"]], pid)
-    ab = _benchmark_ab()
     config = bench_lib.load_config(args.config)
     point = {**bench_lib.sweep_points(config)[0], "concurrency": args.concurrency}
     work = Path(tempfile.mkdtemp(prefix="soak_"))
@@ -108,12 +99,14 @@ def main() -> int:
         (pid,) = [w["pid"] for w in server.describe(name)["workers"]]
         sampler = RssSampler(pid, args.rss_interval_s)
         sampler.start()
-        ab.run_ab(url, body, args.warmup, args.concurrency, token, work / "w.csv", "warm-up")
+        common: dict[str, Any] = {"token": token, "content_type": "image/jpeg"}
+        common["progress"] = bench_lib.log
+        run_ab(url, body, args.warmup, args.concurrency, work / "w.csv", label="warm-up", **common)
         done = 0
         while done < args.requests:
             n = min(args.chunk, args.requests - done)
-            summary, latency = ab.run_ab(
-                url, body, n, args.concurrency, token, work / "c.csv", f"soak {done + n}"
+            summary, latency = run_ab(
+                url, body, n, args.concurrency, work / "c.csv", label=f"soak {done + n}", **common
             )
             done += n
             pids = [w["pid"] for w in server.describe(name)["workers"]]
@@ -128,7 +121,7 @@ def main() -> int:
                     "rss_mib": rss,
                 }
             )
-            ab.log(
+            bench_lib.log(
                 f"{done}/{args.requests}: {summary['requests_per_s']:.1f} req/s, "
                 f"failed {chunks[-1]['failed']}, worker {pids}, RSS "
                 + (f"{rss:.1f} MiB" if rss is not None else "gone")

@@ -1,9 +1,9 @@
-"""The benchmark's parsing, statistics and plotting (never its speed)."""
+"""The benchmark's config, statistics and plotting (never its speed); reading `ab`'s output
+is tested with the package's ts_microbatch.tools.ab in test_ab.py."""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -11,25 +11,6 @@ import pytest
 from tests.helpers import load_module
 
 bench = load_module("benchmarks/bench_lib.py", "bench_lib")
-
-AB_OUTPUT = """This is ApacheBench, Version 2.3 <$Revision: 1903618 $>
-Benchmarking 127.0.0.1 (be patient)
-
-Server Software:
-Document Length:        2 bytes
-
-Concurrency Level:      64
-Time taken for tests:   5.614 seconds
-Complete requests:      1500
-Failed requests:        3
-   (Connect: 0, Receive: 0, Length: 3, Exceptions: 0)
-Non-2xx responses:      2
-Keep-Alive requests:    1500
-Requests per second:    267.19 [#/sec] (mean)
-Time per request:       239.531 [ms] (mean)
-"""
-
-PERCENTILES = "Percentage served,Time in ms\n" + "\n".join(f"{p},{p * 2.5}" for p in range(101))
 
 MODEL_METRICS = (
     "2026-11-22T07:35:15,063 - HandlerTime.ms:265.81|#ModelName:m,Level:Model|#hostname:vm,"
@@ -45,39 +26,12 @@ TS_METRICS = (
 )
 
 
-def test_parse_ab_summary() -> None:
-    assert bench.parse_ab(AB_OUTPUT) == {
-        "complete_requests": 1500.0,
-        "failed_requests": 0.0,
-        "length_mismatches": 3.0,
-        "non_2xx_responses": 2.0,
-        "requests_per_s": 267.19,
-        "time_taken_s": 5.614,
-    }
-    clean = AB_OUTPUT.replace("Non-2xx responses:      2\n", "")
-    assert bench.parse_ab(clean)["non_2xx_responses"] == 0.0
-    with pytest.raises(ValueError, match="ab output has no"):
-        bench.parse_ab("ab died")
-
-
-def test_parse_percentiles() -> None:
-    assert bench.parse_percentiles(PERCENTILES) == {
-        "p50_ms": 125.0,
-        "p90_ms": 225.0,
-        "p99_ms": 247.5,
-        "max_ms": 250.0,
-    }
-
-
 def test_parse_server_metrics() -> None:
     assert bench.parse_handler_times(MODEL_METRICS) == [(265.81, 3), (100.5, 1)]
     assert bench.parse_queue_times(TS_METRICS) == [51.0, 49.0]
 
 
 def test_statistics() -> None:
-    assert bench.percentile([5, 1, 4, 2, 3], 50) == 3
-    assert bench.percentile(list(range(1, 101)), 99) == 99
-    assert math.isnan(bench.percentile([], 50))
     assert bench.summarize([1.0, 2.0, 3.0]) == {"mean": 2.0, "p50": 2.0, "p99": 3.0}
 
 
@@ -239,19 +193,6 @@ def test_outputs(tmp_path: Path) -> None:
     # A micro-batch size sweep with "auto" plots on a categorical axis.
     sizes = [dict(rows[-1], micro_batch_size=m) for m in (2, 8, "auto")]
     assert bench.plot_sweep(sizes, tmp_path / "sizes.png", "sizes", "micro_batch_size")
-
-
-def test_a_mix_of_ab_runs_adds_counts_and_takes_percentiles_over_every_request() -> None:
-    gnuplot = "starttime\tseconds\tctime\tdtime\tttime\twait\n" + "".join(
-        f"Mon Nov 23 2026\t1795000000\t0\t{t}\t{t}\t{t}\n" for t in range(1, 101)
-    )
-    times = bench.parse_gnuplot(gnuplot)
-    assert times == [float(t) for t in range(1, 101)]
-    run = bench.parse_ab(AB_OUTPUT)
-    summary, latency = bench.merge_ab([run, {**run, "time_taken_s": 11.228}], times)
-    assert summary["complete_requests"] == 3000 and summary["non_2xx_responses"] == 4
-    assert summary["requests_per_s"] == pytest.approx(3000 / 11.228)
-    assert (latency["p50_ms"], latency["p99_ms"], latency["max_ms"]) == (50.0, 99.0, 100.0)
 
 
 def test_comparisons_are_ratios_within_each_round() -> None:
