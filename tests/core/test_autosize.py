@@ -236,8 +236,8 @@ def test_batches_submitted_from_many_threads_with_auto() -> None:
             for n in ("preprocess", "inference", "postprocess")
         },
         parallelism={"preprocess": 2, "inference": 1, "postprocess": 2},
+        micro_batch_size=AutoMicroBatchSize(2, 5),
     )
-    pipeline.auto_micro_batch_size = AutoMicroBatchSize(2, 5)
     errors: list[BaseException] = []
 
     def client(offset: int) -> None:

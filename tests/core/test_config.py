@@ -8,7 +8,17 @@ from typing import Any
 
 import pytest
 
-from ts_microbatch import ConfigError, MicroBatchingConfig, Parallelism, load_config
+from tests.core.fakes import FakeHandler
+from ts_microbatch import (
+    ConfigError,
+    MicroBatching,
+    MicroBatchingConfig,
+    Parallelism,
+    Pipeline,
+    load_config,
+)
+from ts_microbatch.core.autosize import AutoMicroBatchSize
+from ts_microbatch.core.config import check_micro_batch_size
 
 
 def test_defaults_work() -> None:
@@ -125,3 +135,37 @@ def test_shipped_config_is_valid() -> None:
         config.micro_batch_size == raw["micro_batch_size"] != MicroBatchingConfig().micro_batch_size
     )
     assert config.parallelism.as_dict() == raw["parallelism"]
+
+
+def test_micro_batch_size_is_checked_by_one_function_with_one_message() -> None:
+    # The config, MicroBatching's setter and Pipeline refused a size over the largest
+    # allowed one with three different checks; now each calls check_micro_batch_size.
+    assert check_micro_batch_size("auto", (1, 2)) == "auto"
+    assert check_micro_batch_size(2, (1, 2)) == 2
+    with pytest.raises(ConfigError) as direct:
+        check_micro_batch_size(4, (2, 1))
+    message = str(direct.value)
+    assert message.startswith("micro_batching.micro_batch_size: got 4, expected at most")
+    assert "allowed_micro_batch_sizes: got [1, 2], expected the largest to be at least" in message
+    with pytest.raises(ConfigError) as from_config:
+        MicroBatchingConfig(micro_batch_size=4, allowed_micro_batch_sizes=(2, 1))
+    pipeline = Pipeline({"a": lambda x: x}, allowed_sizes=[1, 2], padded_stages=["a"])
+    with pipeline, pytest.raises(ConfigError) as from_pipeline:
+        pipeline.micro_batch_size = 4
+    config = MicroBatchingConfig(allowed_micro_batch_sizes=(1, 2))
+    with MicroBatching(FakeHandler(), config=config) as mb, pytest.raises(ConfigError) as setter:
+        mb.micro_batch_size = 4
+    assert {str(e.value) for e in (from_config, from_pipeline, setter)} == {message}
+
+
+def test_pipeline_takes_an_automatic_size_at_construction_not_a_string() -> None:
+    policy = AutoMicroBatchSize(2, 5)
+    with Pipeline({"a": lambda x: x}, micro_batch_size=policy) as pipeline:
+        assert pipeline.auto_micro_batch_size is policy
+        assert pipeline.micro_batch_size == policy.last_size == 2
+        assert [f.result(timeout=10) for f in pipeline.submit(list(range(9)))] == list(range(9))
+        with pytest.raises(ConfigError, match='got "auto", expected an integer >= 1 or an Auto'):
+            pipeline.micro_batch_size = "auto"  # type: ignore[assignment]
+        assert pipeline.auto_micro_batch_size is policy  # a refused size changes nothing
+        pipeline.micro_batch_size = 3
+        assert pipeline.auto_micro_batch_size is None and pipeline.micro_batch_size == 3

@@ -1,7 +1,7 @@
 """The isolator as a pure state machine: driven as the pipeline drives it, without threads.
 
 Items belong to requests (``owners``): a KServe request of n instances is n consecutive
-items. ``Run`` cuts a batch into micro-batches, runs one stage that fails any micro-batch
+items. ``Run`` cuts a batch into micro-batches (``cut``), runs one stage that fails any micro-batch
 holding a bad item, and carries out every ``Outcome`` as ``Pipeline._apply`` does, taking
 the queued micro-batches in an order hypothesis chooses (the pipeline's threads interleave).
 """
@@ -17,7 +17,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ts_microbatch import Pipeline
-from ts_microbatch.core.batch import Batch, RequestFailure, _MicroBatch
+from ts_microbatch.core.batch import Batch, RequestFailure, _MicroBatch, cut
 from ts_microbatch.core.isolation import Isolator, Outcome, fewest_requests
 
 
@@ -33,11 +33,7 @@ class Run:
         self.bad_items = bad_items
         self.batch = Batch(len(self.owners), owners=self.owners)
         self.isolator = Isolator()
-        self.queue = [
-            _MicroBatch(self.batch, index, offset, list(range(len(self.owners)))[offset:][:size])
-            for index, offset in enumerate(range(0, len(self.owners), micro_batch_size))
-            for size in [micro_batch_size]
-        ]
+        self.queue = cut(self.batch, list(range(len(self.owners))), micro_batch_size)
         self.isolator.track(self.batch, self.queue)
         self.first_runs = len(self.queue)
         self.calls: list[list[int]] = []

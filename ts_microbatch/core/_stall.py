@@ -7,9 +7,10 @@ its place, at most as many abandoned threads per stage as the stage has threads,
 stays bounded however many calls get stuck. When a stage has no thread left that is
 neither abandoned nor stuck, it is stalled and new batches are refused at once.
 
-Not thread-safe on its own: every method is called with the pipeline's lock held, except
-``is_abandoned``, which a stage thread asks between calls without it (a dict membership
-test; a thread is only ever abandoned while it is inside a call).
+Not thread-safe on its own: every method is called with the lock of its owner
+(``ts_microbatch.core.stages.StageWorkers``) held, except ``is_abandoned``, which a stage
+thread asks between calls without it (a dict membership test; a thread is only ever
+abandoned while it is inside a call).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class StallGuard:
     place in the budget.
 
     Args:
-        start_thread: starts a new thread for the named stage (pipeline lock held).
+        start_thread: starts a new thread for the named stage (the owner's lock held).
     """
 
     def __init__(self, start_thread: Callable[[str], None]) -> None:

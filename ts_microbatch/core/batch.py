@@ -1,4 +1,4 @@
-"""What the pipeline carries: a batch with its own context, and the micro-batches cut from it.
+"""What the pipeline carries: a batch with its own context, and the micro-batches ``cut`` from it.
 
 A ``Batch`` is created per ``Pipeline.submit_batch`` call and owns everything that belongs
 to that batch alone: one future per item, which request each item belongs to (``owners``),
@@ -284,3 +284,23 @@ class _MicroBatch:
                 self.batch, self.index, self.offset + mid, self.items[mid:], self.attempt + 1
             ),
         )
+
+
+def cut(batch: Batch, items: Sequence[Any], size: int) -> list[_MicroBatch]:
+    """The micro-batches of ``batch``: its ``items`` in order, ``size`` at a time, the last
+    one holding the rest; the one place a batch becomes micro-batches.
+
+    The cut goes by items, as a stage sees rows: a request of several items (a KServe
+    request of n instances) may straddle two micro-batches, and each of them reaches that
+    request (``MicroBatchInfo.request_indices``). Re-runs that isolate a failure are cut at
+    request boundaries instead (``_MicroBatch.halves``).
+
+    Raises:
+        ValueError: ``items`` is not one item per future of ``batch``.
+    """
+    if len(items) != len(batch):
+        raise ValueError(f"cut: got {len(items)} items for a batch of {len(batch)}")
+    return [
+        _MicroBatch(batch, index, offset, items[offset : offset + size])
+        for index, offset in enumerate(range(0, len(items), size))
+    ]

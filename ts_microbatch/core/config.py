@@ -51,9 +51,9 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, Union
 
 from ._padding import PAD_MODES, padded_size
 from .errors import ConfigError
@@ -95,11 +95,36 @@ def _check_keys(mapping: Mapping[str, Any], allowed: tuple[str, ...], prefix: st
         )
 
 
-def _size_or_auto(value: Any, key: str) -> int | str:
+# What micro_batch_size holds: requests per micro-batch, or "auto" (ts_microbatch.core.autosize).
+MicroBatchSize = Union[int, Literal["auto"]]
+
+
+def check_micro_batch_size(
+    value: Any,
+    allowed: Sequence[int] | None = None,
+    key: str = f"{YAML_SECTION}.micro_batch_size",
+) -> MicroBatchSize:
+    """The one check of a micro-batch size, wherever one is given (the config, the
+    ``MicroBatching`` setter, ``Pipeline``): "auto", or an integer >= 1 that is at most the
+    largest of the ``allowed`` sizes (a micro-batch is padded up to an allowed size, never
+    split); returned typed.
+
+    Raises:
+        ConfigError: naming ``key``, the value and what is expected.
+    """
     if value == "auto":
         return "auto"
+    # bool is a subclass of int; `micro_batch_size: true` is a mistake, not 1.
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f'{key}: got {value!r}, expected an integer >= 1 or "auto"')
+    if allowed is not None and value > max(allowed):
+        # Either setting may be the mistake: the message names both.
+        raise ConfigError(
+            f"{key}: got {value}, expected at most the largest allowed size ({max(allowed)}), or "
+            f"{YAML_SECTION}.allowed_micro_batch_sizes: got {sorted(allowed)}, expected the "
+            f"largest to be at least micro_batch_size ({value}): a micro-batch is padded up to "
+            "an allowed size, never split"
+        )
     return value
 
 
@@ -154,7 +179,7 @@ def _boolean(value: Any, key: str) -> bool:
 # One validator per scalar field, shared by direct construction and from_mapping so that
 # both report the same message; from_mapping passes the key path of the file it read.
 _FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
-    "micro_batch_size": _size_or_auto,
+    "micro_batch_size": lambda v, k: check_micro_batch_size(v, None, k),
     "min_micro_batch_size": _positive_int,
     "max_micro_batch_size": _positive_int,
     "max_queued_micro_batches": _positive_int,
@@ -239,7 +264,7 @@ class Parallelism:
 class MicroBatchingConfig:
     """Validated micro-batching settings; built by :meth:`from_mapping` or :func:`load_config`."""
 
-    micro_batch_size: int | str = 1
+    micro_batch_size: MicroBatchSize = 1
     min_micro_batch_size: int = 1
     max_micro_batch_size: int = 32
     parallelism: Parallelism = field(default_factory=Parallelism)
@@ -282,12 +307,8 @@ class MicroBatchingConfig:
                     f"{key}: got {list(allowed)}, expected at least one size within "
                     f'min_micro_batch_size..max_micro_batch_size ({lo}..{hi}) for "auto"'
                 )
-        elif allowed is not None and max(allowed) < self.micro_batch_size:  # type: ignore[operator]
-            raise ConfigError(
-                f"{key}: got {list(allowed)}, expected the largest to be at least "
-                f"micro_batch_size ({self.micro_batch_size}): a micro-batch is padded up to an "
-                "allowed size, never split"
-            )
+        else:
+            check_micro_batch_size(self.micro_batch_size, allowed)
         if allowed is not None and self.pad == "tensors" and self.warmup is None:
             raise ConfigError(
                 f"{YAML_SECTION}.pad: got 'tensors' without warmup: padding tensors is checked "
@@ -304,8 +325,8 @@ class MicroBatchingConfig:
 
     def largest_micro_batch(self) -> int:
         """The most requests one micro-batch can hold."""
-        if self.micro_batch_size != "auto":
-            return self.micro_batch_size  # type: ignore[return-value]
+        if isinstance(self.micro_batch_size, int):
+            return self.micro_batch_size
         allowed = self.allowed_micro_batch_sizes
         if allowed is None:
             return self.max_micro_batch_size

@@ -3,7 +3,8 @@
 A batch is split into micro-batches; each micro-batch flows through the stages in order,
 every stage served by its own threads, so that stage k of one micro-batch overlaps stage
 k+1 of the previous one. Every request carries a ``concurrent.futures.Future`` that is
-resolved in ``_finish`` and nowhere else (or by its batch's timeout).
+resolved in ``_finish`` and nowhere else (or by its batch's timeout). Where a batch is cut:
+``ts_microbatch.core.batch.cut``; the stage threads' lives: ``ts_microbatch.core.stages``.
 
 Failures: a micro-batch that fails in a stage is re-run in halves to find the requests to
 blame, at a bounded cost (``ts_microbatch.core.isolation``).
@@ -24,7 +25,6 @@ a stuck call returns (``ts_microbatch.core._stall``).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import threading
 import time
@@ -33,8 +33,7 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 from ._padding import pad, pad_rows, padded_range, padded_size, unpad
-from ._queue import Signal, StageQueue
-from ._stall import StallGuard
+from ._queue import StageQueue
 from .autosize import AutoMicroBatchSize
 from .batch import (
     Batch,
@@ -43,9 +42,10 @@ from .batch import (
     _MicroBatch,
     _set_future,
     current_micro_batch,
+    cut,
     set_current_micro_batch,
 )
-from .config import _positive_int, _sizes
+from .config import _positive_int, _sizes, check_micro_batch_size
 from .errors import (
     ConfigError,
     PipelineClosedError,
@@ -55,6 +55,7 @@ from .errors import (
 )
 from .isolation import Fail, Isolator, Outcome, declared_per_request
 from .metrics import GuardedObserver, PipelineObserver
+from .stages import StageWorkers
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,8 @@ class Pipeline:
             a micro-batch's items (first stage) or the previous stage's output, and the last
             one must return a list with one output per request.
         parallelism: threads per stage name; stages not named get one thread.
-        micro_batch_size: requests per micro-batch.
+        micro_batch_size: requests per micro-batch, or the policy that chooses it for each
+            batch (``ts_microbatch.core.autosize``).
         max_queued_micro_batches: capacity of each queue between two stages.
         isolate_failures: re-run a failed micro-batch in halves to find the bad requests.
         join_timeout_s: how long shutdown waits for queued work and then for the threads.
@@ -100,7 +102,7 @@ class Pipeline:
         stages: Mapping[str, StageFn],
         *,
         parallelism: Mapping[str, int] | None = None,
-        micro_batch_size: int = 1,
+        micro_batch_size: int | AutoMicroBatchSize = 1,
         max_queued_micro_batches: int = 4,
         isolate_failures: bool = True,
         join_timeout_s: float = 30.0,
@@ -116,6 +118,7 @@ class Pipeline:
         # Sorted; [] and [0, 4] refused too.
         self._allowed = _sizes(allowed_sizes, "micro_batching.allowed_micro_batch_sizes")
         self._fns = [stages[name] for name in self._names]
+        self._micro_batch_size = 1
         self._auto: AutoMicroBatchSize | None = None
         self.micro_batch_size = micro_batch_size
         _positive_int(max_queued_micro_batches, "micro_batching.max_queued_micro_batches")
@@ -129,16 +132,12 @@ class Pipeline:
         self._observer = GuardedObserver.wrap(observer or PipelineObserver())
         self._lock = threading.Lock()  # guards the fields below
         self._idle = threading.Condition(self._lock)  # notified when no batch is in flight
-        self._exited = threading.Condition(self._lock)  # notified when a stage thread exits
-        self._targets = {name: 0 for name in self._names}
-        self._workers: dict[str, list[threading.Thread]] = {name: [] for name in self._names}
-        self._thread_ids = {name: itertools.count() for name in self._names}
-        self._stall = StallGuard(self._start_thread_locked)
         self._batches: set[Batch] = set()  # submitted, not yet fully answered
         self._closed = False
         self._cancelling = False
         self._stopped = threading.Event()
-        self.set_parallelism({name: 1 for name in self._names} | dict(parallelism or {}))
+        self._workers = StageWorkers(self._names, self._queues, self._serve)
+        self._workers.resize(dict.fromkeys(self._names, 1) | dict(parallelism or {}))
 
     # -- configuration ---------------------------------------------------------------
 
@@ -149,69 +148,40 @@ class Pipeline:
         return auto.last_size if auto is not None else self._micro_batch_size
 
     @micro_batch_size.setter
-    def micro_batch_size(self, size: int) -> None:
+    def micro_batch_size(self, size: int | AutoMicroBatchSize) -> None:
+        """An integer (checked by ``check_micro_batch_size`` against the allowed sizes), or
+        the policy that chooses each batch's size from measured stage costs."""
         # Plain attribute writes are atomic; submit() reads them once per batch.
+        if isinstance(size, AutoMicroBatchSize):
+            self._auto = size
+            return
         # Checked whole before it is stored: a refused size must not stay in force.
-        _positive_int(size, "micro_batching.micro_batch_size")
-        if self._allowed is not None and size > self._allowed[-1]:
+        checked = check_micro_batch_size(size, self._allowed)
+        if not isinstance(checked, int):
             raise ConfigError(
-                f"micro_batching.micro_batch_size: got {size}, expected at most the largest "
-                f"allowed_micro_batch_sizes ({self._allowed[-1]})"
+                'micro_batching.micro_batch_size: got "auto", expected an integer >= 1 or an '
+                "AutoMicroBatchSize (which holds the bounds of the sizes to choose from)"
             )
-        self._micro_batch_size = size
+        self._micro_batch_size = checked
         self._auto = None
 
     @property
     def auto_micro_batch_size(self) -> AutoMicroBatchSize | None:
+        """The policy choosing each batch's size; None with a fixed size."""
         return self._auto
-
-    @auto_micro_batch_size.setter
-    def auto_micro_batch_size(self, policy: AutoMicroBatchSize | None) -> None:
-        """Lets ``policy`` choose each batch's micro-batch size from measured stage costs."""
-        self._auto = policy
 
     @property
     def parallelism(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._targets)
+        return self._workers.targets()
 
     def set_parallelism(self, parallelism: Mapping[str, int]) -> None:
         """Sets the thread count of the named stages; safe while batches are running.
 
         Raises:
             ConfigError: an unknown stage or a count that is not an integer >= 1.
+            PipelineClosedError: the pipeline is shut down.
         """
-        for name, threads in parallelism.items():
-            if name not in self._names:
-                raise ConfigError(
-                    f"micro_batching.parallelism.{name}: unknown stage; "
-                    f"stages are {', '.join(self._names)}"
-                )
-            _positive_int(threads, f"micro_batching.parallelism.{name}")
-        with self._lock:
-            if self._closed:
-                raise PipelineClosedError("cannot change parallelism: the pipeline is shut down")
-            for name, threads in parallelism.items():
-                self._resize_locked(name, threads)
-
-    def _resize_locked(self, name: str, threads: int) -> None:
-        delta = threads - self._targets[name]
-        self._targets[name] = threads
-        if delta < 0:
-            # Retire signals take no queue capacity, so scaling down never waits on a full queue.
-            self._queues[self._names.index(name)].retire(-delta)
-        for _ in range(delta):
-            self._start_thread_locked(name)
-
-    def _start_thread_locked(self, name: str) -> None:
-        thread = threading.Thread(
-            target=self._work,
-            args=(self._names.index(name),),
-            name=f"ts-microbatch-{name}-{next(self._thread_ids[name])}",
-            daemon=True,  # a TorchServe worker is killed, not asked, to stop
-        )
-        self._workers[name].append(thread)
-        thread.start()
+        self._workers.resize(parallelism)
 
     # -- running ---------------------------------------------------------------------
 
@@ -254,10 +224,7 @@ class Pipeline:
         else:
             size = auto.choose(len(items), self.parallelism) if auto else self._micro_batch_size
         batch = Batch(len(items), context, self._check_stalled_quietly, quiet=quiet, owners=owners)
-        micro_batches = [
-            _MicroBatch(batch, index, offset, items[offset : offset + size])
-            for index, offset in enumerate(range(0, len(items), size))
-        ]
+        micro_batches = cut(batch, items, size)
         self._isolator.track(batch, micro_batches)
         with self._lock:
             if self._closed:
@@ -284,32 +251,25 @@ class Pipeline:
 
     def threads(self) -> dict[str, list[threading.Thread]]:
         """Each stage's threads that serve it (not those abandoned in a stuck call), now."""
-        with self._lock:
-            return {name: self._serving_locked(name) for name in self._names}
-
-    def _serving_locked(self, name: str) -> list[threading.Thread]:
-        return [t for t in self._workers[name] if not self._stall.is_abandoned(t)]
+        return self._workers.serving()
 
     def wait_for_parallelism(self, timeout_s: float) -> bool:
         """Waits until no stage has more serving threads than its count, that is until the
         threads a scale-down retired have exited; False if some are still running after
         ``timeout_s`` (a retired thread finishes the call it is in first)."""
-        with self._exited:
-            return self._exited.wait_for(
-                lambda: all(len(self._serving_locked(n)) <= self._targets[n] for n in self._names),
-                timeout_s,
-            )
+        return self._workers.wait_for_targets(timeout_s)
 
     def stats(self) -> PipelineStats:
         with self._lock:
-            return PipelineStats(
-                micro_batch_size=self.micro_batch_size,
-                parallelism=dict(self._targets),
-                threads_alive={n: sum(t.is_alive() for t in ts) for n, ts in self._workers.items()},
-                queued={n: len(q) for n, q in zip(self._names, self._queues)},
-                batches_in_flight=len(self._batches),
-                abandoned_threads=self._stall.abandoned_counts(self._names),
-            )
+            in_flight = len(self._batches)
+        return PipelineStats(
+            micro_batch_size=self.micro_batch_size,
+            parallelism=self._workers.targets(),
+            threads_alive=self._workers.alive(),
+            queued={n: len(q) for n, q in zip(self._names, self._queues)},
+            batches_in_flight=in_flight,
+            abandoned_threads=self._workers.abandoned(),
+        )
 
     def _enqueue(self, stage: int, mb: _MicroBatch) -> None:
         mb.enqueued_at = time.monotonic()
@@ -326,31 +286,20 @@ class Pipeline:
         self._finish(mb.batch, mb.indices, error=error)
         self._apply(self._isolator.dropped(mb))
 
-    def _work(self, stage: int) -> None:
-        name = self._names[stage]
-        queue = self._queues[stage]
-        me = threading.current_thread()
+    def _serve(self, stage: int, mb: _MicroBatch) -> None:
+        """What a stage thread does with each micro-batch it takes; never raises."""
         try:
-            while not self._stall.is_abandoned(me):
-                mb = queue.get()
-                if isinstance(mb, Signal):
-                    return
-                try:
-                    self._process(stage, mb)
-                except BaseException as exc:
-                    # Only a bug in this module gets here; stage errors are handled in
-                    # _process. Fail the micro-batch rather than the thread, and give its
-                    # bisection step an outcome: a sibling half may be waiting for it.
-                    logger.exception("internal error in stage %s; failing its micro-batch", name)
-                    try:
-                        self._fail_unrun(mb, exc)
-                    except BaseException:
-                        logger.exception("internal error failing a micro-batch of %s", name)
-        finally:
-            with self._lock:
-                self._workers[name].remove(me)
-                self._stall.forget(me)
-                self._exited.notify_all()
+            self._process(stage, mb)
+        except BaseException as exc:
+            # Only a bug in this module gets here; stage errors are handled in _process.
+            # Fail the micro-batch rather than the thread, and give its bisection step an
+            # outcome: a sibling half may be waiting for it.
+            name = self._names[stage]
+            logger.exception("internal error in stage %s; failing its micro-batch", name)
+            try:
+                self._fail_unrun(mb, exc)
+            except BaseException:
+                logger.exception("internal error failing a micro-batch of %s", name)
 
     def _process(self, stage: int, mb: _MicroBatch) -> None:
         if mb.answered():
@@ -359,12 +308,10 @@ class Pipeline:
             return
         name = self._names[stage]
         last = stage == len(self._names) - 1
-        me = threading.current_thread()
         observer = _QUIET if mb.batch.quiet else self._observer
         size = padded_size(self._allowed, len(mb)) if stage in self._padded else len(mb)
         started = time.monotonic()
-        with self._lock:
-            self._stall.begin(me, name, mb)
+        self._workers.begin_call(name, mb)
         # The call and its report see this micro-batch as the thread's: stage helpers read
         # its requests, metric lines carry its first request's id.
         owners = mb.owners if mb.batch.owners is not None else None
@@ -380,8 +327,7 @@ class Pipeline:
             except BaseException as exc:
                 error = exc
             finally:
-                with self._lock:
-                    self._stall.end(me)  # before the report: a call reported is over
+                self._workers.end_call()  # before the report: a call reported is over
             run_s = time.monotonic() - started
             observer.on_stage(
                 name, len(mb), started - mb.enqueued_at, run_s, failed=error is not None
@@ -511,8 +457,7 @@ class Pipeline:
             self._check_stalled()
 
     def _check_stalled(self) -> None:
-        with self._lock:
-            self._stall.check(self._workers, self._targets)
+        self._workers.check_stalled()
 
     # -- shutting down ---------------------------------------------------------------
 
@@ -535,6 +480,7 @@ class Pipeline:
             first = not self._closed
             self._closed = True
             self._cancelling = self._cancelling or cancel_pending
+        self._workers.close()
         if first and cancel_pending:
             closed = PipelineClosedError("the pipeline shut down before this request was processed")
             for queue in self._queues:
@@ -546,32 +492,17 @@ class Pipeline:
             threading.Thread(
                 target=self._stop_stages, name="ts-microbatch-shutdown", daemon=True
             ).start()
-        elif wait and threading.current_thread() not in self._all_workers():
+        elif wait and not self._workers.is_worker(threading.current_thread()):
             self._stopped.wait()
 
-    def _all_workers(self) -> list[threading.Thread]:
-        with self._lock:
-            return [t for threads in self._workers.values() for t in threads]
-
     def _stop_stages(self) -> None:
-        me = threading.current_thread()
-        deadline = time.monotonic() + self._join_timeout_s
+        started = time.monotonic()
+        deadline = started + self._join_timeout_s
         with self._idle:
             # Re-runs go back to the first queue, so no queue may close while work is in flight.
             while self._batches and self._idle.wait(max(0.0, deadline - time.monotonic())):
                 pass
-            threads = [t for ts in self._workers.values() for t in ts if t is not me]
-        for queue in self._queues:
-            queue.close()
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        stragglers = [t.name for t in threads if t.is_alive()]
-        if stragglers:
-            logger.warning(
-                "threads still running %.1f s after shutdown began: %s",
-                self._join_timeout_s,
-                ", ".join(stragglers),
-            )
+        self._workers.stop(started, self._join_timeout_s)
         with self._lock:
             stranded = list(self._batches)
         error = PipelineClosedError("the pipeline shut down before this request was answered")

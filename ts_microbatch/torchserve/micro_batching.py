@@ -24,7 +24,13 @@ from typing import Any
 from ..core._padding import same_answer
 from ..core.autosize import AutoMicroBatchSize
 from ..core.batch import MicroBatchInfo
-from ..core.config import STAGES, MicroBatchingConfig, Parallelism, _positive_int
+from ..core.config import (
+    STAGES,
+    MicroBatchingConfig,
+    Parallelism,
+    _positive_int,
+    check_micro_batch_size,
+)
 from ..core.errors import ConfigError, PipelineStalledError, WarmupError
 from ..core.metrics import GuardedObserver, PipelineObserver
 from ..core.pipeline import Pipeline, PipelineStats
@@ -144,34 +150,18 @@ class MicroBatching:
         self._pipeline = self._new_pipeline(config)
 
     def _new_pipeline(self, config: MicroBatchingConfig) -> Pipeline:
-        allowed = config.allowed_micro_batch_sizes
-        size = config.micro_batch_size
-        pipeline = Pipeline(
+        return Pipeline(
             self._stages,
             parallelism=config.parallelism.as_dict(),
-            # "auto" sets its own policy below; 1 fits any allowed sizes meanwhile.
-            micro_batch_size=size if isinstance(size, int) else 1,
+            micro_batch_size=_size_for_pipeline(config.micro_batch_size, config),
             max_queued_micro_batches=config.max_queued_micro_batches,
             isolate_failures=config.isolate_failures,
             join_timeout_s=config.join_timeout_s,
             observer=self._observer,
-            allowed_sizes=allowed,
+            allowed_sizes=config.allowed_micro_batch_sizes,
             padded_stages=_padded_stages(config),
             is_input_error=is_input_error,
         )
-        self._apply_size(pipeline, config.micro_batch_size, config)
-        return pipeline
-
-    @staticmethod
-    def _apply_size(pipeline: Pipeline, size: int | str, config: MicroBatchingConfig) -> None:
-        if size == "auto":
-            pipeline.auto_micro_batch_size = AutoMicroBatchSize(
-                config.min_micro_batch_size,
-                config.max_micro_batch_size,
-                allowed_sizes=config.allowed_micro_batch_sizes,
-            )
-        else:
-            pipeline.micro_batch_size = size  # type: ignore[assignment]
 
     # -- configuration ---------------------------------------------------------------
 
@@ -213,11 +203,7 @@ class MicroBatching:
     @micro_batch_size.setter
     def micro_batch_size(self, size: int | str) -> None:
         """An integer >= 1, or "auto" within the config's min/max_micro_batch_size."""
-        if size != "auto":  # checked against the config in force (allowed sizes)
-            size = MicroBatchingConfig.from_mapping(
-                {"micro_batch_size": size}, self._config
-            ).micro_batch_size
-        self._apply_size(self._pipeline, size, self._config)
+        self._pipeline.micro_batch_size = _size_for_pipeline(size, self._config)
 
     @property
     def parallelism(self) -> dict[str, int]:
@@ -544,6 +530,23 @@ def response_timeout_s(model_yaml_config: Mapping[str, Any] | None) -> float:
 def default_timeout_s(model_yaml_config: Mapping[str, Any] | None) -> float:
     """What ``timeout_s: null`` means: 90% of the model's responseTimeout."""
     return round(RESPONSE_TIMEOUT_SHARE * response_timeout_s(model_yaml_config), 3)
+
+
+def _size_for_pipeline(size: Any, config: MicroBatchingConfig) -> int | AutoMicroBatchSize:
+    """``size`` checked against ``config``'s allowed sizes; "auto" as the policy that
+    chooses within ``config``'s min/max_micro_batch_size.
+
+    Raises:
+        ConfigError: ``size`` is neither "auto" nor an integer >= 1 within the allowed sizes.
+    """
+    checked = check_micro_batch_size(size, config.allowed_micro_batch_sizes)
+    if isinstance(checked, int):
+        return checked
+    return AutoMicroBatchSize(
+        config.min_micro_batch_size,
+        config.max_micro_batch_size,
+        allowed_sizes=config.allowed_micro_batch_sizes,
+    )
 
 
 def _padded_stages(config: MicroBatchingConfig) -> tuple[str, ...] | None:
