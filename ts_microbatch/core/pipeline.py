@@ -11,7 +11,7 @@ blame, at a bounded cost (``ts_microbatch.core.isolation``).
 
 Allowed sizes: with ``allowed_sizes``, the ``padded_stages`` see only those sizes: a
 micro-batch of another size is padded before the first of them and cut back after the last
-(``ts_microbatch.core._padding``).
+(``ts_microbatch.core.calls``, ``ts_microbatch.core._padding``).
 
 Stale work: a micro-batch whose requests are all answered already (its batch timed out,
 or its futures were cancelled) is dropped before each stage instead of running ahead of
@@ -32,7 +32,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
-from ._padding import pad, pad_rows, padded_range, padded_size, unpad
 from ._queue import StageQueue
 from .autosize import AutoMicroBatchSize
 from .batch import (
@@ -45,13 +44,13 @@ from .batch import (
     cut,
     set_current_micro_batch,
 )
-from .config import _positive_int, _sizes, check_micro_batch_size
+from .calls import StageCalls, StageFn
+from .config import _positive_int, check_micro_batch_size
 from .errors import (
     ConfigError,
     PipelineClosedError,
     PipelineStalledError,
     RequestError,
-    StageOutputError,
 )
 from .isolation import Fail, Isolator, Outcome, declared_per_request
 from .metrics import GuardedObserver, PipelineObserver
@@ -60,8 +59,6 @@ from .stages import StageWorkers
 logger = logging.getLogger(__name__)
 
 _QUIET = PipelineObserver()  # what quiet (warm-up) batches report to: nothing
-
-StageFn = Callable[[Any], Any]
 
 
 class PipelineStats(NamedTuple):
@@ -113,11 +110,9 @@ class Pipeline:
     ) -> None:
         if not stages:
             raise ConfigError("stages: got none, expected at least one stage")
-        self._names = list(stages)
-        self._padded = padded_range(self._names, allowed_sizes, padded_stages)
-        # Sorted; [] and [0, 4] refused too.
-        self._allowed = _sizes(allowed_sizes, "micro_batching.allowed_micro_batch_sizes")
-        self._fns = [stages[name] for name in self._names]
+        self._calls = StageCalls(stages, allowed_sizes, padded_stages)
+        self._names = self._calls.names
+        self._allowed = self._calls.allowed
         self._micro_batch_size = 1
         self._auto: AutoMicroBatchSize | None = None
         self.micro_batch_size = micro_batch_size
@@ -309,7 +304,7 @@ class Pipeline:
         name = self._names[stage]
         last = stage == len(self._names) - 1
         observer = _QUIET if mb.batch.quiet else self._observer
-        size = padded_size(self._allowed, len(mb)) if stage in self._padded else len(mb)
+        size = self._calls.size(stage, len(mb))
         started = time.monotonic()
         self._workers.begin_call(name, mb)
         # The call and its report see this micro-batch as the thread's: stage helpers read
@@ -323,7 +318,7 @@ class Pipeline:
         error: BaseException | None = None
         try:
             try:
-                output = self._call(stage, mb, size, observer)
+                output = self._calls(stage, mb.payload, len(mb), size, observer)
             except BaseException as exc:
                 error = exc
             finally:
@@ -346,39 +341,6 @@ class Pipeline:
         else:
             mb.payload = output
             self._enqueue(stage + 1, mb)
-
-    def _call(self, stage: int, mb: _MicroBatch, size: int, observer: PipelineObserver) -> Any:
-        """Calls the stage on ``mb``, its input padded to ``size`` when it is the first padded
-        stage; returns the output for ``mb``'s items: cut back when it is the last padded
-        stage, checked for one output per row when it is the pipeline's last."""
-        n, padded, name = len(mb), self._padded, self._names[stage]
-        payload = mb.payload
-        if padded and stage == padded.start:
-            observer.on_padding(name, n, size)  # every micro-batch, so the metric gives a share
-            if size != n and stage == 0:  # the requests themselves: a list by contract
-                payload = pad_rows(list(payload), size)
-            elif size != n:
-                payload = pad(payload, n, size, f"{self._names[stage - 1]}'s output")
-        output = self._fns[stage](payload)
-        if stage == len(self._names) - 1:
-            output = self._check_outputs(name, output, size)
-            return output if size == n else output[:n]
-        if size != n and stage == padded[-1]:
-            return unpad(output, n, size, f"{name}'s output")
-        return output
-
-    @staticmethod
-    def _check_outputs(name: str, output: Any, expected: int) -> list[Any]:
-        if not isinstance(output, list):
-            raise StageOutputError(
-                f"stage {name} returned {type(output).__name__}, "
-                f"expected a list of {expected} outputs"
-            )
-        if len(output) != expected:
-            raise StageOutputError(
-                f"stage {name} returned {len(output)} outputs for {expected} requests"
-            )
-        return output
 
     def _on_stage_error(self, stage: int, mb: _MicroBatch, exc: BaseException) -> None:
         name = self._names[stage]
