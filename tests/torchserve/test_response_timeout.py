@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,32 +62,45 @@ def test_timeout_s_below_response_timeout_is_kept(tmp_path: Path) -> None:
         handler.micro_batching.shutdown()
 
 
+class StuckInference:
+    """An inference stage that blocks until released; ``entered`` is set once it is in."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, batch: Any) -> Any:
+        self.entered.set()
+        self.release.wait(60)
+        raise RuntimeError("released")
+
+
+def answered_while_stuck(stage: StuckInference, call: Callable[[], Any]) -> Any:
+    """Runs ``call`` on a thread; asserts it returned while ``stage`` was still stuck."""
+    answers: list[Any] = []
+    caller = threading.Thread(target=lambda: answers.append(call()))
+    try:
+        caller.start()
+        assert stage.entered.wait(30), "the batch never reached inference"
+        caller.join(30)
+        assert not caller.is_alive(), "handle() did not return while inference was stuck"
+    finally:
+        stage.release.set()
+        caller.join(60)
+    return answers[0]
+
+
 def test_hang_timeout_null_answers_a_stuck_batch_before_response_timeout(
     tmp_path: Path,
 ) -> None:
     service, handler = load(tmp_path, {"micro_batch_size": 2}, responseTimeout=1)
-    entered, release = threading.Event(), threading.Event()
-
-    def stuck(batch: Any) -> Any:
-        entered.set()
-        release.wait(60)
-        raise RuntimeError("released")
-
-    handler.inference = stuck
-    answers: list[bytes] = []
-    caller = threading.Thread(
-        target=lambda: answers.append(service.predict([request(i, ROW) for i in range(3)]))
-    )
+    handler.inference = stuck = StuckInference()
     try:
-        caller.start()
-        assert entered.wait(30), "the batch never reached inference"
-        caller.join(30)
-        assert not caller.is_alive(), "handle() did not return while inference was stuck"
+        answer = answered_while_stuck(
+            stuck, lambda: service.predict([request(i, ROW) for i in range(3)])
+        )
     finally:
-        release.set()
-        caller.join(60)
         handler.micro_batching.shutdown()
-    code, got = decode(answers[0])
+    code, got = decode(answer)
     assert code == 200 and [status for _, status, _ in got] == [504] * 3
 
 
@@ -99,27 +113,14 @@ def test_defect_upstream_style_handler_waited_forever_on_a_stuck_batch() -> None
     from tests.core.fakes import FakeHandler
     from ts_microbatch import MicroBatching
 
-    entered, release = threading.Event(), threading.Event()
-
-    class Stuck(FakeHandler):
-        def inference(self, batch: list[int]) -> list[int]:
-            entered.set()
-            release.wait(60)
-            raise RuntimeError("released")
-
+    handler = FakeHandler()
+    handler.inference = stuck = StuckInference()
     context = MockContext()
     context.model_yaml_config = {"responseTimeout": 1}
-    mb = MicroBatching(Stuck(), micro_batch_size=2)
-    answers: list[Any] = []
-    caller = threading.Thread(target=lambda: answers.append(mb.handle([1, 2, 3], context)))
+    mb = MicroBatching(handler, micro_batch_size=2)
     try:
-        caller.start()
-        assert entered.wait(30), "the batch never reached inference"
-        caller.join(30)
-        assert not caller.is_alive(), "handle() did not return while inference was stuck"
+        answers = answered_while_stuck(stuck, lambda: mb.handle([1, 2, 3], context))
     finally:
-        release.set()
-        caller.join(60)
         mb.shutdown()
-    assert [a["code"] for a in answers[0]] == [504, 504, 504]
-    assert all("timeout_s=0.9" in a["message"] for a in answers[0])
+    assert [a["code"] for a in answers] == [504, 504, 504]
+    assert all("timeout_s=0.9" in a["message"] for a in answers)
