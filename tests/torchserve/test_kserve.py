@@ -737,7 +737,9 @@ def test_defect_headers_built_for_every_row_without_kserve() -> None:
     unpack(rows, kserve=False, context=context)
     assert context.reads == 0
     unpack(rows, kserve="auto", context=context)
-    assert context.reads == len(rows)  # KServe needs them: the binary extension's header
+    assert context.reads == 0  # bodies that cannot open with a JSON header: none read
+    unpack([{"body": b'{"a": 1}'}, {"body": b"\xff\xd8"}], kserve="auto", context=context)
+    assert context.reads == 1  # the binary extension's header, for the JSON-looking body
 
 
 def test_defect_body_that_is_not_json_parsed_twice(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -153,10 +153,13 @@ def _read(row: Any, kserve: bool | str, context: Any, index: int, request: Reque
     """The items of one request; sets ``request``'s protocol (and v2 id) as it finds them."""
     if kserve is False:
         return [row]
-    if BINARY_HEADER in _headers(context, index):
+    raw = _body(row)
+    # A binary-extension body opens with its JSON header; a photo's bytes cannot be one, so
+    # the headers are not read for them (the per-request path of every image request).
+    if not _raw_non_json(raw) and BINARY_HEADER in _headers(context, index):
         request.protocol = V2
         raise ProtocolError(_BINARY_MESSAGE)
-    body = _json_body(_body(row))
+    body = _json_body(raw)
     if not isinstance(body, dict):
         return [row]
     if _uses_binary_extension(body):
@@ -182,12 +185,16 @@ def _body(row: Any) -> Any:
     return row
 
 
+def _raw_non_json(body: Any) -> bool:
+    """Bytes that cannot be a JSON object: only a prefix is looked at, since TorchServe
+    hands bodies over as bytearrays, whose lstrip() would copy a whole photo."""
+    return isinstance(body, (bytes, bytearray)) and bytes(body[:64]).lstrip()[:1] != b"{"
+
+
 def _json_body(body: Any) -> Any:
     """A dict for JSON bodies (TorchServe parses application/json already; other content
     types arrive as bytes); anything else unchanged."""
-    # Only a prefix is looked at: TorchServe hands bodies over as bytearrays, whose
-    # lstrip() would copy a whole photo for every plain request.
-    if not isinstance(body, (bytes, bytearray)) or bytes(body[:64]).lstrip()[:1] != b"{":
+    if not isinstance(body, (bytes, bytearray)) or _raw_non_json(body):
         return body
     # One decode and one parse, as json.loads does them, that also find a v2 JSON header
     # followed by the binary data extension's raw tensors: a large body that is not JSON
