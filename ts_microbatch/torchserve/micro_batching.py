@@ -396,12 +396,11 @@ class MicroBatching:
         # Item -> the request it came from: stage helpers, statuses, metric lines and
         # failure isolation go by requests (a KServe request is several items, a malformed
         # one none). When rows are not requests, stage calls reach no request at all.
-        owners = [0] * len(items)
-        for index, request in enumerate(requests):
-            owners[request.start : request.start + request.count] = [index] * request.count
         stages_view = view if aligned or view is None else view.for_rows(())
         try:
-            submitted.batch = self._pipeline.submit_batch(items, stages_view, owners=owners)
+            submitted.batch = self._pipeline.submit_batch(
+                items, stages_view, owners=kserve.owners(requests)
+            )
         except PipelineStalledError as stalled:
             # Answered at once: waiting would only turn this into TorchServe's timeout.
             logger.error("batch of %d refused: %s", len(data), stalled)
