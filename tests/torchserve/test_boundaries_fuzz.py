@@ -38,7 +38,7 @@ from hypothesis.extra import numpy as hnp
 from ts.protocol import otf_message_handler
 from ts.protocol.otf_message_handler import _retrieve_inference_msg, create_predict_response
 
-from tests.torchserve.ts_machinery import decode, load_service
+from tests.torchserve.ts_machinery import decode, load_service, write_manifest
 from ts_microbatch.torchserve.kserve import V2_DATATYPES
 
 FUZZ_HANDLER = '''
@@ -233,9 +233,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[Any
             (directory / "fuzz_handler.py").write_text(FUZZ_HANDLER, encoding="utf-8")
             config = {"micro_batch_size": 2, "parallelism": {"preprocess": 2}, "kserve": mode}
             (directory / "micro_batching.json").write_text(json.dumps(config), encoding="utf-8")
-            (directory / "MAR-INF").mkdir()
-            manifest = {"model": {"modelName": "fuzz", "handler": "fuzz_handler.py"}}
-            (directory / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
+            write_manifest(directory, "fuzz", "fuzz_handler.py")
             loaded[mode] = load_service(directory, model_name="fuzz", handler="fuzz_handler.py")
         return loaded[mode]
 

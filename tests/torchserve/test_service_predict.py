@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.torchserve.images import make_jpeg
-from tests.torchserve.ts_machinery import decode, load_service, request
+from tests.torchserve.ts_machinery import decode, load_service, request, write_manifest
 from ts_microbatch import ConfigError
 
 # TorchServe's own ImageClassifier with upstream's micro-batching example body; only the
@@ -62,17 +62,14 @@ def extracted_mar(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             shutil.copy(model_dir / name, directory / name)
     (directory / "drop_in_handler.py").write_text(DROP_IN_HANDLER, encoding="utf-8")
     (directory / "model-config.yaml").write_text(MODEL_CONFIG, encoding="utf-8")
-    (directory / "MAR-INF").mkdir()
-    manifest = {
-        "model": {
-            "modelName": "drop_in",
-            "serializedFile": "resnet18.pth",
-            "modelFile": "model.py",
-            "handler": "drop_in_handler.py",
-            "configFile": "model-config.yaml",
-        }
-    }
-    (directory / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest), encoding="utf-8")
+    write_manifest(
+        directory,
+        "drop_in",
+        "drop_in_handler.py",
+        serializedFile="resnet18.pth",
+        modelFile="model.py",
+        configFile="model-config.yaml",
+    )
     return directory
 
 

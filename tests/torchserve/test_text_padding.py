@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.helpers import ROOT, load_module
-from tests.torchserve.ts_machinery import decode, load_service, request
+from tests.torchserve.ts_machinery import decode, load_service, request, write_manifest
 
 EXAMPLE = Path(ROOT, "examples/text_classifier")
 WORDS = ["great", "awful", "movie"]
@@ -37,17 +37,14 @@ def extract(directory: Path, micro_batching: dict[str, Any]) -> Path:
     (directory / "model-config.yaml").write_text(
         json.dumps({"micro_batching": micro_batching}), encoding="utf-8"
     )
-    (directory / "MAR-INF").mkdir()
-    manifest = {
-        "model": {
-            "modelName": "text_mb",
-            "serializedFile": "text_classifier.pth",
-            "modelFile": "text_classifier_model.py",
-            "handler": "text_handler.py",
-            "configFile": "model-config.yaml",
-        }
-    }
-    (directory / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest), encoding="utf-8")
+    write_manifest(
+        directory,
+        "text_mb",
+        "text_handler.py",
+        serializedFile="text_classifier.pth",
+        modelFile="text_classifier_model.py",
+        configFile="model-config.yaml",
+    )
     return directory
 
 

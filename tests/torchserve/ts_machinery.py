@@ -3,6 +3,7 @@ and the binary response the frontend reads."""
 
 from __future__ import annotations
 
+import json
 import struct
 import sys
 from pathlib import Path
@@ -38,6 +39,14 @@ def load_service(
         sys.path.remove(str(directory))
     service.set_cl_socket(None)
     return service
+
+
+def write_manifest(directory: Path, model_name: str, handler: str, **files: str) -> None:
+    """``MAR-INF/MANIFEST.json`` as torch-model-archiver writes it, for a directory laid out
+    as a .mar extracts; ``files`` are manifest keys such as ``serializedFile="m.pth"``."""
+    (directory / "MAR-INF").mkdir()
+    manifest = {"model": {"modelName": model_name, "handler": handler, **files}}
+    (directory / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest), encoding="utf-8")
 
 
 def request(i: int, body: Any, content_type: str = "image/jpeg") -> dict[str, Any]:
