@@ -33,11 +33,11 @@ def test_handler_emits_padded_items(model_dir: Path, caplog: pytest.LogCaptureFi
     handler = module.MicroBatchingHandler()
     mb_config = {"micro_batch_size": 4, "allowed_micro_batch_sizes": [4]}
     handler.initialize(make_context(model_dir, 6, {"micro_batching": mb_config}))
-    try:
-        with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO):
+        try:
             handler.handle(jpeg_rows(6), make_context(model_dir, 6))
-    finally:
-        handler.micro_batching.shutdown()
+        finally:
+            handler.micro_batching.shutdown()  # writes the lines still pending
     # Micro-batches of 4 and 2, the second padded to 4.
     assert sorted(values(metric_lines(caplog), f"{PADDED_ITEMS}.Count:")) == [0.0, 2.0]
 
@@ -59,6 +59,7 @@ def test_a_real_recompile_is_a_counter_metric(
         ]
         with caplog.at_level(logging.INFO):
             code, answers = decode(service.predict(rows))
+            handler.micro_batching.shutdown()  # writes the lines still pending
         assert code == 200 and [status for _, status, _ in answers] == [200] * 3
         assert handler.micro_batching.compiled.recompiles >= 1  # the scenario happened
     finally:
@@ -75,13 +76,13 @@ def test_handler_emits_stage_times_sizes_and_errors(
     module = load_handler_module()
     handler = module.MicroBatchingHandler()
     handler.initialize(make_context(model_dir, 8, {"micro_batching": {"micro_batch_size": 4}}))
-    try:
-        rows = jpeg_rows(8)
-        rows[6] = {"body": b"broken"}
-        with caplog.at_level(logging.INFO):
+    rows = jpeg_rows(8)
+    rows[6] = {"body": b"broken"}
+    with caplog.at_level(logging.INFO):
+        try:
             handler.handle(rows, make_context(model_dir, 8))
-    finally:
-        handler.micro_batching.shutdown()
+        finally:
+            handler.micro_batching.shutdown()  # writes the lines still pending
     lines = metric_lines(caplog)
     # One request id per line, not the batch's eight: the frontend parses every line.
     assert lines and all(line.count(",req-") == 1 for line in lines), lines[0]

@@ -17,14 +17,28 @@ they are written to ``model_metrics.log``. The names and what they measure:
 Times are in seconds because TorchServe 0.12's Prometheus histograms have the client
 library's fixed default buckets (5 ms to 10 s). For sizes those buckets stop at 10: read the
 mean from ``_sum / _count``.
+
+The lines are written on one thread of their own, ``ts-microbatch-metrics``, not on the
+stage threads: a line costs ~57 us of the GIL (more when the other stage threads hold it),
+three of them per preprocess call were ~1.5 ms on the serial path of a batch of 32
+(issue #17). A hook reads what only its own thread knows (the request id of the
+micro-batch it reports on) and hands the rest over; ``flush()`` waits for what is pending,
+``MicroBatching.shutdown()`` does so before it returns.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Concatenate, NamedTuple, ParamSpec
 
 from ..core.batch import current_micro_batch
-from ..core.metrics import PipelineObserver
+from ..core.metrics import GuardedObserver, PipelineObserver
+
+logger = logging.getLogger(__name__)
 
 STAGE_TIME = "MicroBatchStageSeconds"
 QUEUE_TIME = "MicroBatchQueueSeconds"
@@ -55,18 +69,131 @@ def _stage_request_id() -> str | None:
     return request_id if isinstance(request_id, str) else None
 
 
+# Hook calls waiting for the reporter thread; a batch of 32 in micro-batches of 4 makes ~30.
+MAX_PENDING_REPORTS = 10_000
+REPORTER_THREAD = "ts-microbatch-metrics"
+
+_P = ParamSpec("_P")
+_Hook = Callable[Concatenate["TorchServeMetricsObserver", _P], None]
+
+
+class _Report(NamedTuple):
+    hook: str
+    write: Callable[[], None]
+    request_id: str | None
+
+
+def _deferred(hook: _Hook[_P]) -> _Hook[_P]:
+    """``hook`` run on the reporter thread, with the request id its caller's thread knows."""
+    name = hook.__name__
+
+    def defer(self: TorchServeMetricsObserver, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
+        write = functools.partial(hook, self, *args, **kwargs)
+        self._reporter.put(_Report(name, write, self._request_id_now()))
+
+    functools.update_wrapper(defer, hook)
+    return defer
+
+
+class _Reporter:
+    """One daemon thread, started at the first report, that runs the reports in order.
+
+    ``put`` never blocks its caller (a stage thread): when ``max_pending`` reports are
+    waiting it drops the new one, counts it in ``dropped`` and warns once.
+    """
+
+    def __init__(self, run: Callable[[_Report], None], max_pending: int) -> None:
+        self._run = run
+        self._queue: queue.Queue[_Report | threading.Event | None] = queue.Queue(max_pending)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.dropped = 0
+
+    def put(self, report: _Report) -> None:
+        if self._thread is None:
+            self._start()
+        try:
+            self._queue.put_nowait(report)
+        except queue.Full:
+            with self._lock:
+                self.dropped += 1
+                first = self.dropped == 1
+            if first:
+                logger.warning(
+                    "%d metric reports pending: %s dropped (and later ones while full, "
+                    "counted in dropped, not logged)",
+                    self._queue.maxsize,
+                    report.hook,
+                )
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=REPORTER_THREAD)
+                self._thread.daemon = True  # never what keeps a worker from exiting
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()  # a flush: every report put before it is written
+                continue
+            try:
+                self._run(item)
+            except BaseException:  # the thread outlives any report (the runner guards them)
+                logger.exception("metric report %s failed", item.hook)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Waits until the reports put before the call are written; False after ``timeout_s``."""
+        if self._thread is None:
+            return True
+        done = threading.Event()
+        try:
+            self._queue.put(done, timeout=timeout_s)
+        except queue.Full:
+            return False
+        return done.wait(timeout_s)
+
+    def close(self, timeout_s: float) -> bool:
+        """Writes what is pending and stops the thread; idempotent. A report put later
+        starts a new one. False if the thread was still writing after ``timeout_s``."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is None:
+                return True
+            try:
+                self._queue.put(None, timeout=timeout_s)
+            except queue.Full:
+                logger.warning("metric reporter still busy after %.1f s; left running", timeout_s)
+                return False
+            thread.join(timeout_s)
+            return not thread.is_alive()
+
+
 class TorchServeMetricsObserver(PipelineObserver):
     """Emits the pipeline's timings and sizes as TorchServe backend metrics.
 
-    What TorchServe's metrics API raises escapes its hooks: ``MicroBatching`` and
-    ``Pipeline`` wrap every observer in a ``GuardedObserver``, which logs it and drops it.
+    Its hooks return at once: the lines are written in order by one thread,
+    ``ts-microbatch-metrics`` (:meth:`flush` waits for them, :meth:`close` stops it). What
+    TorchServe's metrics API raises there is logged once per hook, as ``GuardedObserver``
+    logs it, and changes no answer.
 
     Args:
         metrics: ``context.metrics`` of the TorchServe worker.
         first_stage: the stage whose runs count as micro-batches for ``MicroBatchSize``.
+        max_pending: reports waiting to be written beyond which new ones are dropped.
     """
 
-    def __init__(self, metrics: Any, first_stage: str = "preprocess") -> None:
+    def __init__(
+        self,
+        metrics: Any,
+        first_stage: str = "preprocess",
+        *,
+        max_pending: int = MAX_PENDING_REPORTS,
+    ) -> None:
         from ts.metrics.dimension import Dimension
         from ts.metrics.metric_cache_errors import MetricsCacheKeyError
         from ts.metrics.metric_type_enum import MetricTypes
@@ -77,17 +204,54 @@ class TorchServeMetricsObserver(PipelineObserver):
         self._key_error = MetricsCacheKeyError
         self._histogram = MetricTypes.HISTOGRAM
         self._counter = MetricTypes.COUNTER
+        # The reporter thread's guard: what a write raises is logged once per hook, as the
+        # GuardedObserver the pipeline wraps every observer in would log it.
+        self._guard = GuardedObserver(self)._guard
+        self._reporter = _Reporter(self._write, max_pending)
+        self._writing = threading.local()  # report: the one the reporter thread is writing
+
+    @property
+    def dropped_reports(self) -> int:
+        """Reports dropped because ``max_pending`` were waiting."""
+        return self._reporter.dropped
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Waits until every report made before the call is written; False on timeout."""
+        return self._reporter.flush(timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Writes what is pending and stops the reporter thread; idempotent (a later report
+        starts it again). False if it was still writing after ``timeout_s``."""
+        return self._reporter.close(timeout_s)
+
+    def _request_id_now(self) -> str | None:
+        """The request id a line of a report made now carries: the first request of the
+        micro-batch this stage thread runs, else (the handler's thread) the live batch's
+        first, which will have changed by the time the reporter writes it."""
+        request_id = _stage_request_id()
+        if request_id is not None:
+            return request_id
+        ids = getattr(self._metrics, "request_ids", None)
+        live = ids.get(0) if isinstance(ids, dict) else None
+        return live if isinstance(live, str) else None
+
+    def _write(self, report: _Report) -> None:
+        self._writing.report = report
+        try:
+            self._guard(report.hook, report.write)
+        finally:
+            self._writing.report = None
 
     def _emit(
         self, name: str, value: float, unit: str, dims: dict[str, str], histogram: bool = True
     ) -> None:
-        # What TorchServe raises here escapes: the pipeline wraps every observer in a
-        # GuardedObserver (ts_microbatch.core.metrics), the one guard that keeps a metric failure
-        # from failing the requests it measures.
+        # What TorchServe raises here escapes to the guard of _write (or, for a hook that is
+        # not deferred, to the GuardedObserver the pipeline wraps every observer in).
         # A new list each call: TorchServe appends ModelName and Level to it.
         dimensions = [self._dimension(k, v) for k, v in dims.items()]
         metric_type = self._histogram if histogram else self._counter
-        request_id = _stage_request_id()
+        writing: _Report | None = getattr(self._writing, "report", None)
+        request_id = writing.request_id if writing is not None else self._request_id_now()
         if request_id is not None and hasattr(self._metrics, "get_metric"):
             self._emit_for(request_id, name, value, unit, dimensions, metric_type)
             return
@@ -95,10 +259,10 @@ class TorchServeMetricsObserver(PipelineObserver):
             name,
             value,
             unit,
-            # Outside a stage call (the handler's thread, whose batch the live ids are), the
-            # batch's first request's id: without an index TorchServe appends every id of
-            # the batch to the line (1.2 KB at batch 32, ~57 lines a batch), and the frontend
-            # reads and parses every line.
+            # The live batch's first request's id (a metrics API without get_metric, or no
+            # id known): without an index TorchServe appends every id of the batch to the
+            # line (1.2 KB at batch 32, ~57 lines a batch), and the frontend reads and
+            # parses every line.
             0,
             dimensions,
             metric_type,
@@ -120,9 +284,11 @@ class TorchServeMetricsObserver(PipelineObserver):
             )
         metric.add_or_update(value, [d.value for d in dimensions], request_id)
 
+    @_deferred
     def on_batch(self, batch_size: int, micro_batches: int) -> None:
         self._emit(MICRO_BATCHES_PER_BATCH, micro_batches, "count", {})
 
+    @_deferred
     def on_stage(
         self, stage: str, size: int, queue_wait_s: float, run_s: float, *, failed: bool
     ) -> None:
@@ -131,11 +297,14 @@ class TorchServeMetricsObserver(PipelineObserver):
         if stage == self._first_stage:
             self._emit(MICRO_BATCH_SIZE, size, "count", {})
 
+    @_deferred
     def on_padding(self, stage: str, size: int, padded_to: int) -> None:
         self._emit(PADDED_ITEMS, padded_to - size, "count", {})
 
+    @_deferred
     def on_recompile(self, count: int) -> None:
         self._emit(RECOMPILES, count, "count", {}, histogram=False)
 
+    @_deferred
     def on_request_error(self, status_code: int) -> None:
         self._emit(REQUEST_ERRORS, 1, "count", {"StatusCode": str(status_code)}, histogram=False)

@@ -38,6 +38,7 @@ from . import kserve
 from .answers import SubmittedBatch, answer_batch
 from .compiled import CompiledInference, check_inference_threads
 from .context import BatchContext
+from .metrics import TorchServeMetricsObserver
 from .status import exception_text, is_input_error
 
 logger = logging.getLogger(__name__)
@@ -503,8 +504,13 @@ class MicroBatching:
     # -- shutting down ---------------------------------------------------------------
 
     def shutdown(self, wait: bool = True, *, cancel_pending: bool = False) -> None:
-        """Stops the stage threads; idempotent. See :meth:`Pipeline.shutdown`."""
+        """Stops the stage threads; idempotent. See :meth:`Pipeline.shutdown`. With ``wait``,
+        the metric lines of what ran are written (and the metrics thread stopped) first."""
         self._pipeline.shutdown(wait, cancel_pending=cancel_pending)
+        observer = self._observer.observer
+        if wait and isinstance(observer, TorchServeMetricsObserver):
+            # The stages report no more: the observer's lifetime ends with this pipeline's.
+            observer.close(self._config.join_timeout_s)
 
     def __enter__(self) -> MicroBatching:
         return self

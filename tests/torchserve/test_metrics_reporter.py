@@ -1,0 +1,148 @@
+"""Metric lines are written by one reporter thread, never by the stage threads (issue #17)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ts
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+from tests.core.fakes import FakeHandler, expected
+from ts_microbatch import MicroBatching
+from ts_microbatch.torchserve.metrics import (
+    MICRO_BATCHES_PER_BATCH,
+    RECOMPILES,
+    REPORTER_THREAD,
+    STAGE_TIME,
+    TorchServeMetricsObserver,
+)
+
+# A batch of 3 in micro-batches of 2 ([1 2] [3]): MicroBatchesPerBatch once, then per
+# micro-batch and stage MicroBatchStageSeconds and MicroBatchQueueSeconds, plus
+# MicroBatchSize per micro-batch in preprocess.
+LINES_OF_ONE_BATCH = 1 + 2 * 3 * 2 + 2
+
+
+class Context:
+    """The parts of ts.context.Context the pipeline reads for a batch of ``n``."""
+
+    def __init__(self, n: int, metrics: Any) -> None:
+        self.request_ids = {i: f"req-{i}" for i in range(n)}
+        self.metrics = metrics
+
+    def get_request_id(self, idx: int = 0) -> str | None:
+        return self.request_ids.get(idx)
+
+
+class HeldMetrics:
+    """The parts of TorchServe's metrics cache the observer writes through. Each line is
+    recorded with the thread that wrote it; writing waits while ``gate`` is clear."""
+
+    model_name = "m"
+
+    def __init__(self) -> None:
+        self.request_ids: dict[int, str] | None = None  # the live batch's, as TorchServe sets
+        self.lines: list[tuple[str, float, str | None, str]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.writing = threading.Event()  # a write has started
+
+    def get_metric(self, name: str, kind: Any) -> Any:
+        metrics = self
+
+        class Metric:
+            def add_or_update(self, value: float, dims: list[str], request_id: str) -> None:
+                metrics.writing.set()
+                assert metrics.gate.wait(10)
+                line = (name, value, request_id, threading.current_thread().name)
+                metrics.lines.append(line)
+
+        return Metric()
+
+    def add_metric(
+        self, name: str, value: float, unit: str, idx: Any, dims: list[Any], kind: Any
+    ) -> None:
+        """The path without a request id (no batch is live)."""
+        self.get_metric(name, kind).add_or_update(value, [], None)
+
+
+def test_hooks_return_before_their_lines_are_written_and_a_flush_writes_them_all() -> None:
+    metrics = HeldMetrics()
+    metrics.gate.clear()  # every write waits
+    observer = TorchServeMetricsObserver(metrics)
+    context = Context(3, metrics)
+    metrics.request_ids = context.request_ids
+    with MicroBatching(FakeHandler(), micro_batch_size=2, observer=observer) as mb:
+        assert mb.handle([1, 2, 3], context) == expected([1, 2, 3])
+        # The scenario: every stage ran and the batch was answered while no line could be
+        # written, so no stage thread waited for one.
+        assert metrics.writing.wait(10) and metrics.lines == []
+        metrics.request_ids = {0: "next-batch-0"}  # the frontend's next batch is live
+        metrics.gate.set()
+        assert observer.flush()
+        lines = list(metrics.lines)
+    assert len(lines) == LINES_OF_ONE_BATCH, lines
+    assert {thread for *_, thread in lines} == {REPORTER_THREAD}
+    # Each line carries the id its hook's thread knew: the batch's first request for the
+    # batch's line, each micro-batch's first request for its stage lines.
+    assert [rid for name, _, rid, _ in lines if name == MICRO_BATCHES_PER_BATCH] == ["req-0"]
+    stage_ids = {rid for name, _, rid, _ in lines if name == STAGE_TIME}
+    assert stage_ids == {"req-0", "req-2"}
+
+
+def test_lines_through_torchserves_cache_are_logged_by_the_reporter_thread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    metrics.initialize_cache()
+    observer = TorchServeMetricsObserver(metrics)
+    mb = MicroBatching(FakeHandler(), micro_batch_size=2, observer=observer)
+    with caplog.at_level(logging.INFO):
+        with mb:
+            assert mb.handle([1, 2, 3], Context(3, metrics)) == expected([1, 2, 3])
+        # shutdown() wrote what was pending and stopped the reporter.
+        assert REPORTER_THREAD not in {t.name for t in threading.enumerate()}
+    records = [r for r in caplog.records if r.getMessage().startswith("[METRICS]MicroBatch")]
+    assert len(records) == LINES_OF_ONE_BATCH
+    assert {r.threadName for r in records} == {REPORTER_THREAD}
+
+
+def test_a_full_hand_off_drops_reports_counts_them_and_warns_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = HeldMetrics()
+    metrics.gate.clear()
+    observer = TorchServeMetricsObserver(metrics, max_pending=2)
+    try:
+        observer.on_recompile(1)
+        assert metrics.writing.wait(10)  # the reporter holds that one, waiting on the gate
+        with caplog.at_level(logging.WARNING):
+            for count in range(2, 6):
+                observer.on_recompile(count)  # 2 and 3 wait; 4 and 5 find it full
+        assert observer.dropped_reports == 2
+        warnings = [r for r in caplog.records if r.name == "ts_microbatch.torchserve.metrics"]
+        assert len(warnings) == 1 and "dropped" in warnings[0].getMessage()
+        metrics.gate.set()
+        assert observer.flush()
+        assert [value for name, value, _, _ in metrics.lines if name == RECOMPILES] == [1, 2, 3]
+    finally:
+        metrics.gate.set()
+        observer.close()
+
+
+def test_close_is_idempotent_and_a_later_report_starts_the_reporter_again() -> None:
+    metrics = HeldMetrics()
+    observer = TorchServeMetricsObserver(metrics)
+    assert observer.flush() and observer.close()  # never started: nothing to wait for
+    observer.on_batch(4, 1)
+    assert observer.close() and observer.close()
+    assert [name for name, *_ in metrics.lines] == [MICRO_BATCHES_PER_BATCH]
+    assert REPORTER_THREAD not in {t.name for t in threading.enumerate()}
+    observer.on_batch(8, 2)
+    assert observer.flush()
+    assert [value for _, value, _, _ in metrics.lines] == [1, 2]
+    assert observer.close()
