@@ -3,17 +3,21 @@
 
 Upstream's MicroBatching, ours on upstream's stages (PIL decoding as ImageClassifier, no
 EXIF turn: ``ours-same``), and the same without the pipeline's metric lines
-(``no-metrics``), round-robin, one body, the accelerator stand-in, batch 32, micro-batch
-4, threads 2/1/2, concurrency 64: throughput and the CPU milliseconds per request of the
-frontend (Java) and of the worker. On two busy cores throughput follows the CPU per
-request, so this says where a difference comes from.
+(``no-metrics``), round-robin (the order turned by one each round), one body, the
+accelerator stand-in, batch 32, micro-batch 4, threads 2/1/2, concurrency 64: throughput,
+P50 and P99 over every request's time (``ab -g``), and the CPU milliseconds per request of
+the frontend (Java) and of the worker. On two busy cores throughput follows the CPU per
+request, so this says where a difference comes from. Each round's ours/upstream ratios are
+kept: rounds swing by 10-20%, so only ratios taken in one run, over several rounds, say
+anything. The workers import the ts_microbatch of this checkout (PYTHONPATH).
 
-    python benchmarks/same_stages.py --rounds 3 --requests 3000 --out benchmarks/results/same_stages
+    python benchmarks/same_stages.py --rounds 5 --requests 3000 --out benchmarks/results/same_stages
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "examples" / "image_classifier")]
 
 import bench_lib  # noqa: E402
@@ -30,7 +35,7 @@ import bench_packaging  # noqa: E402
 import corpus  # noqa: E402
 import yaml as pyyaml  # noqa: E402
 
-from ts_microbatch.tools.ab import parse_ab  # noqa: E402
+from ts_microbatch.tools.ab import parse_ab, parse_gnuplot, percentile  # noqa: E402
 
 bench_packaging.HANDLER_FILES["no-metrics"] = str(HERE / "handlers/no_metrics_handler.py")
 HANDLERS = ("upstream", "ours-same", "no-metrics")
@@ -48,7 +53,10 @@ def run(work: Path, handler: str, body: Path, requests: int, label: str) -> dict
         yaml = pyyaml.safe_dump(bench_packaging.model_yaml(config, point, "ours-same"))
         (work / "store" / name / "model-config.yaml").write_text(yaml)
         shutil.copy(HERE.parent / "handlers/micro_batching_handler.py", work / "store" / name)
-    with bench_lib.project_server(work / "store", work / f"server-{label}") as server:
+    # The workers import this checkout's ts_microbatch, not whichever one is installed.
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    server_dir = work / f"server-{label.replace(' ', '-')}"
+    with bench_lib.project_server(work / "store", server_dir, env=env) as server:
         resp = server.register(name, batch_size=32, max_batch_delay_ms=50)
         if resp.status != 200:
             raise RuntimeError(f"register {name}: {resp.status} {resp.body!r}")
@@ -57,11 +65,22 @@ def run(work: Path, handler: str, body: Path, requests: int, label: str) -> dict
         ab += ["-H", f"Authorization: Bearer {server.token('inference')}"]
         subprocess.run([*ab, "-n", "300", url], capture_output=True, check=True)  # warm-up
         before = bench_lib.cpu_seconds(server)
+        times = work / f"{label.replace(' ', '-')}.tsv"
+        ab += ["-g", str(times)]
         out = subprocess.run([*ab, "-n", str(requests), url], capture_output=True, text=True)
         after = bench_lib.cpu_seconds(server)
     summary = parse_ab(out.stdout)
     done = summary["complete_requests"]
-    result = {"handler": handler, "requests_per_s": summary["requests_per_s"]}
+    errors = summary["failed_requests"] + summary["non_2xx_responses"]
+    if errors:
+        raise RuntimeError(f"{label}: {errors:.0f} of {done:.0f} requests failed")
+    ms = parse_gnuplot(times.read_text())
+    result = {
+        "handler": handler,
+        "requests_per_s": summary["requests_per_s"],
+        "p50_ms": percentile(ms, 50),
+        "p99_ms": percentile(ms, 99),
+    }
     for side in before:
         result[f"{side}_cpu_ms_per_request"] = 1000 * (after[side] - before[side]) / done
     print(label, {k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()})
@@ -79,7 +98,8 @@ def main() -> int:
     body = corpus.write(work / "bodies")[args.body]
     runs = []
     for round_ in range(1, args.rounds + 1):
-        for handler in HANDLERS:
+        turn = (round_ - 1) % len(HANDLERS)  # no handler always first, or after the same one
+        for handler in HANDLERS[turn:] + HANDLERS[:turn]:
             result = run(work, handler, body, args.requests, f"round {round_} {handler}")
             runs.append({"round": round_, **result})
     medians = {
@@ -90,19 +110,64 @@ def main() -> int:
         }
         for handler in HANDLERS
     }
+    ratios = round_ratios(runs)
     for handler, row in medians.items():
         ratio = row["requests_per_s"] / medians["upstream"]["requests_per_s"]
+        p99 = row["p99_ms"] / medians["upstream"]["p99_ms"]
         print(
             f"{handler}: median {row['requests_per_s']:.1f} req/s ({ratio:.2f}x upstream), "
+            f"P99 {row['p99_ms']:.0f} ms ({p99:.2f}x), "
             f"CPU ms per request: frontend {row['frontend_cpu_ms_per_request']:.2f}, "
             f"worker {row['workers_cpu_ms_per_request']:.2f}"
         )
+        if handler in ratios:
+            rows = ratios[handler]
+            print(f"  per round, throughput: {[round(r['requests_per_s'], 2) for r in rows]}")
+            print(f"  per round, P99: {[round(r['p99_ms'], 2) for r in rows]}")
     bench_lib.save_json(
         args.out,
         "results.json",
-        {"body": args.body, "requests": args.requests, "medians": medians, "runs": runs},
+        {
+            "body": args.body,
+            "requests": args.requests,
+            "rounds": args.rounds,
+            "commit": commit(),
+            "medians": medians,
+            "round_ratios_to_upstream": ratios,
+            "runs": runs,
+        },
     )
     return 0
+
+
+def round_ratios(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, float]]]:
+    """Each handler's throughput and P99 over upstream's, round by round."""
+    upstream = {r["round"]: r for r in runs if r["handler"] == "upstream"}
+    return {
+        handler: [
+            {
+                "round": r["round"],
+                "requests_per_s": r["requests_per_s"] / upstream[r["round"]]["requests_per_s"],
+                "p99_ms": r["p99_ms"] / upstream[r["round"]]["p99_ms"],
+            }
+            for r in runs
+            if r["handler"] == handler
+        ]
+        for handler in HANDLERS
+        if handler != "upstream"
+    }
+
+
+def commit() -> str:
+    """The checkout's commit, "+dirty" when it has changes: what the workers ran."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--", "ts_microbatch", "handlers"],
+        capture_output=True,
+        text=True,
+    )
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 if __name__ == "__main__":

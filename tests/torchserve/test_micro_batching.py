@@ -330,7 +330,8 @@ def test_defect_stage_metric_lines_carry_another_requests_id(
     mb = MicroBatching(handler, micro_batch_size=2, observer=TorchServeMetricsObserver(metrics))
     service = ts_service(mb.handle, metrics)
     bodies = [b"p0", v2_body("a1", "a2", "a3"), b"p2"]  # micro-batches [p0 a1] [a2 a3] [p2]
-    with mb, caplog.at_level(logging.INFO):
+    # mb's exit (shutdown) inside the log level: it writes the metric lines still pending.
+    with caplog.at_level(logging.INFO), mb:
         code, answers = decode(service.predict([ts_request(i, b) for i, b in enumerate(bodies)]))
     assert code == 200 and [status for _, status, _ in answers] == [200, 200, 200]
     for stage in ("preprocess", "inference", "postprocess"):
