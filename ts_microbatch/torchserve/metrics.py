@@ -99,23 +99,26 @@ class _Reporter:
     """One daemon thread, started at the first report, that runs the reports in order.
 
     ``put`` never blocks its caller (a stage thread): when ``max_pending`` reports are
-    waiting it drops the new one, counts it in ``dropped`` and warns once.
+    waiting it drops the new one, counts it in ``dropped`` and warns once; while
+    :meth:`close` runs, it queues without starting a thread (``close`` starts one for
+    what it finds queued, a later ``put`` or ``flush`` for what came after).
     """
 
     def __init__(self, run: Callable[[_Report], None], max_pending: int) -> None:
         self._run = run
         self._queue: queue.Queue[_Report | threading.Event | None] = queue.Queue(max_pending)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # starting and stopping the thread
+        self._dropped_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.dropped = 0
 
     def put(self, report: _Report) -> None:
         if self._thread is None:
-            self._start()
+            self._start(block=False)
         try:
             self._queue.put_nowait(report)
         except queue.Full:
-            with self._lock:
+            with self._dropped_lock:
                 self.dropped += 1
                 first = self.dropped == 1
             if first:
@@ -126,12 +129,19 @@ class _Reporter:
                     report.hook,
                 )
 
-    def _start(self) -> None:
-        with self._lock:
+    def _start(self, block: bool = True) -> None:
+        if not self._lock.acquire(blocking=block):
+            return  # close() is running
+        try:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=REPORTER_THREAD)
-                self._thread.daemon = True  # never what keeps a worker from exiting
-                self._thread.start()
+                self._start_locked()
+        finally:
+            self._lock.release()
+
+    def _start_locked(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=REPORTER_THREAD)
+        self._thread.daemon = True  # never what keeps a worker from exiting
+        self._thread.start()
 
     def _loop(self) -> None:
         while True:
@@ -149,7 +159,9 @@ class _Reporter:
     def flush(self, timeout_s: float) -> bool:
         """Waits until the reports put before the call are written; False after ``timeout_s``."""
         if self._thread is None:
-            return True
+            if self._queue.empty():
+                return True
+            self._start()
         done = threading.Event()
         try:
             self._queue.put(done, timeout=timeout_s)
@@ -161,16 +173,23 @@ class _Reporter:
         """Writes what is pending and stops the thread; idempotent. A report put later
         starts a new one. False if the thread was still writing after ``timeout_s``."""
         with self._lock:
-            thread, self._thread = self._thread, None
+            thread = self._thread
             if thread is None:
                 return True
             try:
                 self._queue.put(None, timeout=timeout_s)
+                thread.join(timeout_s)
             except queue.Full:
-                logger.warning("metric reporter still busy after %.1f s; left running", timeout_s)
+                pass
+            if thread.is_alive():
+                logger.warning(
+                    "metric reporter still writing after %.1f s; left running", timeout_s
+                )
                 return False
-            thread.join(timeout_s)
-            return not thread.is_alive()
+            self._thread = None
+            if not self._queue.empty():  # reported while it was closing
+                self._start_locked()
+            return True
 
 
 class TorchServeMetricsObserver(PipelineObserver):
