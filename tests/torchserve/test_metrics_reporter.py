@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,11 @@ class HeldMetrics:
         self.get_metric(name, kind).add_or_update(value, [], None)
 
 
+def reporters_since(before: set[threading.Thread]) -> set[str]:
+    """The names of the threads started since ``before`` and still running."""
+    return {t.name for t in set(threading.enumerate()) - before}
+
+
 def test_hooks_return_before_their_lines_are_written_and_a_flush_writes_them_all() -> None:
     metrics = HeldMetrics()
     metrics.gate.clear()  # every write waits
@@ -101,11 +107,13 @@ def test_lines_through_torchserves_cache_are_logged_by_the_reporter_thread(
     metrics.initialize_cache()
     observer = TorchServeMetricsObserver(metrics)
     mb = MicroBatching(FakeHandler(), micro_batch_size=2, observer=observer)
+    before = set(threading.enumerate())
     with caplog.at_level(logging.INFO):
         with mb:
             assert mb.handle([1, 2, 3], Context(3, metrics)) == expected([1, 2, 3])
+            assert REPORTER_THREAD in reporters_since(before)  # the scenario
         # shutdown() wrote what was pending and stopped the reporter.
-        assert REPORTER_THREAD not in {t.name for t in threading.enumerate()}
+        assert REPORTER_THREAD not in reporters_since(before)
     records = [r for r in caplog.records if r.getMessage().startswith("[METRICS]MicroBatch")]
     assert len(records) == LINES_OF_ONE_BATCH
     assert {r.threadName for r in records} == {REPORTER_THREAD}
@@ -137,12 +145,46 @@ def test_a_full_hand_off_drops_reports_counts_them_and_warns_once(
 def test_close_is_idempotent_and_a_later_report_starts_the_reporter_again() -> None:
     metrics = HeldMetrics()
     observer = TorchServeMetricsObserver(metrics)
+    before = set(threading.enumerate())
     assert observer.flush() and observer.close()  # never started: nothing to wait for
     observer.on_batch(4, 1)
     assert observer.close() and observer.close()
     assert [name for name, *_ in metrics.lines] == [MICRO_BATCHES_PER_BATCH]
-    assert REPORTER_THREAD not in {t.name for t in threading.enumerate()}
+    assert REPORTER_THREAD not in reporters_since(before)
     observer.on_batch(8, 2)
     assert observer.flush()
     assert [value for _, value, _, _ in metrics.lines] == [1, 2]
+    assert observer.close()
+
+
+def test_hang_a_report_made_while_closing_waited_for_the_close() -> None:
+    # close() held the lock that starting the reporter takes while it joined the thread:
+    # a stage thread reporting then waited for the whole close.
+    metrics = HeldMetrics()
+    metrics.gate.clear()
+    observer = TorchServeMetricsObserver(metrics)
+    observer.on_recompile(1)
+    assert metrics.writing.wait(10)  # the reporter is held writing it
+    closed: list[bool] = []
+    closer = threading.Thread(target=lambda: closed.append(observer.close()))
+    closer.start()
+    # Bounded wait until close() holds the reporter's lock (it keeps it until the join ends).
+    lock = observer._reporter._lock
+    assert any(lock.locked() or time.sleep(0.01) for _ in range(1000)), "close() never started"
+    reported = threading.Event()
+
+    def report() -> None:
+        observer.on_recompile(2)
+        reported.set()
+
+    threading.Thread(target=report).start()
+    try:
+        assert reported.wait(10)
+        assert closer.is_alive() and not closed  # the scenario: reported during the close
+    finally:
+        metrics.gate.set()
+    closer.join(10)
+    assert closed == [True]
+    assert observer.flush()  # the report made while closing is written, by a new thread
+    assert [value for name, value, _, _ in metrics.lines if name == RECOMPILES] == [1, 2]
     assert observer.close()
