@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
+from . import lengths
 from ._queue import StageQueue
 from .autosize import AutoMicroBatchSize
 from .batch import (
@@ -53,6 +54,7 @@ from .errors import (
     RequestError,
 )
 from .isolation import Fail, Isolator, Outcome, declared_per_request
+from .lengths import LengthRule
 from .metrics import GuardedObserver, PipelineObserver
 from .stages import StageWorkers
 
@@ -92,6 +94,8 @@ class Pipeline:
         padded_stages: consecutive stages: the input of the first is padded to an allowed
             size (the items themselves when it is the first stage), the output of the last
             is cut back to the real items.
+        lengths: how items of variable length are measured, refused, ordered and cut
+            (``ts_microbatch.core.lengths``); None: arrival order, ``micro_batch_size`` each.
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class Pipeline:
         allowed_sizes: Sequence[int] | None = None,
         padded_stages: Sequence[str] | None = None,
         is_input_error: Callable[[BaseException], bool] = declared_per_request,
+        lengths: LengthRule | None = None,
     ) -> None:
         if not stages:
             raise ConfigError("stages: got none, expected at least one stage")
@@ -124,6 +129,7 @@ class Pipeline:
         ]
         self._isolator = Isolator(isolate_failures, is_input_error)
         self._join_timeout_s = join_timeout_s
+        self._lengths = lengths
         self._observer = GuardedObserver.wrap(observer or PipelineObserver())
         self._lock = threading.Lock()  # guards the fields below
         self._idle = threading.Condition(self._lock)  # notified when no batch is in flight
@@ -204,7 +210,8 @@ class Pipeline:
             owners: ``owners[i]`` is the request index (the row of ``context``) of item i;
                 each request's items consecutive, requests in order. None: item i is
                 request i. Stage helpers, statuses and failure isolation go by requests.
-            micro_batch_size: split this batch at this size instead of the one in force.
+            micro_batch_size: split this batch at this size instead of the one in force, in
+                arrival order whatever the length rule (warm-up runs chosen shapes).
             quiet: report nothing of it to the observer or the automatic size (warm-up).
 
         Raises:
@@ -218,8 +225,8 @@ class Pipeline:
             size = _positive_int(micro_batch_size, "micro_batch_size")
         else:
             size = auto.choose(len(items), self.parallelism) if auto else self._micro_batch_size
-        batch = Batch(len(items), context, self._check_stalled_quietly, quiet=quiet, owners=owners)
-        micro_batches = cut(batch, items, size)
+        exact = micro_batch_size is not None
+        batch, micro_batches = self._cut(items, context, owners, size, quiet, exact)
         self._isolator.track(batch, micro_batches)
         with self._lock:
             if self._closed:
@@ -228,11 +235,49 @@ class Pipeline:
         batch.when_answered(self._batch_answered)
         if not quiet:
             self._observer.on_batch(len(items), len(micro_batches))
+            if batch.lengths is not None:
+                for mb in micro_batches:
+                    real = sum(mb.lengths or ())
+                    self._observer.on_tokens(real, len(mb) * (mb.padded_length or 0))
         if auto is not None:
             batch.when_answered(auto.batch_reporter(size))
         for mb in micro_batches:
             self._enqueue(0, mb)
         return batch
+
+    def _cut(
+        self,
+        items: Sequence[Any],
+        context: Any,
+        owners: Sequence[int] | None,
+        size: int,
+        quiet: bool,
+        exact: bool,
+    ) -> tuple[Batch, list[_MicroBatch]]:
+        """The batch of ``items`` and its micro-batches: ``size`` items each in arrival
+        order, or as the length rule orders, refuses and cuts them (``exact``: measured and
+        refused, but cut ``size`` each in arrival order)."""
+        rule = self._lengths
+        if rule is None:
+            batch = Batch(
+                len(items), context, self._check_stalled_quietly, quiet=quiet, owners=owners
+            )
+            return batch, cut(batch, items, size)
+        plan = lengths.plan(rule, items, owners, size, exact=exact)
+        batch = Batch(
+            len(items),
+            context,
+            self._check_stalled_quietly,
+            quiet=quiet,
+            owners=owners,
+            order=plan.order,
+            lengths=plan.lengths,
+            pad_length=rule.padded,
+        )
+        for item, error in plan.refused.items():
+            # Refused before any stage (too long, unreadable): its request alone.
+            _set_future(batch.futures[item], error=error)
+        return batch, cut(batch, [items[i] for i in plan.order], plan.sizes)
 
     def _batch_answered(self, batch: Batch) -> None:
         with self._lock:
@@ -309,10 +354,17 @@ class Pipeline:
         self._workers.begin_call(name, mb)
         # The call and its report see this micro-batch as the thread's: stage helpers read
         # its requests, metric lines carry its first request's id.
-        owners = mb.owners if mb.batch.owners is not None else None
         set_current_micro_batch(
             MicroBatchInfo(
-                mb.index, mb.offset, len(mb), mb.attempt, mb.batch.context, owners, size - len(mb)
+                mb.index,
+                mb.offset,
+                len(mb),
+                mb.attempt,
+                mb.batch.context,
+                mb.owners,
+                size - len(mb),
+                mb.lengths,
+                mb.padded_length,
             )
         )
         error: BaseException | None = None
@@ -369,7 +421,9 @@ class Pipeline:
             # and its pieces still queued are dropped as stale.
             whole = outcome.fail_batch
             batch = whole.mb.batch
-            self._finish(batch, range(len(batch)), error=whole.error, failure=self._failure(whole))
+            self._finish(
+                batch, range(batch.positions), error=whole.error, failure=self._failure(whole)
+            )
         for mb in outcome.rerun:
             self._enqueue(0, mb)
 
@@ -392,24 +446,24 @@ class Pipeline:
     def _finish(
         self,
         batch: Batch,
-        indices: range,
+        positions: range,
         *,
         outputs: list[Any] | None = None,
         error: BaseException | None = None,
         failure: RequestFailure | None = None,
     ) -> None:
-        """Resolves the futures of ``batch``'s requests ``indices`` with ``outputs`` or
-        ``error``: the one place a request gets its outcome from a stage. Requests answered
-        already (timed out, cancelled) keep their answer."""
-        for position, index in enumerate(indices):
-            future = batch.futures[index]
+        """Resolves the futures of the items at ``positions`` of ``batch``'s cut with
+        ``outputs`` or ``error``: the one place a request gets its outcome from a stage.
+        Requests answered already (timed out, cancelled) keep their answer."""
+        for row, position in enumerate(positions):
+            future = batch.slot(position)
             if future.done():
                 continue
             if outputs is not None:
-                _set_future(future, result=outputs[position])
+                _set_future(future, result=outputs[row])
             else:
                 if failure is not None:
-                    batch.record_failure(index, failure)
+                    batch.record_failure(batch.item(position), failure)
                 _set_future(future, error=error or PipelineClosedError("micro-batch lost"))
 
     # -- stuck stage calls -----------------------------------------------------------

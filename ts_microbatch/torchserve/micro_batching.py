@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import os
 import threading
@@ -26,6 +27,7 @@ from ..core.autosize import AutoMicroBatchSize
 from ..core.batch import MicroBatchInfo
 from ..core.config import (
     STAGES,
+    YAML_SECTION,
     MicroBatchingConfig,
     Parallelism,
     _positive_int,
@@ -161,7 +163,14 @@ class MicroBatching:
             allowed_sizes=config.allowed_micro_batch_sizes,
             padded_stages=_padded_stages(config),
             is_input_error=is_input_error,
+            lengths=config.length_rule(self._item_length),
         )
+
+    def _item_length(self, item: Any) -> int:
+        """One item's length: the handler's ``item_length(item)`` (a tokenizer's count),
+        else the size of its body (``body_length``)."""
+        measure = getattr(self.handler, "item_length", None)
+        return int(measure(item)) if measure is not None else body_length(item)
 
     # -- configuration ---------------------------------------------------------------
 
@@ -413,6 +422,9 @@ class MicroBatching:
 
         In TorchServe's asynchronous worker (called from its event loop) it returns a
         coroutine, which that worker awaits; otherwise the list of answers."""
+        if not self._config.enabled:
+            # As without micro-batching: the handler's own handle on the whole batch.
+            return plain_handle(self.handler)(data, context)
         if _in_event_loop():
             return self._call_async(data, context)
         start = time.time()
@@ -559,6 +571,31 @@ def _padded_stages(config: MicroBatchingConfig) -> tuple[str, ...] | None:
 def _rest(config: MicroBatchingConfig) -> MicroBatchingConfig:
     """``config`` without the settings ``configure`` changes in place."""
     return replace(config, micro_batch_size=1, parallelism=Parallelism(), on_recompile="warn")
+
+
+def body_length(item: Any) -> int:
+    """The default length of an item: its body's size in bytes or characters (a TorchServe
+    row's ``data`` or ``body``, or a KServe instance), JSON's length for other values."""
+    body = item.get("data", item.get("body", item)) if isinstance(item, Mapping) else item
+    if isinstance(body, (bytes, bytearray, str)):
+        return len(body)
+    try:
+        return len(json.dumps(body, default=str))
+    except (TypeError, ValueError):  # a value JSON cannot hold (a NaN key, a cycle)
+        return len(str(body))
+
+
+def plain_handle(handler: Any) -> Any:
+    """``handler``'s ``handle`` as without micro-batching: the first in its class's MRO that
+    is not micro-batching's own (``BaseHandler.handle``), bound to it."""
+    for cls in type(handler).__mro__:
+        handle = cls.__dict__.get("handle")
+        if handle is not None and not getattr(handle, "micro_batched", False):
+            return handle.__get__(handler, type(handler))
+    raise ConfigError(
+        f"{YAML_SECTION}.enabled: got false, but {type(handler).__name__} has no handle() "
+        "of its own to run without micro-batching"
+    )
 
 
 def _in_event_loop() -> bool:

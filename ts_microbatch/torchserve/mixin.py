@@ -19,6 +19,7 @@ worker and every request of the batch fails: ``timeout_s`` null runs with 90% of
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -80,20 +81,39 @@ class MicroBatchingMixin:
 
     def warmup_input(self) -> Any:
         """One request's input for warm-up when ``warmup.sample`` names no file; a handler
-        that can make one (the image handler makes a JPEG) overrides this."""
+        that can make one (the image handler makes a JPEG) overrides this. A text handler
+        with ``allowed_sequence_lengths`` defines ``warmup_input(self, length)``: a body whose
+        ``item_length`` is ``length``, called once per allowed length."""
         raise ConfigError(
             f"{YAML_SECTION}.warmup.sample: not set, and {type(self).__name__} defines no "
             "warmup_input(): name a sample request body shipped in the .mar "
             "(torch-model-archiver --extra-files)"
         )
 
+    def _warm_up_samples(self, context: Any, warmup: WarmupConfig) -> list[Any]:
+        """The request bodies warm-up runs: the sample file, or the handler's input; with
+        ``allowed_sequence_lengths``, one per length when ``warmup_input`` takes a length,
+        so every (size, length) shape a compiled model can see is compiled at load."""
+        if warmup.sample is not None:
+            return [{"body": bytearray(_read_sample(context, warmup.sample))}]
+        buckets = (
+            self.micro_batching.config.allowed_sequence_lengths if self.micro_batching else None
+        )
+        if buckets and "length" in inspect.signature(self.warmup_input).parameters:
+            return [self.warmup_input(length=length) for length in buckets]  # type: ignore[call-arg]
+        if buckets:
+            logger.warning(
+                "warm-up: %s.warmup_input() takes no length, so of allowed_sequence_lengths "
+                "%s only the bucket of its one input is warmed up",
+                type(self).__name__,
+                list(buckets),
+            )
+        return [self.warmup_input()]
+
     def _warm_up(self, pipeline: MicroBatching, context: Any, warmup: WarmupConfig) -> None:
-        if warmup.sample is None:
-            sample = self.warmup_input()
-        else:
-            sample = {"body": bytearray(_read_sample(context, warmup.sample))}
         try:
-            seconds = pipeline.warm_up(sample)  # the config's sizes and iterations
+            # The config's sizes and iterations, for each sample.
+            seconds = sum(pipeline.warm_up(s) for s in self._warm_up_samples(context, warmup))
         except BaseException:
             pipeline.shutdown(wait=False, cancel_pending=True)
             raise
@@ -123,6 +143,8 @@ class MicroBatchingMixin:
         if self.micro_batching is None:
             raise RuntimeError("handle() called before initialize(): the pipeline is not started")
         return self.micro_batching(data, context)
+
+    handle.micro_batched = True  # type: ignore[attr-defined]  # skipped by plain_handle
 
 
 def check_compiled_config(config: MicroBatchingConfig) -> None:
