@@ -227,7 +227,9 @@ def test_every_item_is_answered_once_in_its_place_and_cuts_keep_their_bounds(
     items = [f"{i}:" + "x" * max(0, n - len(f"{i}:")) for i, n in enumerate(lengths)]
     answers, recorder = run(items, rule, size, owners=owners)
     limit = rule.limit
-    too_long = {owners[i] for i, item in enumerate(items) if limit is not None and len(item) > limit}
+    too_long = {
+        owners[i] for i, item in enumerate(items) if limit is not None and len(item) > limit
+    }
     for i, item in enumerate(items):
         if owners[i] in too_long:
             assert isinstance(answers[i], PayloadTooLargeError)

@@ -155,6 +155,7 @@ def plan(
     size: int,
     *,
     exact: bool = False,
+    choose: Callable[[Sequence[int]], Sequence[int]] | None = None,
 ) -> Plan:
     """Measures ``items`` and cuts them: in arrival order or by length, ``size`` items at a
     time, or as many as the token budget holds (at least ``min_items``, at most ``size``).
@@ -163,6 +164,8 @@ def plan(
         owners: the request index of each item (consecutive per request); None: one each.
         exact: arrival order, ``size`` items each, whatever the order and budget (warm-up
             runs chosen shapes).
+        choose: the micro-batch sizes for the lengths in cut order, instead of the rule's
+            budget (``ts_microbatch.core.autobudget``).
     """
     owners = list(range(len(items))) if owners is None else list(owners)
     lengths, refused = measure(rule, items, owners)
@@ -176,7 +179,10 @@ def plan(
         groups.sort(key=lambda group: max(lengths[i] for i in group))
     order = tuple(i for group in groups for i in group)
     ordered = tuple(lengths[i] for i in order)
-    sizes = cut_sizes(rule, ordered, size, exact=exact)
+    if choose is not None and not exact:
+        sizes = tuple(choose(ordered))
+    else:
+        sizes = cut_sizes(rule, ordered, size, exact=exact)
     return Plan(order, sizes, ordered, refused)
 
 

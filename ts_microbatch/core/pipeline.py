@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 from . import lengths
 from ._queue import StageQueue
+from .autobudget import AutoTokenBudget
 from .autosize import AutoMicroBatchSize
 from .batch import (
     Batch,
@@ -96,6 +97,9 @@ class Pipeline:
             is cut back to the real items.
         lengths: how items of variable length are measured, refused, ordered and cut
             (``ts_microbatch.core.lengths``); None: arrival order, ``micro_batch_size`` each.
+        token_budget: with ``lengths``, chooses each batch's cut from measured costs per
+            padded token (``ts_microbatch.core.autobudget``) instead of the rule's budget;
+            ``micro_batch_size`` is then the most items a micro-batch holds.
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class Pipeline:
         padded_stages: Sequence[str] | None = None,
         is_input_error: Callable[[BaseException], bool] = declared_per_request,
         lengths: LengthRule | None = None,
+        token_budget: AutoTokenBudget | None = None,
     ) -> None:
         if not stages:
             raise ConfigError("stages: got none, expected at least one stage")
@@ -130,6 +135,7 @@ class Pipeline:
         self._isolator = Isolator(isolate_failures, is_input_error)
         self._join_timeout_s = join_timeout_s
         self._lengths = lengths
+        self.token_budget = token_budget if lengths is not None else None
         self._observer = GuardedObserver.wrap(observer or PipelineObserver())
         self._lock = threading.Lock()  # guards the fields below
         self._idle = threading.Condition(self._lock)  # notified when no batch is in flight
@@ -263,7 +269,12 @@ class Pipeline:
                 len(items), context, self._check_stalled_quietly, quiet=quiet, owners=owners
             )
             return batch, cut(batch, items, size)
-        plan = lengths.plan(rule, items, owners, size, exact=exact)
+        budget = None if quiet else self.token_budget
+        choose = None
+        if budget is not None:
+            threads = self.parallelism
+            choose = lambda ordered: budget.choose(rule, ordered, threads)  # noqa: E731
+        plan = lengths.plan(rule, items, owners, size, exact=exact, choose=choose)
         batch = Batch(
             len(items),
             context,
@@ -384,9 +395,11 @@ class Pipeline:
         if error is not None:
             self._on_stage_error(stage, mb, error)
             return
-        auto = self._auto
+        auto, budget = self._auto, self.token_budget
         if auto is not None and not mb.batch.quiet:
             auto.observe(name, size, run_s)  # the cost is the padded size's
+        if budget is not None and not mb.batch.quiet and mb.padded_length is not None:
+            budget.observe(name, size * mb.padded_length, run_s)
         self._apply(self._isolator.passed(mb, stage))
         if last:
             self._finish(mb.batch, mb.indices, outputs=output)

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..core._padding import same_answer
+from ..core.autobudget import AutoTokenBudget
 from ..core.autosize import AutoMicroBatchSize
 from ..core.batch import MicroBatchInfo
 from ..core.config import (
@@ -152,10 +153,9 @@ class MicroBatching:
         self._pipeline = self._new_pipeline(config)
 
     def _new_pipeline(self, config: MicroBatchingConfig) -> Pipeline:
-        return Pipeline(
+        pipeline = Pipeline(
             self._stages,
             parallelism=config.parallelism.as_dict(),
-            micro_batch_size=_size_for_pipeline(config.micro_batch_size, config),
             max_queued_micro_batches=config.max_queued_micro_batches,
             isolate_failures=config.isolate_failures,
             join_timeout_s=config.join_timeout_s,
@@ -165,6 +165,21 @@ class MicroBatching:
             is_input_error=is_input_error,
             lengths=config.length_rule(self._item_length),
         )
+        self._set_size(pipeline, config.micro_batch_size, config)
+        return pipeline
+
+    @staticmethod
+    def _set_size(pipeline: Pipeline, size: Any, config: MicroBatchingConfig) -> None:
+        """``size`` in force on ``pipeline``: "auto" chooses each batch's cut by token
+        budget when items are measured (``ts_microbatch.core.autobudget``), by count else."""
+        checked = check_micro_batch_size(size, config.allowed_micro_batch_sizes)
+        if checked == "auto" and config.length_rule(body_length) is not None:
+            largest = config.largest_micro_batch()
+            pipeline.micro_batch_size = largest
+            pipeline.token_budget = AutoTokenBudget(largest, config.max_micro_batch_tokens)
+            return
+        pipeline.token_budget = None
+        pipeline.micro_batch_size = _size_for_pipeline(checked, config)
 
     def _item_length(self, item: Any) -> int:
         """One item's length: the handler's ``item_length(item)`` (a tokenizer's count),
@@ -177,7 +192,8 @@ class MicroBatching:
     @property
     def config(self) -> MicroBatchingConfig:
         """The settings in force."""
-        auto = self._pipeline.auto_micro_batch_size is not None
+        pipeline = self._pipeline
+        auto = pipeline.auto_micro_batch_size is not None or pipeline.token_budget is not None
         return replace(
             self._config,
             micro_batch_size="auto" if auto else self._pipeline.micro_batch_size,
@@ -212,7 +228,7 @@ class MicroBatching:
     @micro_batch_size.setter
     def micro_batch_size(self, size: int | str) -> None:
         """An integer >= 1, or "auto" within the config's min/max_micro_batch_size."""
-        self._pipeline.micro_batch_size = _size_for_pipeline(size, self._config)
+        self._set_size(self._pipeline, size, self._config)
 
     @property
     def parallelism(self) -> dict[str, int]:
