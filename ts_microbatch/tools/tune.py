@@ -10,6 +10,11 @@ combination of micro_batch_size and preprocess/postprocess threads (inference th
 the time per batch, and writes the best combination as micro_batching.json. The handler
 must use ts_microbatch (MicroBatchingMixin, or ``self.handle = MicroBatching(self)``).
 
+With ``--corpus DIR|FILE.jsonl`` instead of ``--input`` (ts_microbatch.tools.corpus), each
+measured batch is the next ``--batch-size`` bodies of the corpus in its fixed shuffled
+order, the same batches for every combination, so the choice reflects the mix of lengths
+rather than one body's.
+
 With ``--confirm K`` the K best combinations are then served one after the other by a real
 TorchServe on loopback and driven by apache bench (`ab`) at the same batch size
 (ts_microbatch.tools.confirm); the one it measures fastest is written instead, and both
@@ -35,6 +40,7 @@ from ..core.config import MicroBatchingConfig, load_config
 from ..torchserve.micro_batching import MicroBatching
 from .ab import ab_problem
 from .confirm import Load, measure_configs, model_dir_of
+from .corpus import Body, Corpus, CorpusError, read_corpus, rows_of
 from .server import java_problem
 
 
@@ -127,10 +133,11 @@ def fresh_batch(context: Any, batch_size: int) -> None:
     context.metrics.request_ids = context.request_ids
 
 
-def measure(mb: MicroBatching, context: Any, rows: list[dict[str, bytes]], repeats: int) -> float:
-    """Seconds per batch, the median of ``repeats`` after one warm-up batch."""
+def measure(mb: MicroBatching, context: Any, batches: list[list[Body]]) -> float:
+    """Seconds per batch, the median over ``batches`` after the first (a warm-up)."""
     times = []
-    for i in range(repeats + 1):
+    for i, batch in enumerate(batches):
+        rows = rows_of(batch)
         fresh_batch(context, len(rows))
         start = time.perf_counter()
         mb(rows, context)
@@ -138,22 +145,35 @@ def measure(mb: MicroBatching, context: Any, rows: list[dict[str, bytes]], repea
             times.append(time.perf_counter() - start)
         failed = [s for s in range(len(rows)) if context.get_response_status(s)[0] != 200]
         if failed:
+            names = ", ".join(sorted({batch[s].name for s in failed})[:5])
             raise SystemExit(
-                f"the sample input failed ({len(failed)} of {len(rows)} requests): "
-                "give an input the handler accepts"
+                f"the sample input failed ({len(failed)} of {len(rows)} requests: {names}): "
+                "give bodies the handler accepts"
             )
     return sorted(times)[len(times) // 2]
+
+
+def tuning_corpus(args: argparse.Namespace) -> Corpus:
+    """``--corpus``, or ``--input`` as a corpus of one body sent as bytes (as before)."""
+    if args.corpus is not None:
+        try:
+            return read_corpus(args.corpus)
+        except CorpusError as err:
+            raise SystemExit(f"--corpus: {err}") from None
+    body = Body(args.input.name, args.input.read_bytes(), "application/octet-stream")
+    return Corpus(str(args.input), (body,))
 
 
 def tune(
     mb: MicroBatching,
     context: Any,
-    rows: list[dict[str, bytes]],
+    batches: list[list[Body]],
     sizes: list[int],
     threads: list[int],
     inference_threads: list[int],
-    repeats: int,
 ) -> list[Trial]:
+    """Every combination measured on the same ``batches`` (the first a warm-up); fastest
+    first."""
     grid = list(itertools.product(sizes, threads, inference_threads))
     trials = []
     base = mb.config
@@ -164,8 +184,8 @@ def tune(
                 {"micro_batch_size": size, "parallelism": parallelism}, base
             )
         )
-        seconds = measure(mb, context, rows, repeats)
-        trial = Trial(size, parallelism, len(rows) / seconds, seconds * 1000)
+        seconds = measure(mb, context, batches)
+        trial = Trial(size, parallelism, len(batches[0]) / seconds, seconds * 1000)
         trials.append(trial)
         print(
             f"[{i}/{len(grid)}] micro_batch_size={size:<3} threads {pre_post}/{infer}/{pre_post}: "
@@ -211,9 +231,8 @@ def confirm(
     out = args.confirm_out or workdir / "confirm"
     print(f"\nConfirming {len(top)} configs on TorchServe (results in {out})", flush=True)
     model_dir = model_dir_of(args.mar, workdir / "confirm-model")
-    measured = measure_configs(
-        model_dir, args.input.resolve(), configs, load, args.confirm_repeats, Path(out)
-    )
+    sent: Path | Corpus = args.input.resolve() if args.corpus is None else tuning_corpus(args)
+    measured = measure_configs(model_dir, sent, configs, load, args.confirm_repeats, Path(out))
     confirmed = [
         Confirmed(trial, m.config, m.requests_per_s, m.p99_ms, m.errors)
         for trial, m in zip(top, measured)
@@ -269,7 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--mar", required=True, type=Path, help=".mar file or unpacked model directory"
     )
-    parser.add_argument("--input", required=True, type=Path, help="a sample request body")
+    bodies = parser.add_mutually_exclusive_group(required=True)
+    bodies.add_argument("--input", type=Path, help="a sample request body (sent as bytes)")
+    bodies.add_argument(
+        "--corpus",
+        type=Path,
+        help="a directory of request bodies or a .jsonl file (one string or object a line); "
+        "batches are drawn from it in a fixed order, and --confirm sends it",
+    )
     parser.add_argument(
         "--batch-size", type=int, default=32, help="frontend batch size to tune for"
     )
@@ -309,21 +335,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     sizes = [s for s in args.micro_batch_sizes if s <= args.batch_size] or [args.batch_size]
-    rows = [{"body": args.input.read_bytes()}] * args.batch_size
+    corpus = tuning_corpus(args)
+    batches = corpus.batches(args.batch_size, args.repeats + 1)
     with tempfile.TemporaryDirectory(prefix="ts-microbatch-tune-") as scratch:
         model_dir = model_dir_of(args.mar, Path(scratch) / "model")
         context = make_context(model_dir, args.batch_size)
         base = load_config(model_dir, context.model_yaml_config)
         _, mb = load_handler(model_dir, context)
         print(
-            f"Tuning {args.mar} at batch size {args.batch_size}: {len(sizes)} sizes x "
-            f"{len(args.threads)} x {len(args.inference_threads)} thread counts",
+            f"Tuning {args.mar} at batch size {args.batch_size} on {corpus.label}: "
+            f"{len(sizes)} sizes x {len(args.threads)} x {len(args.inference_threads)} "
+            "thread counts",
             flush=True,
         )
         try:
-            ranked = tune(
-                mb, context, rows, sizes, args.threads, args.inference_threads, args.repeats
-            )
+            ranked = tune(mb, context, batches, sizes, args.threads, args.inference_threads)
         finally:
             mb.shutdown()
         print_ranking(ranked)
