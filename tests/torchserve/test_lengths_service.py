@@ -6,6 +6,7 @@ The text example has no ``item_length``, so lengths are the bodies' sizes (the d
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 
 from tests.torchserve.test_text_padding import extract
 from tests.torchserve.ts_machinery import decode, load_service, request
+from ts_microbatch.torchserve.metrics import PADDED_TOKENS, TOKENS
 
 TEXTS = [
     "great movie",
@@ -136,3 +138,26 @@ def test_bad_length_settings_fail_the_load_naming_the_key(
         loaded(tmp_path, settings)
     assert type(info.value).__name__ == "ConfigError"
     assert key in str(info.value)
+
+
+def test_real_and_padded_tokens_are_counted_per_micro_batch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = loaded(tmp_path, {"micro_batch_size": 2, "order": "length"})
+    try:
+        with caplog.at_level(logging.INFO):
+            predict(service, [t.encode() for t in TEXTS])
+    finally:
+        close(service)
+    lines = [r.getMessage() for r in caplog.records if "[METRICS]MicroBatch" in r.getMessage()]
+
+    def counted(name: str) -> list[float]:
+        prefix = f"[METRICS]{name}.Count:"
+        return [
+            float(line.split(":")[1].split("|")[0]) for line in lines if line.startswith(prefix)
+        ]
+
+    lengths = sorted(len(t) for t in TEXTS)
+    pairs = [lengths[i : i + 2] for i in range(0, len(lengths), 2)]
+    assert counted(TOKENS) == [float(sum(p)) for p in pairs]
+    assert counted(PADDED_TOKENS) == [float(len(p) * max(p)) for p in pairs]
