@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .batch import Batch, _MicroBatch, _set_future, cut
 from .errors import ConfigError, InvalidInputError, PayloadTooLargeError, RequestError
 
 logger = logging.getLogger(__name__)
@@ -184,6 +185,32 @@ def plan(
     else:
         sizes = cut_sizes(rule, ordered, size, exact=exact)
     return Plan(order, sizes, ordered, refused)
+
+
+def cut_batch(
+    plan: Plan,
+    rule: LengthRule,
+    items: Sequence[Any],
+    context: Any,
+    owners: Sequence[int] | None,
+    on_timeout: Callable[[], None],
+    *,
+    quiet: bool,
+) -> tuple[Batch, list[_MicroBatch]]:
+    """The batch of ``items`` cut as ``plan`` says; its refused requests answered at once."""
+    batch = Batch(
+        len(items),
+        context,
+        on_timeout,
+        quiet=quiet,
+        owners=owners,
+        order=plan.order,
+        lengths=plan.lengths,
+        pad_length=rule.padded,
+    )
+    for item, error in plan.refused.items():
+        _set_future(batch.futures[item], error=error)  # before any stage: its request alone
+    return batch, cut(batch, [items[i] for i in plan.order], plan.sizes)
 
 
 def cut_sizes(

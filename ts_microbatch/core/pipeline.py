@@ -39,7 +39,6 @@ from .autosize import AutoMicroBatchSize
 from .batch import (
     Batch,
     MicroBatchInfo,
-    RequestFailure,
     _MicroBatch,
     _set_future,
     current_micro_batch,
@@ -52,11 +51,11 @@ from .errors import (
     ConfigError,
     PipelineClosedError,
     PipelineStalledError,
-    RequestError,
 )
-from .isolation import Fail, Isolator, Outcome, declared_per_request
+from .isolation import Isolator, declared_per_request
 from .lengths import LengthRule
 from .metrics import GuardedObserver, PipelineObserver
+from .outcomes import Outcomes
 from .stages import StageWorkers
 
 logger = logging.getLogger(__name__)
@@ -133,6 +132,7 @@ class Pipeline:
             StageQueue[_MicroBatch](max_queued_micro_batches) for _ in self._names[1:]
         ]
         self._isolator = Isolator(isolate_failures, is_input_error)
+        self._outcomes = Outcomes(self._names, self._isolator, self._enqueue)
         self._join_timeout_s = join_timeout_s
         self._lengths = lengths
         self.token_budget = token_budget if lengths is not None else None
@@ -261,34 +261,18 @@ class Pipeline:
         exact: bool,
     ) -> tuple[Batch, list[_MicroBatch]]:
         """The batch of ``items`` and its micro-batches: ``size`` items each in arrival
-        order, or as the length rule orders, refuses and cuts them (``exact``: measured and
-        refused, but cut ``size`` each in arrival order)."""
-        rule = self._lengths
+        order, or as the length rule measures, refuses, orders and cuts them."""
+        on_timeout = self._check_stalled_quietly
+        rule, budget = self._lengths, None if quiet else self.token_budget
         if rule is None:
-            batch = Batch(
-                len(items), context, self._check_stalled_quietly, quiet=quiet, owners=owners
-            )
+            batch = Batch(len(items), context, on_timeout, quiet=quiet, owners=owners)
             return batch, cut(batch, items, size)
-        budget = None if quiet else self.token_budget
         choose = None
         if budget is not None:
             threads = self.parallelism
             choose = lambda ordered: budget.choose(rule, ordered, threads)  # noqa: E731
         plan = lengths.plan(rule, items, owners, size, exact=exact, choose=choose)
-        batch = Batch(
-            len(items),
-            context,
-            self._check_stalled_quietly,
-            quiet=quiet,
-            owners=owners,
-            order=plan.order,
-            lengths=plan.lengths,
-            pad_length=rule.padded,
-        )
-        for item, error in plan.refused.items():
-            # Refused before any stage (too long, unreadable): its request alone.
-            _set_future(batch.futures[item], error=error)
-        return batch, cut(batch, [items[i] for i in plan.order], plan.sizes)
+        return lengths.cut_batch(plan, rule, items, context, owners, on_timeout, quiet=quiet)
 
     def _batch_answered(self, batch: Batch) -> None:
         with self._lock:
@@ -331,11 +315,7 @@ class Pipeline:
                 )
             self._queues[stage].put(mb)
         except PipelineClosedError as closed:
-            self._fail_unrun(mb, closed)
-
-    def _fail_unrun(self, mb: _MicroBatch, error: BaseException) -> None:
-        self._finish(mb.batch, mb.indices, error=error)
-        self._apply(self._isolator.dropped(mb))
+            self._outcomes.fail_unrun(mb, closed)
 
     def _serve(self, stage: int, mb: _MicroBatch) -> None:
         """What a stage thread does with each micro-batch it takes; never raises."""
@@ -348,14 +328,14 @@ class Pipeline:
             name = self._names[stage]
             logger.exception("internal error in stage %s; failing its micro-batch", name)
             try:
-                self._fail_unrun(mb, exc)
+                self._outcomes.fail_unrun(mb, exc)
             except BaseException:
                 logger.exception("internal error failing a micro-batch of %s", name)
 
     def _process(self, stage: int, mb: _MicroBatch) -> None:
         if mb.answered():
             # Its batch timed out or was cancelled: running it would delay newer batches.
-            self._apply(self._isolator.dropped(mb))
+            self._outcomes.dropped(mb)
             return
         name = self._names[stage]
         last = stage == len(self._names) - 1
@@ -393,91 +373,19 @@ class Pipeline:
         finally:
             set_current_micro_batch(None)
         if error is not None:
-            self._on_stage_error(stage, mb, error)
+            self._outcomes.stage_failed(stage, mb, error)
             return
         auto, budget = self._auto, self.token_budget
         if auto is not None and not mb.batch.quiet:
             auto.observe(name, size, run_s)  # the cost is the padded size's
         if budget is not None and not mb.batch.quiet and mb.padded_length is not None:
             budget.observe(name, size * mb.padded_length, run_s)
-        self._apply(self._isolator.passed(mb, stage))
+        self._outcomes.passed(mb, stage)
         if last:
-            self._finish(mb.batch, mb.indices, outputs=output)
+            self._outcomes.finish(mb.batch, mb.indices, outputs=output)
         else:
             mb.payload = output
             self._enqueue(stage + 1, mb)
-
-    def _on_stage_error(self, stage: int, mb: _MicroBatch, exc: BaseException) -> None:
-        name = self._names[stage]
-        outcome = self._isolator.failed(mb, stage, exc)
-        if outcome.rerun:
-            owners = mb.owners
-            logger.warning(
-                "stage %s failed for requests %d..%d (%s: %s); "
-                "re-running them in halves to isolate the failing ones",
-                name,
-                owners[0],
-                owners[-1],
-                type(exc).__name__,
-                exc,
-            )
-        self._apply(outcome)
-
-    def _apply(self, outcome: Outcome) -> None:
-        for fail in outcome.fail:
-            self._log_failure(fail)
-            self._finish(
-                fail.mb.batch, fail.mb.indices, error=fail.error, failure=self._failure(fail)
-            )
-        if outcome.fail_batch is not None:
-            # Judged systemic for the whole batch: every request not answered yet fails now,
-            # and its pieces still queued are dropped as stale.
-            whole = outcome.fail_batch
-            batch = whole.mb.batch
-            self._finish(
-                batch, range(batch.positions), error=whole.error, failure=self._failure(whole)
-            )
-        for mb in outcome.rerun:
-            self._enqueue(0, mb)
-
-    def _failure(self, fail: Fail) -> RequestFailure:
-        return RequestFailure(self._names[fail.stage], fail.stage, fail.isolated)
-
-    def _log_failure(self, fail: Fail) -> None:
-        owners, error, name = fail.mb.owners, fail.error, self._names[fail.stage]
-        if isinstance(error, RequestError) and fail.isolated:
-            logger.info("request %d rejected in %s: %s", owners[0], name, error)
-        else:
-            logger.error(
-                "stage %s failed for requests %d..%d",
-                name,
-                owners[0],
-                owners[-1],
-                exc_info=error,
-            )
-
-    def _finish(
-        self,
-        batch: Batch,
-        positions: range,
-        *,
-        outputs: list[Any] | None = None,
-        error: BaseException | None = None,
-        failure: RequestFailure | None = None,
-    ) -> None:
-        """Resolves the futures of the items at ``positions`` of ``batch``'s cut with
-        ``outputs`` or ``error``: the one place a request gets its outcome from a stage.
-        Requests answered already (timed out, cancelled) keep their answer."""
-        for row, position in enumerate(positions):
-            future = batch.slot(position)
-            if future.done():
-                continue
-            if outputs is not None:
-                _set_future(future, result=outputs[row])
-            else:
-                if failure is not None:
-                    batch.record_failure(batch.item(position), failure)
-                _set_future(future, error=error or PipelineClosedError("micro-batch lost"))
 
     # -- stuck stage calls -----------------------------------------------------------
 
@@ -514,7 +422,7 @@ class Pipeline:
             closed = PipelineClosedError("the pipeline shut down before this request was processed")
             for queue in self._queues:
                 for mb in queue.drain():
-                    self._fail_unrun(mb, closed)
+                    self._outcomes.fail_unrun(mb, closed)
         if first and wait:
             self._stop_stages()
         elif first:
