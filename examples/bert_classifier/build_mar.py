@@ -117,11 +117,13 @@ def build_mar(
     model_config: str | os.PathLike[str] = HERE / "model-config.yaml",
     self_contained: bool = False,
     archive_format: str = "default",
+    bert: Mapping[str, int] = BERT,
 ) -> Path:
     """Writes ``<export_path>/<model_name>.mar`` and returns its path; the model directory's
-    files land in the .mar's root, where ``from_pretrained(model_dir)`` finds them."""
+    files land in the .mar's root, where ``from_pretrained(model_dir)`` finds them.
+    ``bert``: the size of the untrained model (tests make a smaller one)."""
     work = Path(work_dir or ROOT / "build" / model_name)
-    model_dir = make_model_dir(work / "model", weights)
+    model_dir = make_model_dir(work / "model", weights, bert)
     extra = [str(model_dir), str(HERE / "texts.py")]
     if self_contained:
         from ts_microbatch.tools.bundle import vendor

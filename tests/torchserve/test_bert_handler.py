@@ -10,7 +10,6 @@ micro-batch.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import sys
@@ -20,43 +19,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.helpers import ROOT, load_module
-from tests.torchserve.ts_machinery import decode, load_service, request, write_manifest
-from ts_microbatch import MicroBatchingConfig
-
-EXAMPLE = Path(ROOT, "examples/bert_classifier")
-build = load_module("examples/bert_classifier/build_mar.py", "ts_microbatch_bert_build_mar")
-texts = load_module("examples/bert_classifier/texts.py", "ts_microbatch_bert_texts")
-SMALL_BERT = {
-    "num_hidden_layers": 2,
-    "hidden_size": 64,
-    "num_attention_heads": 2,
-    "intermediate_size": 128,
-    "max_position_embeddings": 512,
-}
-# The length settings of the example's config (order, token budgets, truncate) need a core
-# that knows them; on one that does not, the tests run without them.
-LENGTH_KEYS = (
-    "order",
-    "max_micro_batch_tokens",
-    "allowed_sequence_lengths",
-    "max_tokens",
-    "truncate",
+from tests.torchserve.bert import (
+    EXAMPLE,
+    LENGTH_API,
+    SMALL_BERT,
+    build,
+    close,
+    example_config,
+    texts,
 )
-LENGTH_API = "max_tokens" in {f.name for f in dataclasses.fields(MicroBatchingConfig)}
+from tests.torchserve.ts_machinery import decode, load_service, request, write_manifest
+
 JSON = "application/json"
-TOLERANCE = 1e-4
-
-
-def example_settings(**overrides: Any) -> dict[str, Any]:
-    """The example's micro_batching section, less what this core does not know."""
-    config = yaml.safe_load((EXAMPLE / "model-config.yaml").read_text(encoding="utf-8"))
-    settings = {**config["micro_batching"], **overrides}
-    if not LENGTH_API:
-        settings = {k: v for k, v in settings.items() if k not in LENGTH_KEYS}
-    return {**config, "micro_batching": settings}
 
 
 def extract(directory: Path, model_dir: Path, config: dict[str, Any]) -> Path:
@@ -86,7 +61,7 @@ def start(directory: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def service(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    service = start(extract(tmp_path_factory.mktemp("bert_mar"), model_dir, example_settings()))
+    service = start(extract(tmp_path_factory.mktemp("bert_mar"), model_dir, example_config()))
     yield service
     handler(service).micro_batching.shutdown()
 
@@ -109,10 +84,6 @@ def alone(service: Any, text: str) -> list[float]:
     return answer["scores"]  # type: ignore[no-any-return]
 
 
-def close(got: list[float], want: list[float]) -> bool:
-    return len(got) == len(want) and all(abs(g - w) <= TOLERANCE for g, w in zip(got, want))
-
-
 def test_a_from_pretrained_handler_registers(service: Any) -> None:
     bert = handler(service)
     assert "serializedFile" not in bert.manifest["model"]  # nothing for BaseHandler.initialize
@@ -123,7 +94,7 @@ def test_a_from_pretrained_handler_registers(service: Any) -> None:
 
 
 def test_a_bad_config_still_fails_registration(model_dir: Path, tmp_path: Path) -> None:
-    config = example_settings(parallelism={"inference": 0})
+    config = example_config(parallelism={"inference": 0})
     with pytest.raises(Exception, match=r"parallelism.inference: got 0"):
         start(extract(tmp_path, model_dir, config))
 
@@ -258,7 +229,7 @@ def test_warmup_input_is_about_the_length_asked(service: Any) -> None:
 
 @pytest.mark.skipif(not LENGTH_API, reason="this core has no truncate setting")
 def test_truncate_cuts_long_texts_instead_of_refusing_them(model_dir: Path, tmp_path: Path) -> None:
-    config = example_settings(truncate=True, max_tokens=128)
+    config = example_config(truncate=True, max_tokens=128)
     truncating = start(extract(tmp_path, model_dir, config))
     try:
         long = texts.make_text(600, 700)
