@@ -6,7 +6,9 @@
 ``initialize`` validates the model's micro-batching config first (so a bad config fails
 registration before the weights are loaded), then initializes the handler, then starts the
 pipeline and, with a ``warmup:`` setting, runs the warm-up through it before TorchServe
-marks the worker ready; ``handle`` runs batches through it.
+marks the worker ready; ``handle`` runs batches through it. A handler that loads its model
+itself (``from_pretrained``: no serialized file for ``BaseHandler.initialize``) overrides
+``initialize`` and ends it with ``start_micro_batching(context)``.
 
 A compiled model (TorchServe's ``pt2:`` section makes ``self.model`` a ``torch.compile``d
 module) gets one inference thread: a second is refused at load
@@ -61,13 +63,23 @@ class MicroBatchingMixin:
         return TorchServeMetricsObserver(context.metrics)
 
     def initialize(self, context: Any) -> None:
-        warn_if_async_batches_break(context)
-        config = check_timeout(
-            self.micro_batching_config(context), getattr(context, "model_yaml_config", None)
-        )
-        # In the model log, so what a worker actually runs with is never a guess.
-        logger.info("micro-batching config: %s", json.dumps(config.as_dict(), sort_keys=True))
+        config = self._checked_config(context)  # a bad config fails before the weights load
         super().initialize(context)  # type: ignore[misc]
+        self.start_micro_batching(context, config)
+
+    def start_micro_batching(self, context: Any, config: MicroBatchingConfig | None = None) -> None:
+        """Starts the pipeline (and the warm-up) for ``self``'s stages: the end of
+        ``initialize``, callable on its own.
+
+        A handler that loads its model itself instead of through ``BaseHandler.initialize``
+        (which wants a serialized .pt/.pth file: a ``from_pretrained`` directory has none)
+        overrides ``initialize``, sets ``self.model`` and calls this last.
+
+        Raises:
+            ConfigError: the model's micro-batching config is invalid.
+        """
+        if config is None:
+            config = self._checked_config(context)
         compiled = is_compiled(getattr(self, "model", None))
         if compiled:
             check_compiled_config(config)
@@ -78,6 +90,15 @@ class MicroBatchingMixin:
         )
         if config.warmup is not None:
             self._warm_up(pipeline, context, config.warmup)
+
+    def _checked_config(self, context: Any) -> MicroBatchingConfig:
+        warn_if_async_batches_break(context)
+        config = check_timeout(
+            self.micro_batching_config(context), getattr(context, "model_yaml_config", None)
+        )
+        # In the model log, so what a worker actually runs with is never a guess.
+        logger.info("micro-batching config: %s", json.dumps(config.as_dict(), sort_keys=True))
+        return config
 
     def warmup_input(self) -> Any:
         """One request's input for warm-up when ``warmup.sample`` names no file; a handler
