@@ -49,12 +49,15 @@ class BertClassifierHandler(MicroBatchingMixin, BaseHandler):  # type: ignore[mi
 
     def limits(self) -> tuple[bool, int]:
         """Whether longer inputs are truncated (else refused), and the longest input
-        accepted: the config's ``max_tokens`` within the model's own limit. Read with
-        getattr: a core without the length settings has neither (no truncation then)."""
-        config = self.micro_batching.config if self.micro_batching is not None else None
-        configured = getattr(config, "max_tokens", None)
-        limit = min(configured or self.model_max_tokens, self.model_max_tokens)
-        return bool(getattr(config, "truncate", False)), limit
+        accepted: the config's ``max_tokens`` within the model's own limit. Read once per
+        config (``item_length`` runs for every request, before any stage)."""
+        config = self.micro_batching.base_config if self.micro_batching else None
+        if config is None or getattr(self, "_limits_of", None) is not config:
+            configured = getattr(config, "max_tokens", None)
+            limit = min(configured or self.model_max_tokens, self.model_max_tokens)
+            self._limits = (bool(getattr(config, "truncate", False)), limit)
+            self._limits_of = config
+        return self._limits
 
     def _token_ids(self, texts: list[str]) -> list[list[int]]:
         truncate, limit = self.limits()

@@ -190,6 +190,12 @@ class MicroBatching:
     # -- configuration ---------------------------------------------------------------
 
     @property
+    def base_config(self) -> MicroBatchingConfig:
+        """The config as given (constructor or ``configure``), not copied: cheap to read on
+        every request; ``config`` adds the size and threads in force."""
+        return self._config
+
+    @property
     def config(self) -> MicroBatchingConfig:
         """The settings in force."""
         pipeline = self._pipeline
