@@ -10,6 +10,11 @@ combination of micro_batch_size and preprocess/postprocess threads (inference th
 the time per batch, and writes the best combination as micro_batching.json. The handler
 must use ts_microbatch (MicroBatchingMixin, or ``self.handle = MicroBatching(self)``).
 
+With ``order: length`` in the model's config, the token budget (``max_micro_batch_tokens``)
+is a dimension of the grid too (``--budgets``): on a corpus of mixed lengths the cost of a
+micro-batch is its shape, items x padded length, and only measured batches of the corpus
+show which budget serves it fastest.
+
 With ``--corpus DIR|FILE.jsonl`` instead of ``--input`` (ts_microbatch.tools.corpus), each
 measured batch is the next ``--batch-size`` bodies of the corpus in its fixed shuffled
 order, the same batches for every combination, so the choice reflects the mix of lengths
@@ -52,10 +57,15 @@ class Trial:
     parallelism: dict[str, int]
     requests_per_s: float
     batch_ms: float
+    max_micro_batch_tokens: int | None = None
 
     def as_config(self, base: MicroBatchingConfig) -> dict[str, Any]:
         settings = base.as_dict()
-        settings.update(micro_batch_size=self.micro_batch_size, parallelism=self.parallelism)
+        settings.update(
+            micro_batch_size=self.micro_batch_size,
+            parallelism=self.parallelism,
+            max_micro_batch_tokens=self.max_micro_batch_tokens,
+        )
         return settings
 
 
@@ -171,25 +181,34 @@ def tune(
     sizes: list[int],
     threads: list[int],
     inference_threads: list[int],
+    budgets: list[int | None] | None = None,
 ) -> list[Trial]:
     """Every combination measured on the same ``batches`` (the first a warm-up); fastest
-    first."""
-    grid = list(itertools.product(sizes, threads, inference_threads))
-    trials = []
+    first. ``budgets``: the max_micro_batch_tokens values to try (sizes are then the most
+    items a micro-batch holds); None: the config's own."""
     base = mb.config
-    for i, (size, pre_post, infer) in enumerate(grid, start=1):
-        parallelism = {"preprocess": pre_post, "inference": infer, "postprocess": pre_post}
-        mb.configure(
-            MicroBatchingConfig.from_mapping(
-                {"micro_batch_size": size, "parallelism": parallelism}, base
-            )
+    grid = list(
+        itertools.product(
+            sizes, budgets or [base.max_micro_batch_tokens], threads, inference_threads
         )
+    )
+    trials = []
+    for i, (size, budget, pre_post, infer) in enumerate(grid, start=1):
+        parallelism = {"preprocess": pre_post, "inference": infer, "postprocess": pre_post}
+        settings = {
+            "micro_batch_size": size,
+            "parallelism": parallelism,
+            "max_micro_batch_tokens": budget,
+        }
+        mb.configure(MicroBatchingConfig.from_mapping(settings, base))
         seconds = measure(mb, context, batches)
-        trial = Trial(size, parallelism, len(batches[0]) / seconds, seconds * 1000)
+        trial = Trial(size, parallelism, len(batches[0]) / seconds, seconds * 1000, budget)
         trials.append(trial)
+        tokens = "" if budget is None else f" tokens<={budget:<5}"
         print(
-            f"[{i}/{len(grid)}] micro_batch_size={size:<3} threads {pre_post}/{infer}/{pre_post}: "
-            f"{trial.requests_per_s:8.1f} requests/s, {trial.batch_ms:8.1f} ms per batch",
+            f"[{i}/{len(grid)}] micro_batch_size={size:<3}{tokens} threads "
+            f"{pre_post}/{infer}/{pre_post}: {trial.requests_per_s:8.1f} requests/s, "
+            f"{trial.batch_ms:8.1f} ms per batch",
             flush=True,
         )
     return sorted(trials, key=lambda t: -t.requests_per_s)
@@ -246,11 +265,14 @@ def threads_of(parallelism: dict[str, int]) -> str:
 
 
 def print_ranking(ranked: list[Trial]) -> None:
-    print("\nrank | micro_batch_size | threads pre/inf/post | requests/s | ms per batch")
+    print(
+        "\nrank | micro_batch_size | max_micro_batch_tokens | threads pre/inf/post |"
+        " requests/s | ms per batch"
+    )
     for rank, t in enumerate(ranked, start=1):
         print(
-            f"{rank:4} | {t.micro_batch_size:16} | {threads_of(t.parallelism):>20} |"
-            f" {t.requests_per_s:10.1f} | {t.batch_ms:.1f}"
+            f"{rank:4} | {t.micro_batch_size:16} | {t.max_micro_batch_tokens!s:>22} |"
+            f" {threads_of(t.parallelism):>20} | {t.requests_per_s:10.1f} | {t.batch_ms:.1f}"
         )
 
 
@@ -281,6 +303,26 @@ def ints(text: str) -> list[int]:
     return values
 
 
+def budgets(text: str) -> list[int | None]:
+    """``--budgets``: integers >= 1 or "none" (no budget), separated by commas."""
+    values: list[int | None] = []
+    for part in text.split(","):
+        if part.strip().lower() == "none":
+            values.append(None)
+            continue
+        values.extend(ints(part))
+    return values
+
+
+def default_budgets(base: MicroBatchingConfig) -> list[int | None]:
+    """With ``order: length`` the budget decides the cut, so a few are tried around the
+    config's own; otherwise the config's own alone."""
+    own = base.max_micro_batch_tokens
+    if base.order != "length":
+        return [own]
+    return list(dict.fromkeys([own, 1024, 2048, 4096]))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ts_microbatch.tools.tune", description=__doc__.split("\n\n")[0]
@@ -304,6 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=ints, default=[1, 2], help="preprocess and postprocess threads"
     )
     parser.add_argument("--inference-threads", type=ints, default=[1])
+    parser.add_argument(
+        "--budgets",
+        type=budgets,
+        default=None,
+        help="max_micro_batch_tokens values to try, e.g. 1024,2048,none (in the handler's "
+        "item_length unit); default: the config's own, and with order: length also "
+        "1024,2048,4096",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="batches measured per combination")
     parser.add_argument("--out", type=Path, default=Path("micro_batching.json"))
     confirming = parser.add_argument_group("confirming on a real TorchServe")
@@ -342,14 +392,17 @@ def main(argv: list[str] | None = None) -> int:
         context = make_context(model_dir, args.batch_size)
         base = load_config(model_dir, context.model_yaml_config)
         _, mb = load_handler(model_dir, context)
+        tried = args.budgets or default_budgets(base)
         print(
             f"Tuning {args.mar} at batch size {args.batch_size} on {corpus.label}: "
-            f"{len(sizes)} sizes x {len(args.threads)} x {len(args.inference_threads)} "
-            "thread counts",
+            f"{len(sizes)} sizes x {len(tried)} token budgets x {len(args.threads)} x "
+            f"{len(args.inference_threads)} thread counts",
             flush=True,
         )
         try:
-            ranked = tune(mb, context, batches, sizes, args.threads, args.inference_threads)
+            ranked = tune(
+                mb, context, batches, sizes, args.threads, args.inference_threads, tried
+            )
         finally:
             mb.shutdown()
         print_ranking(ranked)
