@@ -3,14 +3,12 @@ its model-config.yaml as this core can read it, and how close two answers must b
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tests.helpers import ROOT, load_module
-from ts_microbatch import MicroBatchingConfig
 
 EXAMPLE = Path(ROOT, "examples/bert_classifier")
 build = load_module("examples/bert_classifier/build_mar.py", "ts_microbatch_bert_build_mar")
@@ -23,28 +21,14 @@ SMALL_BERT = {
     "intermediate_size": 128,
     "max_position_embeddings": 512,
 }
-# The length settings of the example's config (order, token budgets, truncate) need a core
-# that knows them; on one that does not, the tests run without them.
-LENGTH_KEYS = (
-    "order",
-    "max_micro_batch_tokens",
-    "allowed_sequence_lengths",
-    "max_tokens",
-    "truncate",
-)
-LENGTH_API = "max_tokens" in {f.name for f in dataclasses.fields(MicroBatchingConfig)}
 # Padding inside a micro-batch must not change a score by more than this.
 TOLERANCE = 1e-4
 
 
 def example_config(**overrides: Any) -> dict[str, Any]:
-    """The example's model-config.yaml, ``overrides`` applied to its micro_batching section,
-    less the keys this core does not know."""
+    """The example's model-config.yaml, ``overrides`` applied to its micro_batching section."""
     config = yaml.safe_load((EXAMPLE / "model-config.yaml").read_text(encoding="utf-8"))
-    settings = {**config["micro_batching"], **overrides}
-    if not LENGTH_API:
-        settings = {k: v for k, v in settings.items() if k not in LENGTH_KEYS}
-    return {**config, "micro_batching": settings}
+    return {**config, "micro_batching": {**config["micro_batching"], **overrides}}
 
 
 def close(got: list[float], want: list[float]) -> bool:

@@ -22,7 +22,6 @@ import pytest
 
 from tests.torchserve.bert import (
     EXAMPLE,
-    LENGTH_API,
     SMALL_BERT,
     build,
     close,
@@ -227,7 +226,6 @@ def test_warmup_input_is_about_the_length_asked(service: Any) -> None:
         sys.path.remove(str(EXAMPLE))
 
 
-@pytest.mark.skipif(not LENGTH_API, reason="this core has no truncate setting")
 def test_truncate_cuts_long_texts_instead_of_refusing_them(model_dir: Path, tmp_path: Path) -> None:
     config = example_config(truncate=True, max_tokens=128)
     truncating = start(extract(tmp_path, model_dir, config))
