@@ -150,18 +150,12 @@ class MicroBatchingMixin:
 def check_compiled_config(config: MicroBatchingConfig) -> None:
     """Refuses what a compiled model cannot run; warns about what makes it slow."""
     check_inference_threads(config.parallelism.inference)
-    allowed = config.allowed_micro_batch_sizes
-    if allowed is None:
+    # With allowed sizes, the inference thread's recompile limit is raised to cover them
+    # (CompiledInference.recompile_limit).
+    if config.allowed_micro_batch_sizes is None:
         logger.warning(
             "compiled model without allowed_micro_batch_sizes: each new micro-batch size "
             "compiles on the request path (and past %d graphs the model runs eagerly)",
-            recompile_limit(),
-        )
-    elif len(allowed) > recompile_limit():
-        logger.warning(
-            "allowed_micro_batch_sizes has %d sizes but torch._dynamo.config.recompile_limit "
-            "is %d: with dynamic=False the sizes past the limit run eagerly",
-            len(allowed),
             recompile_limit(),
         )
 
