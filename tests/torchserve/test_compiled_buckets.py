@@ -217,3 +217,23 @@ def test_without_buckets_the_same_mix_recompiles(
     assert ours and all("recompiled" in r.getMessage() for r in ours)
     assert [status for status, _ in answers] == [200] * len(MIX[4])
     assert close([answer for _, answer in answers], eager_answers(MIX[4]))
+
+
+def test_defect_warmup_sample_warmed_one_bucket_silently(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # With warmup.sample, warm-up runs that one body: its bucket only. A compiled model then
+    # compiled the other buckets on the request path, and nothing at load said so.
+    config = build.model_config({**BUCKETED, "warmup": {"sample": "sample.txt"}}, compiled=False)
+    directory = build.model_dir(tmp_path / "seq", config, "tiny_seq")
+    (directory / "sample.txt").write_text("1 2 3 4 5 6 7 8 9 10")
+    with caplog.at_level(logging.WARNING, logger="ts_microbatch.torchserve.mixin"):
+        service = load_service(directory, model_name="tiny_seq", handler="tiny_seq_handler.py")
+    handler = service._entry_point.__self__
+    handler.micro_batching.shutdown()
+    assert {padded for _, padded in handler.seen} == {16}  # the scenario: one bucket ran
+    assert any(
+        "only its bucket is warmed up" in r.getMessage()
+        and "warmup_input(self, length)" in r.getMessage()
+        for r in caplog.records
+    )

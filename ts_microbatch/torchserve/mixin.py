@@ -94,11 +94,19 @@ class MicroBatchingMixin:
         """The request bodies warm-up runs: the sample file, or the handler's input; with
         ``allowed_sequence_lengths``, one per length when ``warmup_input`` takes a length,
         so every (size, length) shape a compiled model can see is compiled at load."""
-        if warmup.sample is not None:
-            return [{"body": bytearray(_read_sample(context, warmup.sample))}]
         buckets = (
             self.micro_batching.config.allowed_sequence_lengths if self.micro_batching else None
         )
+        if warmup.sample is not None:
+            if buckets:
+                logger.warning(
+                    "warm-up: warmup.sample is one request body, so of allowed_sequence_lengths "
+                    "%s only its bucket is warmed up: to warm up every bucket, remove "
+                    "warmup.sample and define warmup_input(self, length) in %s",
+                    list(buckets),
+                    type(self).__name__,
+                )
+            return [{"body": bytearray(_read_sample(context, warmup.sample))}]
         if buckets and "length" in inspect.signature(self.warmup_input).parameters:
             return [self.warmup_input(length=length) for length in buckets]  # type: ignore[call-arg]
         if buckets:
