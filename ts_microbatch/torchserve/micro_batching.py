@@ -149,6 +149,7 @@ class MicroBatching:
             self.compiled = CompiledInference(
                 self._stages["inference"], self._observer, config.on_recompile
             )
+            self.compiled.recompile_limit = shape_count(config)
             self._stages["inference"] = self.compiled
         self._pipeline = self._new_pipeline(config)
 
@@ -224,6 +225,7 @@ class MicroBatching:
             old.shutdown(wait=True)
         if self.compiled is not None:
             self.compiled.on_recompile = config.on_recompile
+            self.compiled.recompile_limit = shape_count(config)
         self._config = config
 
     @property
@@ -580,6 +582,15 @@ def _size_for_pipeline(size: Any, config: MicroBatchingConfig) -> int | AutoMicr
         config.max_micro_batch_size,
         allowed_sizes=config.allowed_micro_batch_sizes,
     )
+
+
+def shape_count(config: MicroBatchingConfig) -> int | None:
+    """The input shapes inference can see: allowed sizes x allowed sequence lengths; None
+    when sizes are not bounded."""
+    allowed = config.allowed_micro_batch_sizes
+    if allowed is None:
+        return None
+    return len(allowed) * len(config.allowed_sequence_lengths or (None,))
 
 
 def _padded_stages(config: MicroBatchingConfig) -> tuple[str, ...] | None:

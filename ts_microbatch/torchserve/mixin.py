@@ -115,11 +115,19 @@ class MicroBatchingMixin:
         """The request bodies warm-up runs: the sample file, or the handler's input; with
         ``allowed_sequence_lengths``, one per length when ``warmup_input`` takes a length,
         so every (size, length) shape a compiled model can see is compiled at load."""
-        if warmup.sample is not None:
-            return [{"body": bytearray(_read_sample(context, warmup.sample))}]
         buckets = (
             self.micro_batching.config.allowed_sequence_lengths if self.micro_batching else None
         )
+        if warmup.sample is not None:
+            if buckets:
+                logger.warning(
+                    "warm-up: warmup.sample is one request body, so of allowed_sequence_lengths "
+                    "%s only its bucket is warmed up: to warm up every bucket, remove "
+                    "warmup.sample and define warmup_input(self, length) in %s",
+                    list(buckets),
+                    type(self).__name__,
+                )
+            return [{"body": bytearray(_read_sample(context, warmup.sample))}]
         if buckets and "length" in inspect.signature(self.warmup_input).parameters:
             return [self.warmup_input(length=length) for length in buckets]  # type: ignore[call-arg]
         if buckets:
@@ -171,18 +179,12 @@ class MicroBatchingMixin:
 def check_compiled_config(config: MicroBatchingConfig) -> None:
     """Refuses what a compiled model cannot run; warns about what makes it slow."""
     check_inference_threads(config.parallelism.inference)
-    allowed = config.allowed_micro_batch_sizes
-    if allowed is None:
+    # With allowed sizes, the inference thread's recompile limit is raised to cover them
+    # (CompiledInference.recompile_limit).
+    if config.allowed_micro_batch_sizes is None:
         logger.warning(
             "compiled model without allowed_micro_batch_sizes: each new micro-batch size "
             "compiles on the request path (and past %d graphs the model runs eagerly)",
-            recompile_limit(),
-        )
-    elif len(allowed) > recompile_limit():
-        logger.warning(
-            "allowed_micro_batch_sizes has %d sizes but torch._dynamo.config.recompile_limit "
-            "is %d: with dynamic=False the sizes past the limit run eagerly",
-            len(allowed),
             recompile_limit(),
         )
 
