@@ -237,3 +237,24 @@ def test_defect_warmup_sample_warmed_one_bucket_silently(
         and "warmup_input(self, length)" in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_a_warmup_input_outside_its_bucket_is_named_at_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A tokenizer adding [CLS] and [SEP] would give length + 2: that bucket then compiles on
+    # the request path. Uncompiled here: the check is about lengths, not graphs.
+    config = build.model_config({**BUCKETED, "allowed_sequence_lengths": [8, 16, 40]}, False)
+    model_dir = build.model_dir(tmp_path, config, "tiny_seq")
+    handler_file = model_dir / "tiny_seq_handler.py"
+    exact = "count = WARMUP_LENGTH if length is None else length"
+    assert exact in handler_file.read_text()
+    handler_file.write_text(
+        handler_file.read_text().replace(exact, exact + " + 2 * ((length or 40) < 40)")
+    )
+    with caplog.at_level(logging.WARNING, logger="ts_microbatch.torchserve.mixin"):
+        service = load_service(model_dir, model_name="tiny_seq", handler="tiny_seq_handler.py")
+    service._entry_point.__self__.micro_batching.shutdown()
+    named = [r.getMessage() for r in caplog.records if "outside that bucket" in r.getMessage()]
+    # 8 + 2 lands in 16, 16 + 2 in 40: both named; 40 stays 40.
+    assert [m.split("(length=")[1].split(")")[0] for m in named] == ["8", "16"]

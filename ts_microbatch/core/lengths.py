@@ -102,9 +102,7 @@ class LengthRule:
                 f"its length cannot be measured: {type(exc).__name__}: {exc}"
             ) from exc
         if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-            raise InvalidInputError(
-                f"item_length returned {length!r}, expected an integer >= 0"
-            )
+            raise InvalidInputError(f"item_length returned {length!r}, expected an integer >= 0")
         limit = self.limit
         if limit is not None and length > limit:
             if self.truncate:

@@ -164,7 +164,7 @@ class MicroBatching:
             allowed_sizes=config.allowed_micro_batch_sizes,
             padded_stages=_padded_stages(config),
             is_input_error=is_input_error,
-            lengths=config.length_rule(self._item_length),
+            lengths=config.length_rule(self.item_length),
         )
         self._set_size(pipeline, config.micro_batch_size, config)
         return pipeline
@@ -182,7 +182,7 @@ class MicroBatching:
         pipeline.token_budget = None
         pipeline.micro_batch_size = _size_for_pipeline(checked, config)
 
-    def _item_length(self, item: Any) -> int:
+    def item_length(self, item: Any) -> int:
         """One item's length: the handler's ``item_length(item)`` (a tokenizer's count),
         else the size of its body (``body_length``)."""
         measure = getattr(self.handler, "item_length", None)

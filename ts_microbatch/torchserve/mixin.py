@@ -25,7 +25,7 @@ import inspect
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -129,7 +129,9 @@ class MicroBatchingMixin:
                 )
             return [{"body": bytearray(_read_sample(context, warmup.sample))}]
         if buckets and "length" in inspect.signature(self.warmup_input).parameters:
-            return [self.warmup_input(length=length) for length in buckets]  # type: ignore[call-arg]
+            samples = [self.warmup_input(length=length) for length in buckets]  # type: ignore[call-arg]
+            self._check_sample_lengths(buckets, samples)
+            return samples
         if buckets:
             logger.warning(
                 "warm-up: %s.warmup_input() takes no length, so of allowed_sequence_lengths "
@@ -138,6 +140,29 @@ class MicroBatchingMixin:
                 list(buckets),
             )
         return [self.warmup_input()]
+
+    def _check_sample_lengths(self, buckets: Sequence[int], samples: list[Any]) -> None:
+        """Warns when ``warmup_input(length=n)`` gave a body whose ``item_length`` falls in
+        another bucket than n's (a tokenizer that adds [CLS] and [SEP]): that bucket would
+        compile on the request path instead."""
+        pipeline = self.micro_batching
+        if pipeline is None:
+            return
+        for bucket, sample in zip(buckets, samples):
+            try:
+                measured = pipeline.item_length(sample)
+            except Exception:  # the warm-up run reports an unreadable sample
+                continue
+            lands_in = next((b for b in buckets if b >= measured), None)
+            if lands_in != bucket:
+                logger.warning(
+                    "warm-up: warmup_input(length=%d) gave an input of length %d, outside "
+                    "that bucket: the bucket %d is not warmed up (item_length counts every "
+                    "token the model sees, [CLS] and [SEP] included)",
+                    bucket,
+                    measured,
+                    bucket,
+                )
 
     def _warm_up(self, pipeline: MicroBatching, context: Any, warmup: WarmupConfig) -> None:
         try:
