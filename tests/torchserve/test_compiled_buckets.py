@@ -246,14 +246,17 @@ def test_a_warmup_input_outside_its_bucket_is_named_at_load(
     # the request path. Uncompiled here: the check is about lengths, not graphs.
     config = build.model_config({**BUCKETED, "allowed_sequence_lengths": [8, 16, 40]}, False)
     model_dir = build.model_dir(tmp_path, config, "tiny_seq")
-    handler_file = model_dir / "tiny_seq_handler.py"
+    # A module name of its own: the loader imports a handler by name, and this module's
+    # other tests imported the unchanged one.
+    source = (model_dir / "tiny_seq_handler.py").read_text()
     exact = "count = WARMUP_LENGTH if length is None else length"
-    assert exact in handler_file.read_text()
-    handler_file.write_text(
-        handler_file.read_text().replace(exact, exact + " + 2 * ((length or 40) < 40)")
-    )
+    assert exact in source
+    changed = source.replace(exact, exact + " + 2 * ((length or 40) < 40)")
+    (model_dir / "tiny_seq_handler_plus_two.py").write_text(changed)
     with caplog.at_level(logging.WARNING, logger="ts_microbatch.torchserve.mixin"):
-        service = load_service(model_dir, model_name="tiny_seq", handler="tiny_seq_handler.py")
+        service = load_service(
+            model_dir, model_name="tiny_seq", handler="tiny_seq_handler_plus_two.py"
+        )
     service._entry_point.__self__.micro_batching.shutdown()
     named = [r.getMessage() for r in caplog.records if "outside that bucket" in r.getMessage()]
     # 8 + 2 lands in 16, 16 + 2 in 40: both named; 40 stays 40.
