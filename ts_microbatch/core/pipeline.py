@@ -379,7 +379,7 @@ class Pipeline:
         if auto is not None and not mb.batch.quiet:
             auto.observe(name, size, run_s)  # the cost is the padded size's
         if budget is not None and not mb.batch.quiet and mb.padded_length is not None:
-            budget.observe(name, size * mb.padded_length, run_s)
+            budget.observe(name, size, mb.padded_length, run_s)
         self._outcomes.passed(mb, stage)
         if last:
             self._outcomes.finish(mb.batch, mb.indices, outputs=output)
