@@ -19,15 +19,17 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv kserve-venv test test-unit fuzz mar serve stop metrics ab bench bench-photos bench-compiled soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv kserve-venv test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-photos bench-compiled soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
+	@echo "make serve-bert  the same for the BERT text classifier (examples/bert_classifier)"
 	@echo "make stop    stop TorchServe"
 	@echo "make metrics while it runs: per-stage times and micro-batch sizes every 10 s"
 	@echo "make test    set up and run every test"
 	@echo "make fuzz    the generative tests with a long random profile (not in CI)"
 	@echo "make mar     build $(MAR)"
+	@echo "make bert-mar    build $(BERT_MAR)"
 	@echo "make bench   run the default benchmark comparison"
 	@echo "make bench-photos    upstream vs ours, same stages and best decoder, photo bodies (~17 min)"
 	@echo "make bench-compiled  eager vs torch.compile under the pipeline (~12 min)"
@@ -42,7 +44,7 @@ $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH_PINS)
-	$(PIP) install --quiet -e '.[tools,test,bench,dev]' $(TORCH_PINS)
+	$(PIP) install --quiet -e '.[tools,test,bench,dev,text]' $(TORCH_PINS)
 	touch $(STAMP)
 
 # The KServe SDK in a venv of its own: it checks deploy/kserve/ and is a real v1/v2 client
@@ -89,6 +91,27 @@ serve: $(MAR)
 	$(PY) -m ts_microbatch.tools.serve start --model-store model_store --mar $(MODEL_NAME).mar \
 	  --config configs/config.properties --batch-size $(BATCH_SIZE) \
 	  --max-batch-delay $(MAX_BATCH_DELAY) --input $(BUILD)/kitten.jpg
+
+# The BERT example (examples/bert_classifier): untrained, or WEIGHTS=<a save_pretrained dir>.
+BERT_NAME ?= bert_mb
+BERT_MAR := model_store/$(BERT_NAME).mar
+BERT_BUILD := build/$(BERT_NAME)
+BERT_CONFIG ?= examples/bert_classifier/model-config.yaml
+BERT_ARGS := $(BERT_BUILD)/.build-args
+$(BERT_ARGS): FORCE
+	@mkdir -p $(BERT_BUILD)
+	@echo '$(abspath $(BERT_CONFIG)) $(WEIGHTS)' | cmp -s - $@ || echo '$(abspath $(BERT_CONFIG)) $(WEIGHTS)' > $@
+
+$(BERT_MAR): $(STAMP) $(BERT_CONFIG) $(BERT_ARGS) examples/bert_classifier/*.py
+	HF_HUB_OFFLINE=1 $(PY) examples/bert_classifier/build_mar.py --export-path model_store \
+	  --model-name $(BERT_NAME) --model-config $(BERT_CONFIG) $(if $(WEIGHTS),--weights $(WEIGHTS))
+
+bert-mar: $(BERT_MAR)
+
+serve-bert: $(BERT_MAR)
+	$(PY) -m ts_microbatch.tools.serve start --model-store model_store --mar $(BERT_NAME).mar \
+	  --config configs/config.properties --batch-size $(BATCH_SIZE) \
+	  --max-batch-delay $(MAX_BATCH_DELAY) --input $(BERT_BUILD)/sample.txt
 
 stop:
 	$(PY) -m ts_microbatch.tools.serve stop

@@ -38,5 +38,7 @@ setup(
         ],
         "bench": ["matplotlib>=3.7", "requests>=2.31"],
         "dev": ["ruff>=0.6", "mypy>=1.10"],
+        # examples/bert_classifier: the model, and the tokenizer trained at build time
+        "text": ["transformers>=4.40", "tokenizers>=0.19"],
     },
 )

@@ -15,7 +15,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +91,10 @@ class BenchConfigError(ValueError):
     """The benchmark config has an unknown key or a bad value."""
 
 
+class RegistrationError(RuntimeError):
+    """TorchServe refused to register a model (its config, its handler); the model log says why."""
+
+
 def load_config(path: str | Path) -> dict[str, Any]:
     """Reads config.json: TorchServe benchmark keys plus ours; a list value is a sweep."""
     raw = json.loads(Path(path).read_text())
@@ -136,9 +140,16 @@ def load_config(path: str | Path) -> dict[str, Any]:
             f"{path}: scenarios: 'mar' needs \"mar\" (a .mar or model directory) and "
             '"input" (a request body the model accepts)'
         )
-    config["bodies"] = _body_entries(config["bodies"], path)
-    if config.get("input") and any(b["body"] == "mix" for b in config["bodies"]):
-        raise BenchConfigError(f'{path}: bodies: "mix" cannot be sent with "input" (one body)')
+    if config.get("input"):
+        # The user's body is named after its file, never after a corpus image it replaces.
+        name = Path(config["input"]).name
+        if "bodies" not in raw:
+            config["bodies"] = [name]
+        if any(_body_name(b) == "mix" for b in as_list(config["bodies"])):
+            raise BenchConfigError(f'{path}: bodies: "mix" cannot be sent with "input" (one body)')
+        config["bodies"] = _body_entries(config["bodies"], path, (name,))
+    else:
+        config["bodies"] = _body_entries(config["bodies"], path, _corpus().names())
     explicit = config["micro_batching"] is not None
     try:
         config["micro_batching"] = [
@@ -150,11 +161,13 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def _body_entries(bodies: Any, path: str | Path) -> list[dict[str, Any]]:
-    """``bodies``: names from benchmarks/corpus.py (or "mix"), or mappings of a name and
-    the concurrency and request count to send it with."""
-    corpus = _corpus()
+def _body_name(entry: Any) -> Any:
+    return entry.get("body") if isinstance(entry, dict) else entry
 
+
+def _body_entries(bodies: Any, path: str | Path, names: Sequence[str]) -> list[dict[str, Any]]:
+    """``bodies``: ``names`` (benchmarks/corpus.py's and "mix", or the ``input`` file's), or
+    mappings of a name and the concurrency and request count to send it with."""
     entries = []
     for entry in as_list(bodies):
         entry = {"body": entry} if isinstance(entry, str) else entry
@@ -163,10 +176,9 @@ def _body_entries(bodies: Any, path: str | Path) -> list[dict[str, Any]]:
                 f"{path}: bodies: got {entry!r}, expected a name or a mapping of "
                 f"{', '.join(BODY_KEYS)}"
             )
-        if entry["body"] not in corpus.names():
+        if entry["body"] not in names:
             raise BenchConfigError(
-                f"{path}: bodies: got {entry['body']!r}, expected one of "
-                f"{', '.join(corpus.names())}"
+                f"{path}: bodies: got {entry['body']!r}, expected one of {', '.join(names)}"
             )
         for key in ("concurrency", "requests"):
             value = entry.get(key)
@@ -266,7 +278,7 @@ def point_tag(point: dict[str, Any]) -> str:
     if extra:  # other settings differ between explicit configs: keep the names apart
         digest = hashlib.sha1(json.dumps(point["micro_batching"], sort_keys=True).encode())
         parts.append(digest.hexdigest()[:6])
-    return "-".join(parts).replace("_", "")
+    return re.sub(r"[^A-Za-z0-9-]", "", "-".join(parts))
 
 
 # -- TorchServe metric logs ----------------------------------------------------------------
@@ -288,12 +300,16 @@ def parse_queue_times(ts_metrics_log: str) -> list[float]:
     return [float(ms) for ms in _QUEUE_TIME.findall(ts_metrics_log)]
 
 
-def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per scenario, handler and point: the run with the median throughput, with
-    ``runs``, the throughput of every run, and their relative spread (max - min) / median."""
+def medians(
+    runs: list[dict[str, Any]], tag: Callable[[dict[str, Any]], str] | None = None
+) -> list[dict[str, Any]]:
+    """One row per scenario, handler and point (``tag``, by default ``point_tag``): the run
+    with the median throughput, with ``runs``, the throughput of every run, and their
+    relative spread (max - min) / median."""
+    tag = tag or point_tag
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for run in runs:
-        groups.setdefault((run["scenario"], run["handler"], point_tag(run)), []).append(run)
+        groups.setdefault((run["scenario"], run["handler"], tag(run)), []).append(run)
     rows = []
     for group in groups.values():
         rates = sorted(r["requests_per_s"] for r in group)
@@ -308,16 +324,22 @@ def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 COMPARISONS = (("ours-same", "upstream"), ("ours", "upstream"))
 
 
-def compare_rounds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per scenario, point and round: each of ``COMPARISONS`` (ours on upstream's stages,
-    ours with its decoder; both against upstream) as throughput and P99 ratios, and their
-    medians over the rounds. Ratios are taken within a round: the machine is shared."""
+def compare_rounds(
+    runs: list[dict[str, Any]],
+    pairs: Sequence[tuple[str, str]] = COMPARISONS,
+    tag: Callable[[dict[str, Any]], str] | None = None,
+) -> list[dict[str, Any]]:
+    """Per scenario, point (``tag``, by default ``point_tag``) and round: each of ``pairs``
+    (by default ours on upstream's stages, ours with its decoder; both against upstream) as
+    throughput and P99 ratios, and their medians over the rounds. Ratios are taken within
+    a round: the machine is shared."""
+    tag = tag or point_tag
     by_round: dict[tuple[str, str, int], dict[str, dict[str, Any]]] = {}
     for run in runs:
-        key = (run["scenario"], point_tag(run), run["repeat"])
+        key = (run["scenario"], tag(run), run["repeat"])
         by_round.setdefault(key, {})[run["handler"]] = run
     out = []
-    for numerator, denominator in COMPARISONS:
+    for numerator, denominator in pairs:
         groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for (scenario, tag, repeat), handlers in sorted(by_round.items()):
             if numerator in handlers and denominator in handlers:

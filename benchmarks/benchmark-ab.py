@@ -9,6 +9,11 @@ in the config are swept), every handler (plain ImageClassifier, upstream MicroBa
 ours) is packaged, registered on a fresh TorchServe on loopback, warmed up, and driven by
 `ab`. Next to each result: the ideal throughput its stage costs imply and the efficiency.
 Writes results.json, results.csv and, for batch-size sweeps, PNG plots.
+
+    python benchmarks/benchmark-ab.py --mar PATH.mar --corpus DIR|FILE.jsonl [--variant NAME=JSON]
+
+benchmarks a user's own .mar instead (benchmarks/bench_mar.py): as packaged ("ours"), against
+the same .mar with micro-batching turned off ("plain"), and any named overrides.
 """
 
 from __future__ import annotations
@@ -19,21 +24,24 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "examples/image_classifier")]
 
 import bench_lib  # noqa: E402
+import bench_mar  # noqa: E402
 import corpus  # noqa: E402
 from bench_lib import log  # noqa: E402
 from bench_limits import ideal_for, stage_limits  # noqa: E402
 from bench_packaging import package  # noqa: E402
 
 from ts_microbatch.tools import ab  # noqa: E402
+from ts_microbatch.tools.corpus import content_type_of  # noqa: E402
 from ts_microbatch.tools.scrape import format_summary, summarize  # noqa: E402
 from ts_microbatch.tools.server import TorchServe  # noqa: E402
 
@@ -88,22 +96,40 @@ def drive(
     sends = []
     for name, share in clients.items():
         path = paths[name]
-        content_type = "image/png" if path.suffix == ".png" else "image/jpeg"
-        sends.append((path, content_type, max(counts[name], share), share))
+        sends.append((path, content_type_of(path), max(counts[name], share), share))
     return run_bodies(url, sends, token, work, label)
+
+
+Send = Callable[[str, Optional[str], int, Path, str], tuple[dict[str, Any], dict[str, float]]]
+
+
+def image_sender(point: dict[str, Any], paths: dict[str, Path]) -> tuple[Send, tuple[bytes, str]]:
+    """How a point's body (or the mix) is sent, and the body its sample responses use."""
+
+    def send(
+        url: str, token: str | None, requests: int, work: Path, label: str
+    ) -> tuple[dict[str, Any], dict[str, float]]:
+        return drive(point, url, paths, requests, token, work, label)
+
+    sample = paths["1080p" if point["body"] == "mix" else point["body"]]
+    return send, (sample.read_bytes(), content_type_of(sample))
 
 
 def measure(
     server_dir: Path,
     store: Path,
     model: str,
-    paths: dict[str, Path],
     config: dict[str, Any],
     point: dict[str, Any],
     label: str,
     scrape_path: Path,
+    send: Send,
+    sample: tuple[bytes, str],
+    archive: str | None = None,
 ) -> dict[str, Any]:
-    """One server, one model, warm-up then the measured ab run.
+    """One server, one model (the store's ``archive``, a .mar, when given; else its
+    directory ``model``), warm-up then the measured run: ``send``, the image bodies'
+    `ab` runs or the corpus driver. ``sample`` (body, content type): the sample answers.
 
     In log mode the per-batch HandlerTime and per-request QueueTime lines are read back
     from the metric logs. In prometheus mode (TorchServe then writes no metric logs)
@@ -113,14 +139,15 @@ def measure(
     mode = config["metrics_mode"]
     with bench_lib.project_server(store, server_dir, {"metrics_mode": mode}) as server:
         resp = server.register(
-            model,
+            archive or model,
+            model_name=model if archive else None,
             batch_size=point["batch_size"],
             max_batch_delay_ms=point["max_batch_delay"],
             initial_workers=point["workers"],
             response_timeout_s=config["response_timeout"],
         )
         if resp.status != 200:
-            raise RuntimeError(
+            raise bench_lib.RegistrationError(
                 f"registering {model} failed: {resp.status} {resp.body!r}\n{server.log()[-3000:]}"
             )
         url = f"{server.inference_url}/predictions/{model}"
@@ -129,13 +156,13 @@ def measure(
         if config["warmup_requests"]:
             # ab refuses fewer requests than clients
             warmup = max(config["warmup_requests"], point["concurrency"])
-            drive(point, url, paths, warmup, token, server_dir, f"{label} warm-up")
+            send(url, token, warmup, server_dir, f"{label} warm-up")
         if mode == "prometheus":
             before = settled_scrape(server)
         else:  # where the measured run's lines will start
             logs = {name: len(server.log(name)) for name in ("model_metrics.log", "ts_metrics.log")}
         cpu_before = bench_lib.cpu_seconds(server)
-        summary, latency = drive(point, url, paths, point["requests"], token, server_dir, label)
+        summary, latency = send(url, token, point["requests"], server_dir, label)
         cpu_after = bench_lib.cpu_seconds(server)
         # Where each request's CPU goes: the frontend (HTTP, batching, the bodies' bytes)
         # and the worker (decoding, the pipeline, the model).
@@ -145,8 +172,7 @@ def measure(
             / max(1.0, summary["complete_requests"])
             for side in cpu_before
         }
-        sample_body = paths["1080p" if point["body"] == "mix" else point["body"]]
-        samples = sample_responses(server, model, sample_body.read_bytes())
+        samples = sample_responses(server, model, *sample)
         samples_path = scrape_path.parent.parent / "samples" / f"{scrape_path.stem}.json"
         samples_path.parent.mkdir(parents=True, exist_ok=True)
         samples_path.write_text(json.dumps(samples, indent=2) + "\n")
@@ -181,7 +207,9 @@ def measure(
     return result
 
 
-def sample_responses(server: TorchServe, model: str, body: bytes) -> list[dict[str, Any]]:
+def sample_responses(
+    server: TorchServe, model: str, body: bytes, content_type: str
+) -> list[dict[str, Any]]:
     """Sample answers kept with each run: 2 sent alone (micro-batches of 1) and 8 at once.
 
     ab counts a response whose length differs from the first one's as failed. The same
@@ -190,7 +218,7 @@ def sample_responses(server: TorchServe, model: str, body: bytes) -> list[dict[s
     JSON bodies differ by a byte or two; these samples show it run by run."""
 
     def one(_: int) -> dict[str, Any]:
-        resp = server.predict(model, body)
+        resp = server.predict(model, body, content_type=content_type)
         return {"status": resp.status, "length": len(resp.body), "body": resp.body.decode()}
 
     alone = [one(i) for i in range(2)]
@@ -247,7 +275,10 @@ def main() -> int:
         help="only write the first scenario's model with our handler, at the first point, as "
         "a model directory DIR (for python -m ts_microbatch.tools.tune --mar DIR), and exit",
     )
+    bench_mar.add_arguments(parser)
     args = parser.parse_args()
+    if args.mar:
+        return bench_mar.main(args, measure, HERE / "runs")
     if ab.ab_problem():
         print(f"error: {ab.ab_problem()}", file=sys.stderr)
         return 2
@@ -265,8 +296,8 @@ def main() -> int:
         return 0
     out = Path(args.out or HERE / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if config.get("input"):  # the user's body stands for every body
-        paths = {name: Path(config["input"]) for name in corpus.SPECS}
+    if config.get("input"):  # the user's body, named after its file
+        paths = {Path(config["input"]).name: Path(config["input"])}
     else:
         paths = corpus.write(out / "bodies")
     for point_body in sorted({p["body"] for p in bench_lib.sweep_points(config)}):
@@ -321,15 +352,17 @@ def run_all(
         log(f"{label}: packaging and starting TorchServe")
         work = out / "work" / scenario
         package(out / "store", work, name, scenario, handler, config, point, weights)
+        send, sample = image_sender(point, paths)
         result = measure(
             out / "servers" / f"{name}-r{repeat}",
             out / "store",
             name,
-            paths,
             config,
             point,
             label,
             out / "metrics" / f"{name}-r{repeat}.prom",
+            send,
+            sample,
         )
         log(
             f"{label}: {result['requests_per_s']:.1f} req/s, p99 {result['p99_ms']:.0f} ms, "

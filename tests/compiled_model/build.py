@@ -1,4 +1,5 @@
-"""Lays out TinyNet as TorchServe extracts a .mar, or archives it, for the compile tests."""
+"""Lays out TinyNet (or TinySeqNet, the token model) as TorchServe extracts a .mar, or
+archives it, for the compile tests."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import yaml
@@ -16,15 +17,28 @@ HERE = Path(__file__).resolve().parent
 WEIGHTS = "tiny.pt"
 
 
-def eager_model() -> torch.nn.Module:
+class Model(NamedTuple):
+    model_file: str
+    handler: str
+    cls: str
+
+
+MODELS = {
+    "tiny": Model("tiny_net.py", "tiny_handler.py", "TinyNet"),
+    "tiny_seq": Model("tiny_seq_net.py", "tiny_seq_handler.py", "TinySeqNet"),
+}
+
+
+def eager_model(name: str = "tiny") -> torch.nn.Module:
     """The model the weights come from, uncompiled: the reference for every answer."""
+    model = MODELS[name]
     sys.path.insert(0, str(HERE))
     try:
-        from tiny_net import TinyNet
+        module = __import__(model.model_file[:-3])
     finally:
         sys.path.remove(str(HERE))
     torch.manual_seed(0)
-    return TinyNet().eval()
+    return getattr(module, model.cls)().eval()  # type: ignore[no-any-return]
 
 
 def model_config(micro_batching: dict[str, Any], compiled: bool = True, **top: Any) -> str:
@@ -34,20 +48,21 @@ def model_config(micro_batching: dict[str, Any], compiled: bool = True, **top: A
     return yaml.safe_dump(config)
 
 
-def model_dir(directory: Path, config_yaml: str) -> Path:
-    """``directory`` laid out as TorchServe extracts a .mar."""
+def model_dir(directory: Path, config_yaml: str, name: str = "tiny") -> Path:
+    """``directory`` laid out as TorchServe extracts a .mar of model ``name``."""
+    model = MODELS[name]
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ("tiny_net.py", "tiny_handler.py"):
-        shutil.copy(HERE / name, directory / name)
-    torch.save(eager_model().state_dict(), directory / WEIGHTS)
+    for file in (model.model_file, model.handler):
+        shutil.copy(HERE / file, directory / file)
+    torch.save(eager_model(name).state_dict(), directory / WEIGHTS)
     (directory / "model-config.yaml").write_text(config_yaml)
     (directory / "MAR-INF").mkdir(exist_ok=True)
     manifest = {
         "model": {
-            "modelName": "tiny",
+            "modelName": name,
             "serializedFile": WEIGHTS,
-            "modelFile": "tiny_net.py",
-            "handler": "tiny_handler.py",
+            "modelFile": model.model_file,
+            "handler": model.handler,
             "configFile": "model-config.yaml",
         }
     }

@@ -38,7 +38,7 @@ def test_a_request_of_several_items_may_straddle_two_micro_batches() -> None:
 
 
 def test_items_that_are_not_one_per_future_are_refused() -> None:
-    with pytest.raises(ValueError, match="cut: got 2 items for a batch of 3"):
+    with pytest.raises(ValueError, match="cut: got 2 items for a cut of 3"):
         cut(Batch(3), [1, 2], 2)
 
 

@@ -130,3 +130,16 @@ def test_padding_and_recompiles_in_the_summary() -> None:
     plain = summarize(scrape(1.0), model_name="m")
     assert math.isnan(plain["padded_per_micro_batch"]) and plain["recompiles"] == 0
     assert "padded" not in format_summary(plain)
+
+
+def test_useful_token_share_in_the_summary() -> None:
+    labels = 'ModelName="m",Level="Model",Hostname="vm",'
+    tokens = [
+        f"MicroBatchTokens_total{{{labels}}} 600.0",
+        f"MicroBatchPaddedTokens_total{{{labels}}} 800.0",
+    ]
+    summary = summarize(scrape(1.0) + "\n".join(tokens) + "\n", model_name="m")
+    assert summary["tokens"] == 600 and summary["padded_tokens"] == 800
+    assert summary["useful_token_share"] == pytest.approx(0.75)
+    assert "; tokens 75% useful (600 of 800 padded)" in format_summary(summary)
+    assert "tokens" not in format_summary(summarize(scrape(1.0), model_name="m"))

@@ -743,6 +743,52 @@ def test_an_unreadable_error_fails_only_its_request(
                 assert same_body(answer[2], single[2]), (i, req, answer, single)
 
 
+# -- length settings ---------------------------------------------------------------------------
+
+MAX_TOKENS = 60  # the default length is the body's size: long generated bodies go over it
+
+
+@pytest.fixture(scope="module")
+def length_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The fuzz handler with every length setting on: order by length, a budget, a limit."""
+    directory = tmp_path_factory.mktemp("fuzz_lengths")
+    (directory / "fuzz_handler.py").write_text(FUZZ_HANDLER, encoding="utf-8")
+    config = {
+        "micro_batch_size": 3,
+        "parallelism": {"preprocess": 2},
+        "kserve": True,
+        "order": "length",
+        "max_micro_batch_tokens": 90,
+        "max_tokens": MAX_TOKENS,
+    }
+    (directory / "micro_batching.json").write_text(json.dumps(config), encoding="utf-8")
+    write_manifest(directory, "fuzz", "fuzz_handler.py")
+    service = load_service(directory, model_name="fuzz", handler="fuzz_handler.py")
+    yield service
+    handler_of(service).micro_batching.shutdown()
+
+
+def test_a_body_over_max_tokens_is_413_and_its_batch_mates_are_answered(
+    length_service: Any,
+) -> None:
+    long_text = Req(b"x" * (MAX_TOKENS + 1), "text/plain")
+    long_instance = as_json({"instances": ["fine", "y" * (MAX_TOKENS + 1)]})
+    batch = [Req(b"short", "text/plain"), long_text, long_instance, Req(b"also short")]
+    answers = check_batch(length_service, batch, True)
+    assert [a[1] for a in answers] == [200, 413, 413, 200]
+    assert "max_tokens" in answers[1][2].decode()
+
+
+@pytest.mark.generative
+@given(batch=st.lists(REQUESTS, min_size=1, max_size=8))
+@example(batch=[Req(b"b" * 40, "text/plain"), Req(b"a", "text/plain"), Req(b"c" * 61)])
+def test_every_body_is_answered_as_if_alone_when_cut_by_length(
+    length_service: Any, batch: list[Req]
+) -> None:
+    # Sorted, cut by a budget, long ones refused: each still gets what it gets alone.
+    check_batch(length_service, batch, True)
+
+
 # -- generated outputs --------------------------------------------------------------------------
 
 Prediction = namedtuple("Prediction", "label score")

@@ -206,3 +206,41 @@ def test_compile_count_counts_graphs_and_the_recompile_limit_once() -> None:
         torch._dynamo.config.recompile_limit = limit
         torch._dynamo.reset()
     assert counts == [1, 1, 1, 0, 0]
+
+
+def test_defect_ninth_warmup_shape_ran_eagerly_at_the_recompile_limit() -> None:
+    # Allowed sizes [1, 2, 4] x sequence lengths [8, 16, 32] are 9 shapes; under Dynamo's
+    # default limit of 8 graphs warm-up gave the 9th up (it ran eagerly from then on) while
+    # the log said "compiled 9 graphs". Raising the limit in initialize did not help: Dynamo's
+    # config is per thread, and the pipeline's inference thread compiles.
+    from torch._dynamo.utils import counters
+
+    config = MicroBatchingConfig(
+        micro_batch_size=4,
+        allowed_micro_batch_sizes=(1, 2, 4),
+        allowed_sequence_lengths=(8, 16, 32),
+    )
+    with MicroBatching(FakeHandler(), config=config, compiled=True) as mb:
+        assert mb.compiled is not None and mb.compiled.recompile_limit == 9
+        mb.configure(replace(config, allowed_sequence_lengths=None))
+        assert mb.compiled.recompile_limit == 3
+    torch._dynamo.reset()
+    inference = CompiledInference(
+        torch.compile(torch.nn.Linear(4, 2), backend="eager", dynamic=False), PipelineObserver()
+    )
+    inference.recompile_limit = 9
+    graphs, limits = counters["stats"]["unique_graphs"], []
+
+    def serve() -> None:  # a fresh thread, as the pipeline's inference thread is
+        limits.append(torch._dynamo.config.recompile_limit)
+        for n in range(1, 10):
+            inference(torch.randn(n, 4))
+        limits.append(torch._dynamo.config.recompile_limit)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join(60)
+    torch._dynamo.reset()
+    assert limits == [8, 9]  # the scenario: the thread started at Dynamo's default
+    assert counters["stats"]["unique_graphs"] - graphs == inference.compiles == 9
+    assert torch._dynamo.config.recompile_limit == 8  # this thread's: left as it was

@@ -12,7 +12,13 @@ import torch
 from tests.compiled_model import build
 from tests.torchserve.images import jpeg_rows, load_handler_module, make_context
 from tests.torchserve.ts_machinery import decode, load_service, request
-from ts_microbatch.torchserve.metrics import METRIC_NAMES, PADDED_ITEMS, RECOMPILES
+from ts_microbatch.torchserve.metrics import (
+    METRIC_NAMES,
+    PADDED_ITEMS,
+    PADDED_TOKENS,
+    RECOMPILES,
+    TOKENS,
+)
 
 
 def metric_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -86,7 +92,8 @@ def test_handler_emits_stage_times_sizes_and_errors(
     lines = metric_lines(caplog)
     # One request id per line, not the batch's eight: the frontend parses every line.
     assert lines and all(line.count(",req-") == 1 for line in lines), lines[0]
-    for name in set(METRIC_NAMES) - {PADDED_ITEMS, RECOMPILES}:  # those need padding, compiling
+    # Those need padding, compiling, length settings (tests/torchserve/test_lengths_service.py).
+    for name in set(METRIC_NAMES) - {PADDED_ITEMS, RECOMPILES, TOKENS, PADDED_TOKENS}:
         assert any(line.startswith(f"{name}.") for line in lines), name
     stage_lines = [line for line in lines if line.startswith("MicroBatchStageSeconds.Seconds:")]
     assert {

@@ -45,7 +45,7 @@ def test_tuner_ranks_the_grid_and_writes_a_valid_config(
     printed = capsys.readouterr().out
     assert printed.count("requests/s,") == 6  # sizes above the batch size are dropped: 3 x 2
     table = [line for line in printed.splitlines() if line[:4].strip().isdigit() and " | " in line]
-    rates = [float(line.split("|")[3]) for line in table]
+    rates = [float(line.split("|")[4]) for line in table]
     assert len(rates) == 6 and rates == sorted(rates, reverse=True)
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "micro_batching.json").write_text(out.read_text())
@@ -53,6 +53,34 @@ def test_tuner_ranks_the_grid_and_writes_a_valid_config(
     best = table[0].split("|")
     assert config.micro_batch_size == int(best[1]) and config.micro_batch_size in (1, 4, 16)
     assert json.loads(out.read_text())["parallelism"]["inference"] == 1
+
+
+def test_tuner_tries_token_budgets_on_a_corpus_of_mixed_lengths(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    corpus = tmp_path / "texts.jsonl"
+    texts = ["great movie " * (1 + i % 7) * (1 + 10 * (i % 5 == 0)) for i in range(24)]
+    corpus.write_text("".join(json.dumps(t) + "\n" for t in texts))
+    out = tmp_path / "micro_batching.json"
+    argv = ["--mar", str(mar), "--corpus", str(corpus), "--batch-size", "8"]
+    argv += ["--micro-batch-sizes", "8", "--threads", "1", "--budgets", "120,none"]
+    assert main([*argv, "--repeats", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "tokens<=120" in printed and printed.count("requests/s,") == 2
+    table = [line for line in printed.splitlines() if line[:4].strip().isdigit() and " | " in line]
+    best_budget = table[0].split("|")[2].strip()
+    written = json.loads(out.read_text())["max_micro_batch_tokens"]
+    assert str(written) == best_budget and written in (120, None)
+
+
+def test_budgets_argument_and_defaults() -> None:
+    assert tune.budgets("512,none,2048") == [512, None, 2048]
+    with pytest.raises(Exception, match="integers"):
+        tune.budgets("0")
+    assert tune.default_budgets(MicroBatchingConfig()) == [None]
+    by_length = MicroBatchingConfig(order="length", max_micro_batch_tokens=2048)
+    assert tune.default_budgets(by_length) == [2048, 1024, 4096]
 
 
 def test_tuner_refuses_a_handler_without_micro_batching(tmp_path: Path) -> None:

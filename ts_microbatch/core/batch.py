@@ -12,6 +12,11 @@ is n consecutive items (``ts_microbatch.torchserve.kserve``); a malformed one ha
 ``owners[i]`` is the request index of item i, so whatever is per request (ids, headers,
 statuses, metric lines, whether a failure is one request's) is looked up through it, never
 by item index.
+
+Items and positions: a batch may be cut in an order other than its items' (by length,
+``ts_microbatch.core.lengths``), and items refused before any stage are in no micro-batch.
+``order[p]`` is the item at position p of the cut; micro-batches are runs of positions.
+Futures stay in item order (the caller's), and failures are recorded by item.
 """
 
 from __future__ import annotations
@@ -65,6 +70,10 @@ class MicroBatchInfo(NamedTuple):
     # Rows of padding after its items in the stage's input (allowed sizes): every padded
     # stage's with pad "requests", inference's alone with pad "tensors".
     padding: int = 0
+    # With lengths (ts_microbatch.core.lengths): each item's length, and the length every
+    # row is to be padded to (the bucket over the longest, or the longest); else None.
+    lengths: tuple[int, ...] | None = None
+    padded_length: int | None = None
 
     @property
     def item_requests(self) -> tuple[int, ...]:
@@ -132,6 +141,10 @@ class Batch:
         quiet: a warm-up batch: not reported to metrics or to the automatic size.
         owners: the request index of each item (see ``check_owners``); None: item i is
             request i.
+        order: the item at each position of the cut (distinct item indices, each request's
+            items consecutive); None: every item, in item order.
+        lengths: the length of the item at each position; None: lengths not measured.
+        pad_length: the length a micro-batch whose longest item is n is padded to.
     """
 
     def __init__(
@@ -142,11 +155,28 @@ class Batch:
         *,
         quiet: bool = False,
         owners: Sequence[int] | None = None,
+        order: Sequence[int] | None = None,
+        lengths: Sequence[int] | None = None,
+        pad_length: Callable[[int], int] | None = None,
     ) -> None:
         self.futures: list[Future[Any]] = [Future() for _ in range(size)]
         self.context = context
         self.quiet = quiet
         self.owners = check_owners(owners, size) if owners is not None else None
+        self.order = _check_order(order, size) if order is not None else None
+        self._slots = self.futures  # the future at each position
+        # The request at each position (None: position p is request p), and for isolation
+        # the requests numbered in cut order: non-decreasing, as ``fewest_requests`` needs.
+        self._requests: tuple[int, ...] | None = self.owners
+        self.groups: tuple[int, ...] | None = self.owners
+        if self.order is not None:
+            self._slots = [self.futures[i] for i in self.order]
+            self._requests = tuple(self.owner(i) for i in self.order)
+            self.groups = _numbered(self._requests)
+        # The length of the item at each position, and the length a micro-batch whose
+        # longest item is n is padded to (ts_microbatch.core.lengths); None without lengths.
+        self.lengths = tuple(lengths) if lengths is not None else None
+        self.pad_length = pad_length or (lambda longest: longest)
         self.created_at = time.monotonic()
         self._on_timeout = on_timeout
         self._lock = threading.Lock()
@@ -184,14 +214,33 @@ class Batch:
         """The request index of item ``item``."""
         return item if self.owners is None else self.owners[item]
 
-    def record_failure(self, index: int, failure: RequestFailure) -> None:
-        with self._lock:
-            self._failures.setdefault(index, failure)
+    @property
+    def positions(self) -> int:
+        """How many items the cut holds (every item, less those refused before any stage)."""
+        return len(self._slots)
 
-    def failure(self, index: int) -> RequestFailure | None:
-        """Where item ``index`` failed in a stage; None if it did not fail in one."""
+    def item(self, position: int) -> int:
+        """The item at ``position`` of the cut."""
+        return position if self.order is None else self.order[position]
+
+    def slot(self, position: int) -> Future[Any]:
+        """The future of the item at ``position`` of the cut."""
+        return self._slots[position]
+
+    def requests_at(self, start: int, stop: int) -> tuple[int, ...]:
+        """The request index of the items at positions ``start``..``stop - 1``."""
+        if self._requests is None:
+            return tuple(range(start, stop))
+        return self._requests[start:stop]
+
+    def record_failure(self, item: int, failure: RequestFailure) -> None:
         with self._lock:
-            return self._failures.get(index)
+            self._failures.setdefault(item, failure)
+
+    def failure(self, item: int) -> RequestFailure | None:
+        """Where item ``item`` failed in a stage; None if it did not fail in one."""
+        with self._lock:
+            return self._failures.get(item)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Waits until every request is answered; returns False if ``timeout_s`` ran out.
@@ -248,16 +297,25 @@ class _MicroBatch:
 
     @property
     def indices(self) -> range:
-        """Its items' places in the batch."""
+        """Its items' positions in the cut (``Batch.item`` gives the item at each)."""
         return range(self.offset, self.offset + len(self.items))
 
     @property
     def owners(self) -> tuple[int, ...]:
         """The request index of each of its items."""
-        owners = self.batch.owners
-        if owners is None:
-            return tuple(self.indices)
-        return owners[self.offset : self.offset + len(self.items)]
+        return self.batch.requests_at(self.offset, self.offset + len(self.items))
+
+    @property
+    def lengths(self) -> tuple[int, ...] | None:
+        """Its items' lengths, in order; None when the batch's were not measured."""
+        lengths = self.batch.lengths
+        return None if lengths is None else lengths[self.offset : self.offset + len(self.items)]
+
+    @property
+    def padded_length(self) -> int | None:
+        """The length its rows are padded to: the bucket over its longest item, or that."""
+        lengths = self.lengths
+        return self.batch.pad_length(max(lengths)) if lengths else None
 
     def one_request(self) -> bool:
         """True when its items all belong to one request (owners are non-decreasing)."""
@@ -266,7 +324,7 @@ class _MicroBatch:
 
     @property
     def futures(self) -> list[Future[Any]]:
-        return self.batch.futures[self.offset : self.offset + len(self.items)]
+        return [self.batch.slot(p) for p in self.indices]
 
     def answered(self) -> bool:
         """True when every item is resolved already (timed out or cancelled): stale work."""
@@ -286,9 +344,10 @@ class _MicroBatch:
         )
 
 
-def cut(batch: Batch, items: Sequence[Any], size: int) -> list[_MicroBatch]:
-    """The micro-batches of ``batch``: its ``items`` in order, ``size`` at a time, the last
-    one holding the rest; the one place a batch becomes micro-batches.
+def cut(batch: Batch, items: Sequence[Any], sizes: int | Sequence[int]) -> list[_MicroBatch]:
+    """The micro-batches of ``batch``: ``items`` (the item at each position of the cut, in
+    that order) ``sizes`` at a time (an int: that many each, the last one holding the rest);
+    the one place a batch becomes micro-batches.
 
     The cut goes by items, as a stage sees rows: a request of several items (a KServe
     request of n instances) may straddle two micro-batches, and each of them reaches that
@@ -296,11 +355,43 @@ def cut(batch: Batch, items: Sequence[Any], size: int) -> list[_MicroBatch]:
     request boundaries instead (``_MicroBatch.halves``).
 
     Raises:
-        ValueError: ``items`` is not one item per future of ``batch``.
+        ValueError: ``items`` is not one item per position of ``batch``'s cut, or ``sizes``
+            do not add up to it.
     """
-    if len(items) != len(batch):
-        raise ValueError(f"cut: got {len(items)} items for a batch of {len(batch)}")
-    return [
-        _MicroBatch(batch, index, offset, items[offset : offset + size])
-        for index, offset in enumerate(range(0, len(items), size))
-    ]
+    if len(items) != batch.positions:
+        raise ValueError(f"cut: got {len(items)} items for a cut of {batch.positions}")
+    if isinstance(sizes, int):
+        full, rest = divmod(len(items), sizes)
+        sizes = (sizes,) * full + ((rest,) if rest else ())
+    if sum(sizes) != len(items) or any(size < 1 for size in sizes):
+        raise ValueError(f"cut: sizes {list(sizes)} do not cut {len(items)} items")
+    micro_batches, offset = [], 0
+    for index, size in enumerate(sizes):
+        micro_batches.append(_MicroBatch(batch, index, offset, items[offset : offset + size]))
+        offset += size
+    return micro_batches
+
+
+def _check_order(order: Sequence[int], size: int) -> tuple[int, ...]:
+    checked = tuple(order)
+    if len(set(checked)) != len(checked) or any(
+        isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < size for i in checked
+    ):
+        raise ValueError(f"order: got {list(checked)!r}, expected distinct item indices < {size}")
+    return checked
+
+
+def _numbered(requests: Sequence[int]) -> tuple[int, ...]:
+    """``requests`` (each one's items consecutive) renumbered 0, 1, 2... in order of first
+    appearance; raises ValueError when a request's items are not consecutive."""
+    numbers: list[int] = []
+    seen: set[int] = set()
+    for position, request in enumerate(requests):
+        if position and request == requests[position - 1]:
+            numbers.append(numbers[-1])
+            continue
+        if request in seen:
+            raise ValueError(f"order: request {request}'s items are not consecutive")
+        seen.add(request)
+        numbers.append(len(seen) - 1)
+    return tuple(numbers)

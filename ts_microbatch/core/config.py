@@ -33,6 +33,22 @@ Schema (every key optional)::
                                      # synthetic input (warmup_input())
     on_recompile: warn               # a compiled model that recompiles after warm-up: log a
                                      # warning, or "error" to log it as an error
+    enabled: true                    # false: the handler runs as without micro-batching
+                                     # (preprocess, inference, postprocess on the whole batch,
+                                     # in its thread): a baseline to compare with
+    order: arrival                   # "length": sort a batch's requests by length before the
+                                     # cut, so micro-batches hold similar lengths (text)
+    max_micro_batch_tokens: null     # a micro-batch holds items while items x padded length
+                                     # stays within this (at least min_micro_batch_size items,
+                                     # at most micro_batch_size)
+    allowed_sequence_lengths: null   # e.g. [32, 64, 128, 256, 512]: a micro-batch's rows are
+                                     # padded to the bucket over its longest (padded_length)
+    max_tokens: null                 # the longest input accepted; longer: 413 for that request
+                                     # before any stage (also the largest bucket)
+    truncate: false                  # true: a longer input is counted at the limit and cut by
+                                     # the handler instead of refused
+                                     # (lengths: the handler's item_length, default body size;
+                                     # ts_microbatch.core.lengths)
     kserve: auto                     # which bodies are KServe requests (torchserve.kserve):
                                      # "auto" only a body of the strict single-input OIP v2
                                      # shape ({"inputs": [{"name", "shape", "datatype",
@@ -57,6 +73,7 @@ from typing import Any, Literal, Union
 
 from ._padding import PAD_MODES, padded_size
 from .errors import ConfigError
+from .lengths import LengthRule, check_order
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +207,12 @@ _FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "pad": _pad_mode,
     "on_recompile": _on_recompile,
     "kserve": _kserve,
+    "enabled": _boolean,
+    "order": check_order,
+    "max_micro_batch_tokens": lambda v, k: None if v is None else _positive_int(v, k),
+    "allowed_sequence_lengths": _sizes,
+    "max_tokens": lambda v, k: None if v is None else _positive_int(v, k),
+    "truncate": _boolean,
 }
 
 
@@ -277,6 +300,12 @@ class MicroBatchingConfig:
     warmup: WarmupConfig | None = None
     on_recompile: str = "warn"
     kserve: bool | str = "auto"  # "auto" | True | False: see ts_microbatch.torchserve.kserve
+    enabled: bool = True
+    order: str = "arrival"
+    max_micro_batch_tokens: int | None = None
+    allowed_sequence_lengths: tuple[int, ...] | None = None
+    max_tokens: int | None = None
+    truncate: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallelism, Parallelism):
@@ -290,12 +319,49 @@ class MicroBatchingConfig:
         # Sorted however the config was built: padding and warm-up pick the next size up.
         allowed = _sizes(self.allowed_micro_batch_sizes, "allowed_micro_batch_sizes")
         object.__setattr__(self, "allowed_micro_batch_sizes", allowed)
+        buckets = _sizes(self.allowed_sequence_lengths, "allowed_sequence_lengths")
+        object.__setattr__(self, "allowed_sequence_lengths", buckets)
         if self.min_micro_batch_size > self.max_micro_batch_size:
             raise ConfigError(
                 f"{YAML_SECTION}.min_micro_batch_size: got {self.min_micro_batch_size}, expected "
                 f"at most max_micro_batch_size ({self.max_micro_batch_size})"
             )
         self._check_allowed_sizes()
+        self._check_lengths()
+
+    def _check_lengths(self) -> None:
+        buckets, limit = self.allowed_sequence_lengths, self.max_tokens
+        if buckets is not None and limit is not None and limit > buckets[-1]:
+            raise ConfigError(
+                f"{YAML_SECTION}.max_tokens: got {limit}, expected at most the largest of "
+                f"allowed_sequence_lengths ({buckets[-1]}), or {YAML_SECTION}."
+                f"allowed_sequence_lengths: got {list(buckets)}, expected one >= max_tokens"
+            )
+        if self.truncate and buckets is None and limit is None:
+            raise ConfigError(
+                f"{YAML_SECTION}.truncate: got true without max_tokens or "
+                "allowed_sequence_lengths: there is no length to truncate to"
+            )
+
+    def length_rule(self, measure: Callable[[Any], int]) -> LengthRule | None:
+        """How items are measured, refused, ordered and cut, with ``measure`` giving one
+        item's length; None when no length setting is on (arrival order, fixed sizes)."""
+        if (
+            self.order == "arrival"
+            and self.max_micro_batch_tokens is None
+            and self.allowed_sequence_lengths is None
+            and self.max_tokens is None
+        ):
+            return None
+        return LengthRule(
+            measure,
+            self.order,
+            self.max_micro_batch_tokens,
+            self.allowed_sequence_lengths,
+            self.max_tokens,
+            self.truncate,
+            self.min_micro_batch_size,
+        )
 
     def _check_allowed_sizes(self) -> None:
         allowed = self.allowed_micro_batch_sizes
@@ -380,7 +446,7 @@ class MicroBatchingConfig:
                 value = Parallelism.from_mapping(value, f"{prefix}.parallelism", base.parallelism)
             elif name == "warmup":
                 value = WarmupConfig.from_mapping(value, f"{prefix}.warmup")
-            elif name == "allowed_micro_batch_sizes":
+            elif name in ("allowed_micro_batch_sizes", "allowed_sequence_lengths"):
                 value = _sizes(value, f"{prefix}.{name}")
             else:
                 _FIELD_CHECKS[name](value, f"{prefix}.{name}")
@@ -388,23 +454,15 @@ class MicroBatchingConfig:
         return replace(base, **changes)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "micro_batch_size": self.micro_batch_size,
-            "min_micro_batch_size": self.min_micro_batch_size,
-            "max_micro_batch_size": self.max_micro_batch_size,
-            "parallelism": self.parallelism.as_dict(),
-            "max_queued_micro_batches": self.max_queued_micro_batches,
-            "isolate_failures": self.isolate_failures,
-            "timeout_s": self.timeout_s,
-            "join_timeout_s": self.join_timeout_s,
-            "allowed_micro_batch_sizes": (
-                list(self.allowed_micro_batch_sizes) if self.allowed_micro_batch_sizes else None
-            ),
-            "pad": self.pad,
-            "warmup": self.warmup.as_dict() if self.warmup is not None else None,
-            "on_recompile": self.on_recompile,
-            "kserve": self.kserve,
-        }
+        values: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, (Parallelism, WarmupConfig)):
+                value = value.as_dict()
+            elif isinstance(value, tuple):
+                value = list(value)
+            values[name] = value
+        return values
 
 
 def read_json_config(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -75,8 +75,9 @@ def fewest_requests(owners: Sequence[int] | None, spans: Sequence[range]) -> int
     it takes, at least, to fail all those micro-batches.
 
     Args:
-        owners: the request index of each item, non-decreasing; None: item i is request i.
-        spans: the micro-batches' item ranges, disjoint and in order.
+        owners: the request of each position of the cut, numbered non-decreasing
+            (``Batch.groups``); None: position p is request p.
+        spans: the micro-batches' position ranges, disjoint and in order.
     """
     if owners is None:
         return len(spans)
@@ -238,7 +239,7 @@ class Isolator:
         failures = ledger.first_run_failures[key] = ledger.first_run_failures.get(key, 0) + 1
         return (
             failures == len(ledger.spans)
-            and fewest_requests(batch.owners, ledger.spans) >= MIN_REQUESTS_FOR_BATCH_VERDICT
+            and fewest_requests(batch.groups, ledger.spans) >= MIN_REQUESTS_FOR_BATCH_VERDICT
         )
 
     def _report(self, mb: _MicroBatch, error: BaseException | None) -> Outcome:

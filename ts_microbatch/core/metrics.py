@@ -30,6 +30,11 @@ class PipelineObserver:
         """A micro-batch of ``size`` requests entered ``stage`` padded to ``padded_to`` items
         (equal when it was an allowed size); reported for every micro-batch of that stage."""
 
+    def on_tokens(self, real: int, padded: int) -> None:
+        """A micro-batch of items with ``real`` tokens in all was cut, to be padded to
+        ``padded`` (items x padded length): reported for each micro-batch of a batch whose
+        lengths were measured (``ts_microbatch.core.lengths``)."""
+
     def on_recompile(self, count: int) -> None:
         """A compiled model recompiled ``count`` times in one call after warm-up."""
 
@@ -85,6 +90,9 @@ class GuardedObserver(PipelineObserver):
 
     def on_padding(self, stage: str, size: int, padded_to: int) -> None:
         self._guard("on_padding", lambda: self.observer.on_padding(stage, size, padded_to))
+
+    def on_tokens(self, real: int, padded: int) -> None:
+        self._guard("on_tokens", lambda: self.observer.on_tokens(real, padded))
 
     def on_recompile(self, count: int) -> None:
         self._guard("on_recompile", lambda: self.observer.on_recompile(count))

@@ -32,12 +32,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
+from . import lengths
 from ._queue import StageQueue
+from .autobudget import AutoTokenBudget
 from .autosize import AutoMicroBatchSize
 from .batch import (
     Batch,
     MicroBatchInfo,
-    RequestFailure,
     _MicroBatch,
     _set_future,
     current_micro_batch,
@@ -50,10 +51,11 @@ from .errors import (
     ConfigError,
     PipelineClosedError,
     PipelineStalledError,
-    RequestError,
 )
-from .isolation import Fail, Isolator, Outcome, declared_per_request
+from .isolation import Isolator, declared_per_request
+from .lengths import LengthRule
 from .metrics import GuardedObserver, PipelineObserver
+from .outcomes import Outcomes
 from .stages import StageWorkers
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,11 @@ class Pipeline:
         padded_stages: consecutive stages: the input of the first is padded to an allowed
             size (the items themselves when it is the first stage), the output of the last
             is cut back to the real items.
+        lengths: how items of variable length are measured, refused, ordered and cut
+            (``ts_microbatch.core.lengths``); None: arrival order, ``micro_batch_size`` each.
+        token_budget: with ``lengths``, chooses each batch's cut from measured costs per
+            padded token (``ts_microbatch.core.autobudget``) instead of the rule's budget;
+            ``micro_batch_size`` is then the most items a micro-batch holds.
     """
 
     def __init__(
@@ -107,6 +114,8 @@ class Pipeline:
         allowed_sizes: Sequence[int] | None = None,
         padded_stages: Sequence[str] | None = None,
         is_input_error: Callable[[BaseException], bool] = declared_per_request,
+        lengths: LengthRule | None = None,
+        token_budget: AutoTokenBudget | None = None,
     ) -> None:
         if not stages:
             raise ConfigError("stages: got none, expected at least one stage")
@@ -123,7 +132,10 @@ class Pipeline:
             StageQueue[_MicroBatch](max_queued_micro_batches) for _ in self._names[1:]
         ]
         self._isolator = Isolator(isolate_failures, is_input_error)
+        self._outcomes = Outcomes(self._names, self._isolator, self._enqueue)
         self._join_timeout_s = join_timeout_s
+        self._lengths = lengths
+        self.token_budget = token_budget if lengths is not None else None
         self._observer = GuardedObserver.wrap(observer or PipelineObserver())
         self._lock = threading.Lock()  # guards the fields below
         self._idle = threading.Condition(self._lock)  # notified when no batch is in flight
@@ -204,7 +216,8 @@ class Pipeline:
             owners: ``owners[i]`` is the request index (the row of ``context``) of item i;
                 each request's items consecutive, requests in order. None: item i is
                 request i. Stage helpers, statuses and failure isolation go by requests.
-            micro_batch_size: split this batch at this size instead of the one in force.
+            micro_batch_size: split this batch at this size instead of the one in force, in
+                arrival order whatever the length rule (warm-up runs chosen shapes).
             quiet: report nothing of it to the observer or the automatic size (warm-up).
 
         Raises:
@@ -218,8 +231,8 @@ class Pipeline:
             size = _positive_int(micro_batch_size, "micro_batch_size")
         else:
             size = auto.choose(len(items), self.parallelism) if auto else self._micro_batch_size
-        batch = Batch(len(items), context, self._check_stalled_quietly, quiet=quiet, owners=owners)
-        micro_batches = cut(batch, items, size)
+        exact = micro_batch_size is not None
+        batch, micro_batches = self._cut(items, context, owners, size, quiet, exact)
         self._isolator.track(batch, micro_batches)
         with self._lock:
             if self._closed:
@@ -228,11 +241,38 @@ class Pipeline:
         batch.when_answered(self._batch_answered)
         if not quiet:
             self._observer.on_batch(len(items), len(micro_batches))
+            if batch.lengths is not None:
+                for mb in micro_batches:
+                    real = sum(mb.lengths or ())
+                    self._observer.on_tokens(real, len(mb) * (mb.padded_length or 0))
         if auto is not None:
             batch.when_answered(auto.batch_reporter(size))
         for mb in micro_batches:
             self._enqueue(0, mb)
         return batch
+
+    def _cut(
+        self,
+        items: Sequence[Any],
+        context: Any,
+        owners: Sequence[int] | None,
+        size: int,
+        quiet: bool,
+        exact: bool,
+    ) -> tuple[Batch, list[_MicroBatch]]:
+        """The batch of ``items`` and its micro-batches: ``size`` items each in arrival
+        order, or as the length rule measures, refuses, orders and cuts them."""
+        on_timeout = self._check_stalled_quietly
+        rule, budget = self._lengths, None if quiet else self.token_budget
+        if rule is None:
+            batch = Batch(len(items), context, on_timeout, quiet=quiet, owners=owners)
+            return batch, cut(batch, items, size)
+        choose = None
+        if budget is not None:
+            threads = self.parallelism
+            choose = lambda ordered: budget.choose(rule, ordered, threads)  # noqa: E731
+        plan = lengths.plan(rule, items, owners, size, exact=exact, choose=choose)
+        return lengths.cut_batch(plan, rule, items, context, owners, on_timeout, quiet=quiet)
 
     def _batch_answered(self, batch: Batch) -> None:
         with self._lock:
@@ -275,11 +315,7 @@ class Pipeline:
                 )
             self._queues[stage].put(mb)
         except PipelineClosedError as closed:
-            self._fail_unrun(mb, closed)
-
-    def _fail_unrun(self, mb: _MicroBatch, error: BaseException) -> None:
-        self._finish(mb.batch, mb.indices, error=error)
-        self._apply(self._isolator.dropped(mb))
+            self._outcomes.fail_unrun(mb, closed)
 
     def _serve(self, stage: int, mb: _MicroBatch) -> None:
         """What a stage thread does with each micro-batch it takes; never raises."""
@@ -292,14 +328,14 @@ class Pipeline:
             name = self._names[stage]
             logger.exception("internal error in stage %s; failing its micro-batch", name)
             try:
-                self._fail_unrun(mb, exc)
+                self._outcomes.fail_unrun(mb, exc)
             except BaseException:
                 logger.exception("internal error failing a micro-batch of %s", name)
 
     def _process(self, stage: int, mb: _MicroBatch) -> None:
         if mb.answered():
             # Its batch timed out or was cancelled: running it would delay newer batches.
-            self._apply(self._isolator.dropped(mb))
+            self._outcomes.dropped(mb)
             return
         name = self._names[stage]
         last = stage == len(self._names) - 1
@@ -309,10 +345,17 @@ class Pipeline:
         self._workers.begin_call(name, mb)
         # The call and its report see this micro-batch as the thread's: stage helpers read
         # its requests, metric lines carry its first request's id.
-        owners = mb.owners if mb.batch.owners is not None else None
         set_current_micro_batch(
             MicroBatchInfo(
-                mb.index, mb.offset, len(mb), mb.attempt, mb.batch.context, owners, size - len(mb)
+                mb.index,
+                mb.offset,
+                len(mb),
+                mb.attempt,
+                mb.batch.context,
+                mb.owners,
+                size - len(mb),
+                mb.lengths,
+                mb.padded_length,
             )
         )
         error: BaseException | None = None
@@ -330,87 +373,19 @@ class Pipeline:
         finally:
             set_current_micro_batch(None)
         if error is not None:
-            self._on_stage_error(stage, mb, error)
+            self._outcomes.stage_failed(stage, mb, error)
             return
-        auto = self._auto
+        auto, budget = self._auto, self.token_budget
         if auto is not None and not mb.batch.quiet:
             auto.observe(name, size, run_s)  # the cost is the padded size's
-        self._apply(self._isolator.passed(mb, stage))
+        if budget is not None and not mb.batch.quiet and mb.padded_length is not None:
+            budget.observe(name, size, mb.padded_length, run_s)
+        self._outcomes.passed(mb, stage)
         if last:
-            self._finish(mb.batch, mb.indices, outputs=output)
+            self._outcomes.finish(mb.batch, mb.indices, outputs=output)
         else:
             mb.payload = output
             self._enqueue(stage + 1, mb)
-
-    def _on_stage_error(self, stage: int, mb: _MicroBatch, exc: BaseException) -> None:
-        name = self._names[stage]
-        outcome = self._isolator.failed(mb, stage, exc)
-        if outcome.rerun:
-            owners = mb.owners
-            logger.warning(
-                "stage %s failed for requests %d..%d (%s: %s); "
-                "re-running them in halves to isolate the failing ones",
-                name,
-                owners[0],
-                owners[-1],
-                type(exc).__name__,
-                exc,
-            )
-        self._apply(outcome)
-
-    def _apply(self, outcome: Outcome) -> None:
-        for fail in outcome.fail:
-            self._log_failure(fail)
-            self._finish(
-                fail.mb.batch, fail.mb.indices, error=fail.error, failure=self._failure(fail)
-            )
-        if outcome.fail_batch is not None:
-            # Judged systemic for the whole batch: every request not answered yet fails now,
-            # and its pieces still queued are dropped as stale.
-            whole = outcome.fail_batch
-            batch = whole.mb.batch
-            self._finish(batch, range(len(batch)), error=whole.error, failure=self._failure(whole))
-        for mb in outcome.rerun:
-            self._enqueue(0, mb)
-
-    def _failure(self, fail: Fail) -> RequestFailure:
-        return RequestFailure(self._names[fail.stage], fail.stage, fail.isolated)
-
-    def _log_failure(self, fail: Fail) -> None:
-        owners, error, name = fail.mb.owners, fail.error, self._names[fail.stage]
-        if isinstance(error, RequestError) and fail.isolated:
-            logger.info("request %d rejected in %s: %s", owners[0], name, error)
-        else:
-            logger.error(
-                "stage %s failed for requests %d..%d",
-                name,
-                owners[0],
-                owners[-1],
-                exc_info=error,
-            )
-
-    def _finish(
-        self,
-        batch: Batch,
-        indices: range,
-        *,
-        outputs: list[Any] | None = None,
-        error: BaseException | None = None,
-        failure: RequestFailure | None = None,
-    ) -> None:
-        """Resolves the futures of ``batch``'s requests ``indices`` with ``outputs`` or
-        ``error``: the one place a request gets its outcome from a stage. Requests answered
-        already (timed out, cancelled) keep their answer."""
-        for position, index in enumerate(indices):
-            future = batch.futures[index]
-            if future.done():
-                continue
-            if outputs is not None:
-                _set_future(future, result=outputs[position])
-            else:
-                if failure is not None:
-                    batch.record_failure(index, failure)
-                _set_future(future, error=error or PipelineClosedError("micro-batch lost"))
 
     # -- stuck stage calls -----------------------------------------------------------
 
@@ -447,7 +422,7 @@ class Pipeline:
             closed = PipelineClosedError("the pipeline shut down before this request was processed")
             for queue in self._queues:
                 for mb in queue.drain():
-                    self._fail_unrun(mb, closed)
+                    self._outcomes.fail_unrun(mb, closed)
         if first and wait:
             self._stop_stages()
         elif first:

@@ -4,6 +4,8 @@ each measured by `ab`: what ``tune --confirm`` ranks by.
 In-process runs leave out the frontend, which shares the cores; this measures what a
 client sees. Each run gets a fresh server, and configs take turns round by round, so slow
 phases of a shared machine hit every config alike; a config's result is its median run.
+One body is sent by `ab`; a corpus (``tune --corpus``) by ts_microbatch.tools.drive, each
+request taking the next body of the corpus's fixed order.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import yaml
 
 from ..core.config import CONFIG_FILE_NAME
 from .ab import errors_of, run_ab
+from .corpus import Corpus
+from .drive import send_corpus
 from .server import TorchServe, TorchServeError
 
 # TorchServe's default max_request_size (6,553,500 bytes) refuses large samples.
@@ -93,7 +97,7 @@ def frontend_settings(load: Load) -> dict[str, Any]:
 
 def measure_configs(
     model_dir: Path,
-    body: Path,
+    body: Path | Corpus,
     configs: Sequence[dict[str, Any]],
     load: Load,
     rounds: int,
@@ -144,7 +148,7 @@ def median_of(settings: dict[str, Any], runs: list[dict[str, Any]]) -> Measured:
 
 def measure_one(
     model_dir: Path,
-    body: Path,
+    body: Path | Corpus,
     settings: dict[str, Any],
     load: Load,
     work: Path,
@@ -152,17 +156,15 @@ def measure_one(
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """A fresh TorchServe serving ``model_dir`` with ``settings``: warm-up, then the
-    measured `ab` run."""
+    measured run (`ab` for one body, the corpus driver for a corpus)."""
     store = work / "store"
     with_config(model_dir, store / "tuned", settings, frontend_settings(load))
+    largest = body.largest if isinstance(body, Corpus) else body.stat().st_size
     properties = {
         "job_queue_size": str(max(1000, 2 * load.concurrency)),
-        "max_request_size": str(max(_MIN_REQUEST_SIZE, 2 * body.stat().st_size)),
+        "max_request_size": str(max(_MIN_REQUEST_SIZE, 2 * largest)),
         "default_response_timeout": str(load.response_timeout_s),
     }
-    guessed = mimetypes.guess_type(body.name)[0] or ""
-    # Bytes, as the in-process runs send them: TorchServe decodes text/* and JSON bodies.
-    content_type = guessed if guessed.startswith("image/") else "application/octet-stream"
     with TorchServe(model_store=store, workdir=work / "server", properties=properties) as server:
         resp = server.register(
             "tuned",
@@ -177,14 +179,51 @@ def measure_one(
             )
         url = f"{server.inference_url}/predictions/tuned"
         token = server.token("inference")
-        common: dict[str, Any] = {"token": token, "content_type": content_type}
-        common["progress"] = progress
         if load.warmup_requests:
             warmup = max(load.warmup_requests, load.concurrency)  # ab refuses fewer
-            csv_path, warm_label = work / "warmup.csv", f"{label} warm-up"
-            run_ab(url, body, warmup, load.concurrency, csv_path, label=warm_label, **common)
-        summary, latency = run_ab(
-            url, body, load.requests, load.concurrency, work / "ab.csv", label=label, **common
+            send(
+                url,
+                body,
+                warmup,
+                load.concurrency,
+                token,
+                work / "warmup.csv",
+                f"{label} warm-up",
+                progress,
+            )
+        summary, latency = send(
+            url, body, load.requests, load.concurrency, token, work / "ab.csv", label, progress
         )
     shutil.rmtree(store)  # a copy of the model per run; the server's logs stay
     return {**summary, **latency, "errors": errors_of(summary)}
+
+
+def send(
+    url: str,
+    body: Path | Corpus,
+    requests: int,
+    concurrency: int,
+    token: str | None,
+    csv_path: Path,
+    label: str,
+    progress: Callable[[str], None],
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """One measured load: a corpus through the driver, one body through `ab`."""
+    if isinstance(body, Corpus):
+        return send_corpus(
+            url, body, requests, concurrency, token=token, label=label, progress=progress
+        )
+    guessed = mimetypes.guess_type(body.name)[0] or ""
+    # Bytes, as the in-process runs send them: TorchServe decodes text/* and JSON bodies.
+    content_type = guessed if guessed.startswith("image/") else "application/octet-stream"
+    return run_ab(
+        url,
+        body,
+        requests,
+        concurrency,
+        csv_path,
+        token=token,
+        content_type=content_type,
+        label=label,
+        progress=progress,
+    )

@@ -30,10 +30,12 @@ from ..torchserve.metrics import (
     MICRO_BATCH_SIZE,
     MICRO_BATCHES_PER_BATCH,
     PADDED_ITEMS,
+    PADDED_TOKENS,
     QUEUE_TIME,
     RECOMPILES,
     REQUEST_ERRORS,
     STAGE_TIME,
+    TOKENS,
 )
 
 
@@ -86,7 +88,9 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
     (requests answered with an error, by status code), ``padded_per_micro_batch`` and
     ``padded_share`` (items added to reach an allowed size, per padded-stage micro-batch and
     as a share of the items that stage ran; NaN without allowed sizes) and ``recompiles``
-    (a compiled model's compiles on the request path). Values with nothing to average are NaN.
+    (a compiled model's compiles on the request path), ``tokens``, ``padded_tokens`` and
+    ``useful_token_share`` (with length settings: the items' tokens, what they were padded
+    to, and the first over the second). Values with nothing to average are NaN.
     Micro-batches re-run to isolate a failing request count again in the sizes.
     """
     a, b = parse_prometheus(after), parse_prometheus(before)
@@ -115,6 +119,8 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
         delta(f"{PADDED_ITEMS}_count", **model),
     )
     recompiles = delta(RECOMPILES, **model) + delta(f"{RECOMPILES}_total", **model)
+    tokens = delta(TOKENS, **model) + delta(f"{TOKENS}_total", **model)
+    padded_tokens = delta(PADDED_TOKENS, **model) + delta(f"{PADDED_TOKENS}_total", **model)
     return {
         "requests": requests,
         "frontend_queue_ms": _ratio(delta("ts_queue_latency_microseconds", **frontend), requests)
@@ -136,6 +142,9 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
         "padded_per_micro_batch": _ratio(padded, padded_runs),
         "padded_share": _ratio(padded, padded + sized) if padded_runs else math.nan,
         "recompiles": int(recompiles),
+        "tokens": int(tokens),
+        "padded_tokens": int(padded_tokens),
+        "useful_token_share": _ratio(tokens, padded_tokens),
     }
 
 
@@ -156,6 +165,11 @@ def format_summary(summary: dict[str, Any]) -> str:
     padded = summary.get("padded_per_micro_batch", math.nan)
     if not math.isnan(padded):
         line += f"; padded {padded:.2f} items per micro-batch ({summary['padded_share']:.0%})"
+    if summary.get("padded_tokens"):
+        line += (
+            f"; tokens {summary['useful_token_share']:.0%} useful "
+            f"({summary['tokens']} of {summary['padded_tokens']} padded)"
+        )
     if summary.get("recompiles"):
         line += f"; {summary['recompiles']} recompiles on the request path"
     return line

@@ -10,6 +10,16 @@ combination of micro_batch_size and preprocess/postprocess threads (inference th
 the time per batch, and writes the best combination as micro_batching.json. The handler
 must use ts_microbatch (MicroBatchingMixin, or ``self.handle = MicroBatching(self)``).
 
+With ``order: length`` in the model's config, the token budget (``max_micro_batch_tokens``)
+is a dimension of the grid too (``--budgets``): on a corpus of mixed lengths the cost of a
+micro-batch is its shape, items x padded length, and only measured batches of the corpus
+show which budget serves it fastest.
+
+With ``--corpus DIR|FILE.jsonl`` instead of ``--input`` (ts_microbatch.tools.corpus), each
+measured batch is the next ``--batch-size`` bodies of the corpus in its fixed shuffled
+order, the same batches for every combination, so the choice reflects the mix of lengths
+rather than one body's.
+
 With ``--confirm K`` the K best combinations are then served one after the other by a real
 TorchServe on loopback and driven by apache bench (`ab`) at the same batch size
 (ts_microbatch.tools.confirm); the one it measures fastest is written instead, and both
@@ -35,6 +45,7 @@ from ..core.config import MicroBatchingConfig, load_config
 from ..torchserve.micro_batching import MicroBatching
 from .ab import ab_problem
 from .confirm import Load, measure_configs, model_dir_of
+from .corpus import Body, Corpus, CorpusError, read_corpus, rows_of
 from .server import java_problem
 
 
@@ -46,10 +57,15 @@ class Trial:
     parallelism: dict[str, int]
     requests_per_s: float
     batch_ms: float
+    max_micro_batch_tokens: int | None = None
 
     def as_config(self, base: MicroBatchingConfig) -> dict[str, Any]:
         settings = base.as_dict()
-        settings.update(micro_batch_size=self.micro_batch_size, parallelism=self.parallelism)
+        settings.update(
+            micro_batch_size=self.micro_batch_size,
+            parallelism=self.parallelism,
+            max_micro_batch_tokens=self.max_micro_batch_tokens,
+        )
         return settings
 
 
@@ -127,10 +143,11 @@ def fresh_batch(context: Any, batch_size: int) -> None:
     context.metrics.request_ids = context.request_ids
 
 
-def measure(mb: MicroBatching, context: Any, rows: list[dict[str, bytes]], repeats: int) -> float:
-    """Seconds per batch, the median of ``repeats`` after one warm-up batch."""
+def measure(mb: MicroBatching, context: Any, batches: list[list[Body]]) -> float:
+    """Seconds per batch, the median over ``batches`` after the first (a warm-up)."""
     times = []
-    for i in range(repeats + 1):
+    for i, batch in enumerate(batches):
+        rows = rows_of(batch)
         fresh_batch(context, len(rows))
         start = time.perf_counter()
         mb(rows, context)
@@ -138,38 +155,60 @@ def measure(mb: MicroBatching, context: Any, rows: list[dict[str, bytes]], repea
             times.append(time.perf_counter() - start)
         failed = [s for s in range(len(rows)) if context.get_response_status(s)[0] != 200]
         if failed:
+            names = ", ".join(sorted({batch[s].name for s in failed})[:5])
             raise SystemExit(
-                f"the sample input failed ({len(failed)} of {len(rows)} requests): "
-                "give an input the handler accepts"
+                f"the sample input failed ({len(failed)} of {len(rows)} requests: {names}): "
+                "give bodies the handler accepts"
             )
     return sorted(times)[len(times) // 2]
+
+
+def tuning_corpus(args: argparse.Namespace) -> Corpus:
+    """``--corpus``, or ``--input`` as a corpus of one body sent as bytes (as before)."""
+    if args.corpus is not None:
+        try:
+            return read_corpus(args.corpus)
+        except CorpusError as err:
+            raise SystemExit(f"--corpus: {err}") from None
+    body = Body(args.input.name, args.input.read_bytes(), "application/octet-stream")
+    return Corpus(str(args.input), (body,))
 
 
 def tune(
     mb: MicroBatching,
     context: Any,
-    rows: list[dict[str, bytes]],
+    batches: list[list[Body]],
     sizes: list[int],
     threads: list[int],
     inference_threads: list[int],
-    repeats: int,
+    budgets: list[int | None] | None = None,
 ) -> list[Trial]:
-    grid = list(itertools.product(sizes, threads, inference_threads))
-    trials = []
+    """Every combination measured on the same ``batches`` (the first a warm-up); fastest
+    first. ``budgets``: the max_micro_batch_tokens values to try (sizes are then the most
+    items a micro-batch holds); None: the config's own."""
     base = mb.config
-    for i, (size, pre_post, infer) in enumerate(grid, start=1):
-        parallelism = {"preprocess": pre_post, "inference": infer, "postprocess": pre_post}
-        mb.configure(
-            MicroBatchingConfig.from_mapping(
-                {"micro_batch_size": size, "parallelism": parallelism}, base
-            )
+    grid = list(
+        itertools.product(
+            sizes, budgets or [base.max_micro_batch_tokens], threads, inference_threads
         )
-        seconds = measure(mb, context, rows, repeats)
-        trial = Trial(size, parallelism, len(rows) / seconds, seconds * 1000)
+    )
+    trials = []
+    for i, (size, budget, pre_post, infer) in enumerate(grid, start=1):
+        parallelism = {"preprocess": pre_post, "inference": infer, "postprocess": pre_post}
+        settings = {
+            "micro_batch_size": size,
+            "parallelism": parallelism,
+            "max_micro_batch_tokens": budget,
+        }
+        mb.configure(MicroBatchingConfig.from_mapping(settings, base))
+        seconds = measure(mb, context, batches)
+        trial = Trial(size, parallelism, len(batches[0]) / seconds, seconds * 1000, budget)
         trials.append(trial)
+        tokens = "" if budget is None else f" tokens<={budget:<5}"
         print(
-            f"[{i}/{len(grid)}] micro_batch_size={size:<3} threads {pre_post}/{infer}/{pre_post}: "
-            f"{trial.requests_per_s:8.1f} requests/s, {trial.batch_ms:8.1f} ms per batch",
+            f"[{i}/{len(grid)}] micro_batch_size={size:<3}{tokens} threads "
+            f"{pre_post}/{infer}/{pre_post}: {trial.requests_per_s:8.1f} requests/s, "
+            f"{trial.batch_ms:8.1f} ms per batch",
             flush=True,
         )
     return sorted(trials, key=lambda t: -t.requests_per_s)
@@ -211,9 +250,8 @@ def confirm(
     out = args.confirm_out or workdir / "confirm"
     print(f"\nConfirming {len(top)} configs on TorchServe (results in {out})", flush=True)
     model_dir = model_dir_of(args.mar, workdir / "confirm-model")
-    measured = measure_configs(
-        model_dir, args.input.resolve(), configs, load, args.confirm_repeats, Path(out)
-    )
+    sent: Path | Corpus = args.input.resolve() if args.corpus is None else tuning_corpus(args)
+    measured = measure_configs(model_dir, sent, configs, load, args.confirm_repeats, Path(out))
     confirmed = [
         Confirmed(trial, m.config, m.requests_per_s, m.p99_ms, m.errors)
         for trial, m in zip(top, measured)
@@ -227,11 +265,14 @@ def threads_of(parallelism: dict[str, int]) -> str:
 
 
 def print_ranking(ranked: list[Trial]) -> None:
-    print("\nrank | micro_batch_size | threads pre/inf/post | requests/s | ms per batch")
+    print(
+        "\nrank | micro_batch_size | max_micro_batch_tokens | threads pre/inf/post |"
+        " requests/s | ms per batch"
+    )
     for rank, t in enumerate(ranked, start=1):
         print(
-            f"{rank:4} | {t.micro_batch_size:16} | {threads_of(t.parallelism):>20} |"
-            f" {t.requests_per_s:10.1f} | {t.batch_ms:.1f}"
+            f"{rank:4} | {t.micro_batch_size:16} | {t.max_micro_batch_tokens!s:>22} |"
+            f" {threads_of(t.parallelism):>20} | {t.requests_per_s:10.1f} | {t.batch_ms:.1f}"
         )
 
 
@@ -262,6 +303,26 @@ def ints(text: str) -> list[int]:
     return values
 
 
+def budgets(text: str) -> list[int | None]:
+    """``--budgets``: integers >= 1 or "none" (no budget), separated by commas."""
+    values: list[int | None] = []
+    for part in text.split(","):
+        if part.strip().lower() == "none":
+            values.append(None)
+            continue
+        values.extend(ints(part))
+    return values
+
+
+def default_budgets(base: MicroBatchingConfig) -> list[int | None]:
+    """With ``order: length`` the budget decides the cut, so a few are tried around the
+    config's own; otherwise the config's own alone."""
+    own = base.max_micro_batch_tokens
+    if base.order != "length":
+        return [own]
+    return list(dict.fromkeys([own, 1024, 2048, 4096]))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ts_microbatch.tools.tune", description=__doc__.split("\n\n")[0]
@@ -269,7 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--mar", required=True, type=Path, help=".mar file or unpacked model directory"
     )
-    parser.add_argument("--input", required=True, type=Path, help="a sample request body")
+    bodies = parser.add_mutually_exclusive_group(required=True)
+    bodies.add_argument("--input", type=Path, help="a sample request body (sent as bytes)")
+    bodies.add_argument(
+        "--corpus",
+        type=Path,
+        help="a directory of request bodies or a .jsonl file (one string or object a line); "
+        "batches are drawn from it in a fixed order, and --confirm sends it",
+    )
     parser.add_argument(
         "--batch-size", type=int, default=32, help="frontend batch size to tune for"
     )
@@ -278,6 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=ints, default=[1, 2], help="preprocess and postprocess threads"
     )
     parser.add_argument("--inference-threads", type=ints, default=[1])
+    parser.add_argument(
+        "--budgets",
+        type=budgets,
+        default=None,
+        help="max_micro_batch_tokens values to try, e.g. 1024,2048,none (in the handler's "
+        "item_length unit); default: the config's own, and with order: length also "
+        "1024,2048,4096",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="batches measured per combination")
     parser.add_argument("--out", type=Path, default=Path("micro_batching.json"))
     confirming = parser.add_argument_group("confirming on a real TorchServe")
@@ -309,20 +385,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     sizes = [s for s in args.micro_batch_sizes if s <= args.batch_size] or [args.batch_size]
-    rows = [{"body": args.input.read_bytes()}] * args.batch_size
+    corpus = tuning_corpus(args)
+    batches = corpus.batches(args.batch_size, args.repeats + 1)
     with tempfile.TemporaryDirectory(prefix="ts-microbatch-tune-") as scratch:
         model_dir = model_dir_of(args.mar, Path(scratch) / "model")
         context = make_context(model_dir, args.batch_size)
         base = load_config(model_dir, context.model_yaml_config)
         _, mb = load_handler(model_dir, context)
+        tried = args.budgets or default_budgets(base)
         print(
-            f"Tuning {args.mar} at batch size {args.batch_size}: {len(sizes)} sizes x "
-            f"{len(args.threads)} x {len(args.inference_threads)} thread counts",
+            f"Tuning {args.mar} at batch size {args.batch_size} on {corpus.label}: "
+            f"{len(sizes)} sizes x {len(tried)} token budgets x {len(args.threads)} x "
+            f"{len(args.inference_threads)} thread counts",
             flush=True,
         )
         try:
             ranked = tune(
-                mb, context, rows, sizes, args.threads, args.inference_threads, args.repeats
+                mb, context, batches, sizes, args.threads, args.inference_threads, tried
             )
         finally:
             mb.shutdown()

@@ -77,6 +77,31 @@ def recompile_limit() -> int:
     return int(getattr(dynamo_config, "recompile_limit", dynamo_config.cache_size_limit))
 
 
+def cover_recompile_limit(graphs: int) -> None:
+    """Raises Dynamo's recompile limit on the calling thread to ``graphs`` when it is lower.
+
+    The calling thread's, because Dynamo's config is per thread (torch 2.14 keeps a user's
+    setting in a ContextVar): set in ``initialize`` it never reached the pipeline's inference
+    thread, which compiles. Under the default of 8 the 9th shape of a 3 x 3 grid of allowed
+    sizes x sequence lengths was given up on at warm-up and ran eagerly from then on.
+    """
+    limit = recompile_limit()
+    if graphs <= limit:
+        return
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    setattr(dynamo_config, name, graphs)
+    logger.info(
+        "torch._dynamo.config.%s raised from %d to %d on %s: the shapes inference can see "
+        "(allowed micro-batch sizes x allowed sequence lengths), one graph each",
+        name,
+        limit,
+        graphs,
+        threading.current_thread().name,
+    )
+
+
 def clone_tensors(value: Any) -> Any:
     """``value`` with every tensor in it (lists, tuples, dicts) cloned."""
     import torch
@@ -112,6 +137,9 @@ class CompiledInference:
         self.compiles = 0  # compiles seen during calls, warm-up included
         self.recompiles = 0  # compiles seen on the request path
         self.compiled_on: set[str] = set()  # names of the threads that compiled
+        # The graphs the model may need (every shape inference can see), raised to on the
+        # thread that calls it; None: Dynamo's limit as it is.
+        self.recompile_limit: int | None = None
 
     @property
     def on_recompile(self) -> str:
@@ -138,6 +166,8 @@ class CompiledInference:
 
     def __call__(self, data: Any) -> Any:
         with self._lock:
+            if self.recompile_limit is not None:
+                cover_recompile_limit(self.recompile_limit)
             before = compile_count()
             output = clone_tensors(self._fn(data))
             compiled = compile_count() - before

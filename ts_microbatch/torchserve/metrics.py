@@ -13,6 +13,10 @@ they are written to ``model_metrics.log``. The names and what they measure:
                                              size (allowed_micro_batch_sizes only)
     MicroBatchRecompiles    counter   count  compiles of a compiled model on the request path
                                              (after warm-up; every one without warm-up)
+    MicroBatchTokens        counter   count  tokens of the items cut into micro-batches, and
+    MicroBatchPaddedTokens  counter   count  what they were padded to (items x padded length):
+                                             the useful share is their ratio (length settings
+                                             only: ts_microbatch.core.lengths)
 
 Times are in seconds because TorchServe 0.12's Prometheus histograms have the client
 library's fixed default buckets (5 ms to 10 s). For sizes those buckets stop at 10: read the
@@ -47,6 +51,8 @@ MICRO_BATCHES_PER_BATCH = "MicroBatchesPerBatch"
 REQUEST_ERRORS = "MicroBatchRequestErrors"
 PADDED_ITEMS = "MicroBatchPaddedItems"
 RECOMPILES = "MicroBatchRecompiles"
+TOKENS = "MicroBatchTokens"
+PADDED_TOKENS = "MicroBatchPaddedTokens"
 METRIC_NAMES = (
     STAGE_TIME,
     QUEUE_TIME,
@@ -55,6 +61,8 @@ METRIC_NAMES = (
     REQUEST_ERRORS,
     PADDED_ITEMS,
     RECOMPILES,
+    TOKENS,
+    PADDED_TOKENS,
 )
 
 
@@ -319,6 +327,11 @@ class TorchServeMetricsObserver(PipelineObserver):
     @_deferred
     def on_padding(self, stage: str, size: int, padded_to: int) -> None:
         self._emit(PADDED_ITEMS, padded_to - size, "count", {})
+
+    @_deferred
+    def on_tokens(self, real: int, padded: int) -> None:
+        self._emit(TOKENS, real, "count", {}, histogram=False)
+        self._emit(PADDED_TOKENS, padded, "count", {}, histogram=False)
 
     @_deferred
     def on_recompile(self, count: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import os
 import threading
@@ -22,10 +23,12 @@ from dataclasses import replace
 from typing import Any
 
 from ..core._padding import same_answer
+from ..core.autobudget import AutoTokenBudget
 from ..core.autosize import AutoMicroBatchSize
 from ..core.batch import MicroBatchInfo
 from ..core.config import (
     STAGES,
+    YAML_SECTION,
     MicroBatchingConfig,
     Parallelism,
     _positive_int,
@@ -147,14 +150,14 @@ class MicroBatching:
             self.compiled = CompiledInference(
                 self._stages["inference"], self._observer, config.on_recompile
             )
+            self.compiled.recompile_limit = shape_count(config)
             self._stages["inference"] = self.compiled
         self._pipeline = self._new_pipeline(config)
 
     def _new_pipeline(self, config: MicroBatchingConfig) -> Pipeline:
-        return Pipeline(
+        pipeline = Pipeline(
             self._stages,
             parallelism=config.parallelism.as_dict(),
-            micro_batch_size=_size_for_pipeline(config.micro_batch_size, config),
             max_queued_micro_batches=config.max_queued_micro_batches,
             isolate_failures=config.isolate_failures,
             join_timeout_s=config.join_timeout_s,
@@ -162,14 +165,43 @@ class MicroBatching:
             allowed_sizes=config.allowed_micro_batch_sizes,
             padded_stages=_padded_stages(config),
             is_input_error=is_input_error,
+            lengths=config.length_rule(self.item_length),
         )
+        self._set_size(pipeline, config.micro_batch_size, config)
+        return pipeline
+
+    @staticmethod
+    def _set_size(pipeline: Pipeline, size: Any, config: MicroBatchingConfig) -> None:
+        """``size`` in force on ``pipeline``: "auto" chooses each batch's cut by token
+        budget when items are measured (``ts_microbatch.core.autobudget``), by count else."""
+        checked = check_micro_batch_size(size, config.allowed_micro_batch_sizes)
+        if checked == "auto" and config.length_rule(body_length) is not None:
+            largest = config.largest_micro_batch()
+            pipeline.micro_batch_size = largest
+            pipeline.token_budget = AutoTokenBudget(largest, config.max_micro_batch_tokens)
+            return
+        pipeline.token_budget = None
+        pipeline.micro_batch_size = _size_for_pipeline(checked, config)
+
+    def item_length(self, item: Any) -> int:
+        """One item's length: the handler's ``item_length(item)`` (a tokenizer's count),
+        else the size of its body (``body_length``)."""
+        measure = getattr(self.handler, "item_length", None)
+        return int(measure(item)) if measure is not None else body_length(item)
 
     # -- configuration ---------------------------------------------------------------
 
     @property
+    def base_config(self) -> MicroBatchingConfig:
+        """The config as given (constructor or ``configure``), not copied: cheap to read on
+        every request; ``config`` adds the size and threads in force."""
+        return self._config
+
+    @property
     def config(self) -> MicroBatchingConfig:
         """The settings in force."""
-        auto = self._pipeline.auto_micro_batch_size is not None
+        pipeline = self._pipeline
+        auto = pipeline.auto_micro_batch_size is not None or pipeline.token_budget is not None
         return replace(
             self._config,
             micro_batch_size="auto" if auto else self._pipeline.micro_batch_size,
@@ -194,6 +226,7 @@ class MicroBatching:
             old.shutdown(wait=True)
         if self.compiled is not None:
             self.compiled.on_recompile = config.on_recompile
+            self.compiled.recompile_limit = shape_count(config)
         self._config = config
 
     @property
@@ -204,7 +237,7 @@ class MicroBatching:
     @micro_batch_size.setter
     def micro_batch_size(self, size: int | str) -> None:
         """An integer >= 1, or "auto" within the config's min/max_micro_batch_size."""
-        self._pipeline.micro_batch_size = _size_for_pipeline(size, self._config)
+        self._set_size(self._pipeline, size, self._config)
 
     @property
     def parallelism(self) -> dict[str, int]:
@@ -414,6 +447,9 @@ class MicroBatching:
 
         In TorchServe's asynchronous worker (called from its event loop) it returns a
         coroutine, which that worker awaits; otherwise the list of answers."""
+        if not self._config.enabled:
+            # As without micro-batching: the handler's own handle on the whole batch.
+            return plain_handle(self.handler)(data, context)
         if _in_event_loop():
             return self._call_async(data, context)
         start = time.time()
@@ -554,6 +590,15 @@ def _size_for_pipeline(size: Any, config: MicroBatchingConfig) -> int | AutoMicr
     )
 
 
+def shape_count(config: MicroBatchingConfig) -> int | None:
+    """The input shapes inference can see: allowed sizes x allowed sequence lengths; None
+    when sizes are not bounded."""
+    allowed = config.allowed_micro_batch_sizes
+    if allowed is None:
+        return None
+    return len(allowed) * len(config.allowed_sequence_lengths or (None,))
+
+
 def _padded_stages(config: MicroBatchingConfig) -> tuple[str, ...] | None:
     """The stages that see only allowed sizes (ts_microbatch.core._padding): every stage when
     whole requests are padded, inference alone when the handler's tensors are."""
@@ -565,6 +610,31 @@ def _padded_stages(config: MicroBatchingConfig) -> tuple[str, ...] | None:
 def _rest(config: MicroBatchingConfig) -> MicroBatchingConfig:
     """``config`` without the settings ``configure`` changes in place."""
     return replace(config, micro_batch_size=1, parallelism=Parallelism(), on_recompile="warn")
+
+
+def body_length(item: Any) -> int:
+    """The default length of an item: its body's size in bytes or characters (a TorchServe
+    row's ``data`` or ``body``, or a KServe instance), JSON's length for other values."""
+    body = item.get("data", item.get("body", item)) if isinstance(item, Mapping) else item
+    if isinstance(body, (bytes, bytearray, str)):
+        return len(body)
+    try:
+        return len(json.dumps(body, default=str))
+    except (TypeError, ValueError):  # a value JSON cannot hold (a NaN key, a cycle)
+        return len(str(body))
+
+
+def plain_handle(handler: Any) -> Any:
+    """``handler``'s ``handle`` as without micro-batching: the first in its class's MRO that
+    is not micro-batching's own (``BaseHandler.handle``), bound to it."""
+    for cls in type(handler).__mro__:
+        handle = cls.__dict__.get("handle")
+        if handle is not None and not getattr(handle, "micro_batched", False):
+            return handle.__get__(handler, type(handler))
+    raise ConfigError(
+        f"{YAML_SECTION}.enabled: got false, but {type(handler).__name__} has no handle() "
+        "of its own to run without micro-batching"
+    )
 
 
 def _in_event_loop() -> bool:

@@ -6,7 +6,9 @@
 ``initialize`` validates the model's micro-batching config first (so a bad config fails
 registration before the weights are loaded), then initializes the handler, then starts the
 pipeline and, with a ``warmup:`` setting, runs the warm-up through it before TorchServe
-marks the worker ready; ``handle`` runs batches through it.
+marks the worker ready; ``handle`` runs batches through it. A handler that loads its model
+itself (``from_pretrained``: no serialized file for ``BaseHandler.initialize``) overrides
+``initialize`` and ends it with ``start_micro_batching(context)``.
 
 A compiled model (TorchServe's ``pt2:`` section makes ``self.model`` a ``torch.compile``d
 module) gets one inference thread: a second is refused at load
@@ -19,10 +21,11 @@ worker and every request of the batch fails: ``timeout_s`` null runs with 90% of
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -60,13 +63,23 @@ class MicroBatchingMixin:
         return TorchServeMetricsObserver(context.metrics)
 
     def initialize(self, context: Any) -> None:
-        warn_if_async_batches_break(context)
-        config = check_timeout(
-            self.micro_batching_config(context), getattr(context, "model_yaml_config", None)
-        )
-        # In the model log, so what a worker actually runs with is never a guess.
-        logger.info("micro-batching config: %s", json.dumps(config.as_dict(), sort_keys=True))
+        config = self._checked_config(context)  # a bad config fails before the weights load
         super().initialize(context)  # type: ignore[misc]
+        self.start_micro_batching(context, config)
+
+    def start_micro_batching(self, context: Any, config: MicroBatchingConfig | None = None) -> None:
+        """Starts the pipeline (and the warm-up) for ``self``'s stages: the end of
+        ``initialize``, callable on its own.
+
+        A handler that loads its model itself instead of through ``BaseHandler.initialize``
+        (which wants a serialized .pt/.pth file: a ``from_pretrained`` directory has none)
+        overrides ``initialize``, sets ``self.model`` and calls this last.
+
+        Raises:
+            ConfigError: the model's micro-batching config is invalid.
+        """
+        if config is None:
+            config = self._checked_config(context)
         compiled = is_compiled(getattr(self, "model", None))
         if compiled:
             check_compiled_config(config)
@@ -78,22 +91,83 @@ class MicroBatchingMixin:
         if config.warmup is not None:
             self._warm_up(pipeline, context, config.warmup)
 
+    def _checked_config(self, context: Any) -> MicroBatchingConfig:
+        warn_if_async_batches_break(context)
+        config = check_timeout(
+            self.micro_batching_config(context), getattr(context, "model_yaml_config", None)
+        )
+        # In the model log, so what a worker actually runs with is never a guess.
+        logger.info("micro-batching config: %s", json.dumps(config.as_dict(), sort_keys=True))
+        return config
+
     def warmup_input(self) -> Any:
         """One request's input for warm-up when ``warmup.sample`` names no file; a handler
-        that can make one (the image handler makes a JPEG) overrides this."""
+        that can make one (the image handler makes a JPEG) overrides this. A text handler
+        with ``allowed_sequence_lengths`` defines ``warmup_input(self, length)``: a body whose
+        ``item_length`` is ``length``, called once per allowed length."""
         raise ConfigError(
             f"{YAML_SECTION}.warmup.sample: not set, and {type(self).__name__} defines no "
             "warmup_input(): name a sample request body shipped in the .mar "
             "(torch-model-archiver --extra-files)"
         )
 
+    def _warm_up_samples(self, context: Any, warmup: WarmupConfig) -> list[Any]:
+        """The request bodies warm-up runs: the sample file, or the handler's input; with
+        ``allowed_sequence_lengths``, one per length when ``warmup_input`` takes a length,
+        so every (size, length) shape a compiled model can see is compiled at load."""
+        buckets = (
+            self.micro_batching.config.allowed_sequence_lengths if self.micro_batching else None
+        )
+        if warmup.sample is not None:
+            if buckets:
+                logger.warning(
+                    "warm-up: warmup.sample is one request body, so of allowed_sequence_lengths "
+                    "%s only its bucket is warmed up: to warm up every bucket, remove "
+                    "warmup.sample and define warmup_input(self, length) in %s",
+                    list(buckets),
+                    type(self).__name__,
+                )
+            return [{"body": bytearray(_read_sample(context, warmup.sample))}]
+        if buckets and "length" in inspect.signature(self.warmup_input).parameters:
+            samples = [self.warmup_input(length=length) for length in buckets]  # type: ignore[call-arg]
+            self._check_sample_lengths(buckets, samples)
+            return samples
+        if buckets:
+            logger.warning(
+                "warm-up: %s.warmup_input() takes no length, so of allowed_sequence_lengths "
+                "%s only the bucket of its one input is warmed up",
+                type(self).__name__,
+                list(buckets),
+            )
+        return [self.warmup_input()]
+
+    def _check_sample_lengths(self, buckets: Sequence[int], samples: list[Any]) -> None:
+        """Warns when ``warmup_input(length=n)`` gave a body whose ``item_length`` falls in
+        another bucket than n's (a tokenizer that adds [CLS] and [SEP]): that bucket would
+        compile on the request path instead."""
+        pipeline = self.micro_batching
+        if pipeline is None:
+            return
+        for bucket, sample in zip(buckets, samples):
+            try:
+                measured = pipeline.item_length(sample)
+            except Exception:  # the warm-up run reports an unreadable sample
+                continue
+            lands_in = next((b for b in buckets if b >= measured), None)
+            if lands_in != bucket:
+                logger.warning(
+                    "warm-up: warmup_input(length=%d) gave an input of length %d, outside "
+                    "that bucket: the bucket %d is not warmed up (item_length counts every "
+                    "token the model sees, [CLS] and [SEP] included)",
+                    bucket,
+                    measured,
+                    bucket,
+                )
+
     def _warm_up(self, pipeline: MicroBatching, context: Any, warmup: WarmupConfig) -> None:
-        if warmup.sample is None:
-            sample = self.warmup_input()
-        else:
-            sample = {"body": bytearray(_read_sample(context, warmup.sample))}
         try:
-            seconds = pipeline.warm_up(sample)  # the config's sizes and iterations
+            # The config's sizes and iterations, for each sample.
+            seconds = sum(pipeline.warm_up(s) for s in self._warm_up_samples(context, warmup))
         except BaseException:
             pipeline.shutdown(wait=False, cancel_pending=True)
             raise
@@ -124,22 +198,18 @@ class MicroBatchingMixin:
             raise RuntimeError("handle() called before initialize(): the pipeline is not started")
         return self.micro_batching(data, context)
 
+    handle.micro_batched = True  # type: ignore[attr-defined]  # skipped by plain_handle
+
 
 def check_compiled_config(config: MicroBatchingConfig) -> None:
     """Refuses what a compiled model cannot run; warns about what makes it slow."""
     check_inference_threads(config.parallelism.inference)
-    allowed = config.allowed_micro_batch_sizes
-    if allowed is None:
+    # With allowed sizes, the inference thread's recompile limit is raised to cover them
+    # (CompiledInference.recompile_limit).
+    if config.allowed_micro_batch_sizes is None:
         logger.warning(
             "compiled model without allowed_micro_batch_sizes: each new micro-batch size "
             "compiles on the request path (and past %d graphs the model runs eagerly)",
-            recompile_limit(),
-        )
-    elif len(allowed) > recompile_limit():
-        logger.warning(
-            "allowed_micro_batch_sizes has %d sizes but torch._dynamo.config.recompile_limit "
-            "is %d: with dynamic=False the sizes past the limit run eagerly",
-            len(allowed),
             recompile_limit(),
         )
 

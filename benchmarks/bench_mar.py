@@ -1,0 +1,281 @@
+"""benchmark-ab.py ``--mar``: a user's own .mar, as packaged, against its plain-handler
+baseline and any named overrides, on a corpus of the user's bodies.
+
+    python benchmarks/benchmark-ab.py --mar my_model.mar --corpus my_texts/ \\
+        --variant arrival='{"order": "arrival"}' --rounds 3 --out runs/my_model
+
+Variants are the .mar repackaged by ts_microbatch.tools.mar (only the micro-batching
+section and the frontend's batchSize/maxBatchDelay change): ``ours`` as packaged, ``plain``
+with ``{"enabled": false}`` (the handler's preprocess, inference and postprocess on the whole
+batch, as BaseHandler.handle), and each ``--variant NAME=JSON``. Each round serves every
+variant in turn on a fresh TorchServe, with the corpus sent by ts_microbatch.tools.drive
+(parallel clients, each request the next body of the corpus's fixed order); results are
+the median round per variant and per-round ratios against the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import bench_lib
+from bench_lib import log
+
+from ts_microbatch.tools.corpus import Corpus, CorpusError, read_corpus
+from ts_microbatch.tools.drive import send_corpus
+from ts_microbatch.tools.mar import MarError, override_mar, read_entries, settings_of
+
+BASELINE = "plain"
+AS_PACKAGED = "ours"
+PLAIN_OVERRIDE = {"enabled": False}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("your own .mar (instead of --config)")
+    group.add_argument("--mar", type=Path, help="a .mar (or model directory) using ts_microbatch")
+    bodies = group.add_mutually_exclusive_group()
+    bodies.add_argument("--corpus", type=Path, help="a directory of bodies or a .jsonl file")
+    bodies.add_argument("--body", type=Path, help="one request body")
+    group.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        type=parse_variant,
+        metavar="NAME=JSON",
+        help="also serve the .mar with this override of its micro_batching section "
+        """(e.g. arrival='{"order": "arrival"}'); repeatable""",
+    )
+    group.add_argument(
+        "--no-baseline", action="store_true", help='skip the "plain" (enabled: false) variant'
+    )
+    group.add_argument("--batch-size", type=int, help="default: the .mar's batchSize, else 32")
+    group.add_argument("--max-batch-delay", type=int, help="ms; default: the .mar's, else 50")
+    group.add_argument("--concurrency", type=int, help="parallel clients (default 2 x batch)")
+    group.add_argument("--requests", type=int, default=1000, help="measured per run")
+    group.add_argument("--warmup-requests", type=int, default=200)
+    group.add_argument("--rounds", type=int, default=3, help="round-robin rounds")
+    group.add_argument("--response-timeout", type=int, default=120, help="seconds")
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``NAME=JSON``: a variant's name and its override of the micro_batching section."""
+    name, sep, raw = text.partition("=")
+    if not sep or not _NAME.match(name) or name in (BASELINE, AS_PACKAGED):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected NAME=JSON with NAME of letters, digits, - and _ "
+            f"(not {BASELINE!r} or {AS_PACKAGED!r})"
+        )
+    try:
+        override = json.loads(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: not JSON: {exc}") from None
+    if not isinstance(override, dict):
+        raise argparse.ArgumentTypeError(f"{name}: got {raw!r}, expected a JSON object")
+    return name, override
+
+
+def variants_of(args: argparse.Namespace) -> list[tuple[str, dict[str, Any] | None]]:
+    """(name, override) in the order each round serves them; None: as packaged."""
+    variants: list[tuple[str, dict[str, Any] | None]] = []
+    if not args.no_baseline:
+        variants.append((BASELINE, PLAIN_OVERRIDE))
+    variants.append((AS_PACKAGED, None))
+    for name, override in args.variant:
+        if name in dict(variants):
+            raise SystemExit(f"error: --variant {name} given twice")
+        variants.append((name, override))
+    return variants
+
+
+def frontend_of(args: argparse.Namespace, mar: Path) -> dict[str, int]:
+    """batchSize and maxBatchDelay: the flags, else the .mar's model-config.yaml, else 32/50.
+    Written into every variant's YAML, where they win over the registration's."""
+    packaged = settings_of(read_entries(mar))["yaml"] or {}
+    return {
+        "batchSize": args.batch_size or int(packaged.get("batchSize", 32)),
+        "maxBatchDelay": (
+            args.max_batch_delay
+            if args.max_batch_delay is not None
+            else int(packaged.get("maxBatchDelay", 50))
+        ),
+    }
+
+
+def shown(effective: dict[str, Any]) -> tuple[Any, str]:
+    """micro_batch_size and threads (pre/inf/post) for the table; "off" when disabled."""
+    if effective.get("enabled", True) is False:
+        return "off", "-"
+    parallelism = effective.get("parallelism") or {}
+    stages = ("preprocess", "inference", "postprocess")
+    return effective.get("micro_batch_size", 1), "/".join(
+        str(parallelism.get(s, 1)) for s in stages
+    )
+
+
+def load_tag(row: dict[str, Any]) -> str:
+    """What every variant of a run shares: the load, not the micro-batching settings."""
+    return f"{row['body']}|{row['batch_size']}|{row['max_batch_delay']}|{row['concurrency']}"
+
+
+def main(args: argparse.Namespace, measure: Callable[..., dict[str, Any]], runs: Path) -> int:
+    try:
+        corpus = read_corpus(args.corpus or args.body) if args.corpus or args.body else None
+        if corpus is None:
+            raise CorpusError("--mar needs --corpus DIR|FILE.jsonl or --body FILE")
+        frontend = frontend_of(args, args.mar)
+    except (CorpusError, MarError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    variants = variants_of(args)
+    concurrency = args.concurrency or 2 * frontend["batchSize"]
+    out = Path(args.out or runs / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    store = out / "store"
+    effective = {}
+    for name, override in variants:
+        effective[name] = override_mar(args.mar, store / f"{name}.mar", override, frontend)
+        log(f"variant {name}: micro_batching {json.dumps(effective[name])}")
+    log(f"body {corpus.label} ({corpus.source}); results in {out}")
+    config = {
+        "metrics_mode": "prometheus",
+        "warmup_requests": args.warmup_requests,
+        "response_timeout": args.response_timeout,
+    }
+    point = {
+        "body": corpus.label,
+        "batch_size": frontend["batchSize"],
+        "max_batch_delay": frontend["maxBatchDelay"],
+        "concurrency": concurrency,
+        "requests": max(args.requests, concurrency),
+        "workers": 1,
+    }
+    rows, refused = run_rounds(
+        args.rounds, variants, effective, corpus, config, point, out, measure
+    )
+    report(args, out, corpus, variants, effective, point, rows, refused)
+    for scratch in ("store",) + (() if args.keep_logs else ("servers",)):
+        shutil.rmtree(out / scratch, ignore_errors=True)
+    return 0
+
+
+def run_rounds(
+    rounds: int,
+    variants: list[tuple[str, dict[str, Any] | None]],
+    effective: dict[str, dict[str, Any]],
+    corpus: Corpus,
+    config: dict[str, Any],
+    point: dict[str, Any],
+    out: Path,
+    measure: Callable[..., dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Every variant once per round, round-robin; one row per run. A variant TorchServe
+    will not register (a setting this ts_microbatch refuses) is reported and left out of
+    the later rounds; the others go on."""
+
+    def send(
+        url: str, token: str | None, requests: int, work: Path, label: str
+    ) -> tuple[dict[str, Any], dict[str, float]]:
+        return send_corpus(
+            url, corpus, requests, point["concurrency"], token=token, label=label, progress=log
+        )
+
+    first = corpus.bodies[corpus.order[0]]
+    rows: list[dict[str, Any]] = []
+    refused: dict[str, str] = {}
+    for repeat in range(1, rounds + 1):
+        for step, (name, override) in enumerate(variants, start=1):
+            if name in refused:
+                continue
+            label = f"[round {repeat}/{rounds}, {step}/{len(variants)}] {name}"
+            log(f"{label}: starting TorchServe")
+            try:
+                result = measure(
+                    out / "servers" / f"{name}-r{repeat}",
+                    out / "store",
+                    f"mar-{name}",
+                    config,
+                    point,
+                    label,
+                    out / "metrics" / f"{name}-r{repeat}.prom",
+                    send,
+                    (first.data, first.content_type),
+                    archive=f"{name}.mar",
+                )
+            except bench_lib.RegistrationError as err:
+                refused[name] = str(err)
+                hint = " (the baseline needs the 'enabled' key: --no-baseline skips it)"
+                log(f"{label}: NOT MEASURED, {err}{hint if name == BASELINE else ''}")
+                continue
+            log(
+                f"{label}: {result['requests_per_s']:.1f} req/s, p99 {result['p99_ms']:.0f} ms, "
+                f"{result['errors']} errors {result.get('statuses', '')}"
+            )
+            micro_batch_size, parallelism = shown(effective[name])
+            rows.append(
+                {
+                    "scenario": "mar",
+                    "handler": name,
+                    **point,
+                    "micro_batch_size": micro_batch_size,
+                    "parallelism": parallelism,
+                    "micro_batching": effective[name],
+                    "override": override,
+                    "repeat": repeat,
+                    **result,
+                }
+            )
+    return rows, refused
+
+
+def report(
+    args: argparse.Namespace,
+    out: Path,
+    corpus: Corpus,
+    variants: list[tuple[str, dict[str, Any] | None]],
+    effective: dict[str, dict[str, Any]],
+    point: dict[str, Any],
+    rows: list[dict[str, Any]],
+    refused: dict[str, str],
+) -> None:
+    """results.json (what was sent, each variant's settings, medians, every run, ratios),
+    results.csv, runs.csv, comparisons.json; the table and ratios printed."""
+    names = list(dict.fromkeys(row["handler"] for row in rows))
+    reference = BASELINE if BASELINE in names else AS_PACKAGED
+    pairs = [(name, reference) for name in names if name != reference]
+    medians = bench_lib.medians(rows, tag=load_tag)
+    comparisons = bench_lib.compare_rounds(rows, pairs, tag=load_tag)
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "machine": bench_lib.machine_info(),
+                "mar": str(Path(args.mar).resolve()),
+                "corpus": corpus.describe(point["requests"]),
+                "load": point,
+                "variants": {
+                    n: {"override": o, "micro_batching": effective[n]} for n, o in variants
+                },
+                "results": medians,
+                "runs": rows,
+                "comparisons": comparisons,
+                "not_measured": refused,
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
+    bench_lib.write_csv(rows, out / "runs.csv")
+    bench_lib.write_csv(medians, out / "results.csv")
+    (out / "comparisons.json").write_text(json.dumps(comparisons, indent=2) + "\n")
+    print(f"\nbody: {corpus.label}\n" + bench_lib.format_table(medians))
+    if comparisons:
+        print("\n" + bench_lib.format_comparisons(comparisons))
+    for name, why in refused.items():
+        print(f"\n{name}: not measured: {why.splitlines()[0]}")

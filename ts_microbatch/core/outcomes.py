@@ -1,0 +1,120 @@
+"""Where a request gets its outcome: the isolator decides, ``Outcomes`` carries it out.
+
+``Isolator`` (``ts_microbatch.core.isolation``) resolves nothing itself: it returns an
+``Outcome`` (micro-batches to re-run, failures to give, a batch judged systemic). The stage
+threads hand every outcome here, and ``finish`` is the one place a request's future is
+resolved from a stage (besides its batch's timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .batch import Batch, RequestFailure, _MicroBatch, _set_future
+from .errors import PipelineClosedError, RequestError
+from .isolation import Fail, Isolator, Outcome
+
+logger = logging.getLogger(__name__)
+
+
+def requests_text(owners: Sequence[int]) -> str:
+    """The requests of a micro-batch for a log line: "requests 3..6", or, cut by length
+    (not in order), "requests 9, 2, 5"."""
+    distinct = list(dict.fromkeys(owners))
+    if distinct == list(range(distinct[0], distinct[-1] + 1)):
+        return f"requests {distinct[0]}..{distinct[-1]}"
+    return "requests " + ", ".join(str(r) for r in distinct)
+
+
+class Outcomes:
+    """Carries out the isolator's outcomes for the stages ``names``.
+
+    Args:
+        enqueue: puts a micro-batch in a stage's queue (re-runs go to stage 0).
+    """
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        isolator: Isolator,
+        enqueue: Callable[[int, _MicroBatch], None],
+    ) -> None:
+        self._names = names
+        self._isolator = isolator
+        self._enqueue = enqueue
+
+    def passed(self, mb: _MicroBatch, stage: int) -> None:
+        self.apply(self._isolator.passed(mb, stage))
+
+    def dropped(self, mb: _MicroBatch) -> None:
+        """``mb`` was not run (stale): an outcome for the split it belongs to."""
+        self.apply(self._isolator.dropped(mb))
+
+    def fail_unrun(self, mb: _MicroBatch, error: BaseException) -> None:
+        self.finish(mb.batch, mb.indices, error=error)
+        self.dropped(mb)
+
+    def stage_failed(self, stage: int, mb: _MicroBatch, exc: BaseException) -> None:
+        outcome = self._isolator.failed(mb, stage, exc)
+        if outcome.rerun:
+            logger.warning(
+                "stage %s failed for %s (%s: %s); re-running them in halves to isolate the "
+                "failing ones",
+                self._names[stage],
+                requests_text(mb.owners),
+                type(exc).__name__,
+                exc,
+            )
+        self.apply(outcome)
+
+    def apply(self, outcome: Outcome) -> None:
+        for fail in outcome.fail:
+            self._log_failure(fail)
+            self.finish(
+                fail.mb.batch, fail.mb.indices, error=fail.error, failure=self._failure(fail)
+            )
+        if outcome.fail_batch is not None:
+            # Judged systemic for the whole batch: every request not answered yet fails now,
+            # and its pieces still queued are dropped as stale.
+            whole = outcome.fail_batch
+            batch = whole.mb.batch
+            self.finish(
+                batch, range(batch.positions), error=whole.error, failure=self._failure(whole)
+            )
+        for mb in outcome.rerun:
+            self._enqueue(0, mb)
+
+    def _failure(self, fail: Fail) -> RequestFailure:
+        return RequestFailure(self._names[fail.stage], fail.stage, fail.isolated)
+
+    def _log_failure(self, fail: Fail) -> None:
+        owners, error, name = fail.mb.owners, fail.error, self._names[fail.stage]
+        if isinstance(error, RequestError) and fail.isolated:
+            logger.info("request %d rejected in %s: %s", owners[0], name, error)
+        else:
+            logger.error("stage %s failed for %s", name, requests_text(owners), exc_info=error)
+
+    @staticmethod
+    def finish(
+        batch: Batch,
+        positions: range,
+        *,
+        outputs: list[Any] | None = None,
+        error: BaseException | None = None,
+        failure: RequestFailure | None = None,
+    ) -> None:
+        """Resolves the futures of the items at ``positions`` of ``batch``'s cut with
+        ``outputs`` or ``error``: the one place a request gets its outcome from a stage.
+        Requests answered already (timed out, cancelled) keep their answer."""
+        for row, position in enumerate(positions):
+            future = batch.slot(position)
+            if future.done():
+                continue
+            if outputs is not None:
+                _set_future(future, result=outputs[row])
+            else:
+                if failure is not None:
+                    batch.record_failure(batch.item(position), failure)
+                _set_future(future, error=error or PipelineClosedError("micro-batch lost"))

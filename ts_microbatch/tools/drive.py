@@ -1,0 +1,135 @@
+"""Sends a corpus to a TorchServe on loopback: parallel clients, bodies in the corpus's order.
+
+`ab` sends one body per process, so a mix would need one `ab` per body with the clients
+split by share, and a corpus of hundreds of texts would have to be cut down to a few stand-in
+bodies. Here each of ``concurrency`` client threads keeps one connection open and takes the
+next request's body from the corpus's fixed sequence (ts_microbatch.tools.corpus), so every
+body is sent as often as the sequence says and every run sends the same bodies in the same
+order. The threads wait on their sockets without the GIL, so the requests really are in
+flight at once; the client's own CPU time is reported, since on a small machine it competes
+with the server (more per request than `ab`'s).
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import math
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from .ab import percentile
+from .corpus import Corpus
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class DriveError(ValueError):
+    """The load asked for cannot be sent: not loopback, or no requests or clients."""
+
+
+def send_corpus(
+    url: str,
+    corpus: Corpus,
+    requests: int,
+    concurrency: int,
+    *,
+    token: str | None = None,
+    timeout_s: float = 180.0,
+    label: str = "corpus",
+    progress: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """POSTs ``requests`` bodies of ``corpus`` (its ``sequence``) to ``url`` from
+    ``concurrency`` clients at once; returns a summary with ab's keys (plus ``statuses``
+    and ``client_cpu_ms_per_request``) and P50/P90/P99/max over every request.
+
+    Raises:
+        DriveError: ``url`` is not on 127.0.0.1, or ``requests``/``concurrency`` below 1.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.hostname not in LOOPBACK_HOSTS:
+        raise DriveError(f"url: got {url!r}, expected a server on 127.0.0.1 (loopback only)")
+    if requests < 1 or concurrency < 1:
+        raise DriveError(f"got {requests} requests and {concurrency} clients, expected >= 1 each")
+    clients = min(concurrency, requests)
+    sequence = corpus.sequence(requests)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    target = parts.path or "/"
+    results: list[tuple[int, float]] = [(0, math.nan)] * requests
+    counter = itertools.count()  # next() on it is atomic in CPython: each index goes once
+    done = itertools.count(1)
+    step = max(1, requests // 10)
+    start = threading.Barrier(clients + 1)
+
+    def client() -> None:
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout_s)
+        start.wait()
+        try:
+            while (i := next(counter)) < requests:
+                body = corpus.bodies[sequence[i]]
+                sent = time.perf_counter()
+                try:
+                    conn.request(
+                        "POST",
+                        target,
+                        body=body.data,
+                        headers={**headers, "Content-Type": body.content_type},
+                    )
+                    resp = conn.getresponse()
+                    resp.read()
+                    status = resp.status
+                except Exception:  # any failure is this request's alone: no answer
+                    status = 0
+                    conn.close()  # the next request opens a new connection
+                results[i] = (status, 1000 * (time.perf_counter() - sent))
+                finished = next(done)
+                if progress is not None and (finished % step == 0 or finished == requests):
+                    progress(f"  {label}: Completed {finished} requests of {requests}")
+        finally:
+            conn.close()
+
+    threads = [
+        threading.Thread(target=client, name=f"ts-microbatch-client-{k}", daemon=True)
+        for k in range(clients)
+    ]
+    for thread in threads:
+        thread.start()
+    cpu_before = time.process_time()
+    start.wait()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - began
+    cpu_s = time.process_time() - cpu_before
+    return summarize(results, elapsed, cpu_s)
+
+
+def summarize(
+    results: list[tuple[int, float]], elapsed_s: float, cpu_s: float
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """(status, ms) per request, 0 for no answer: ab's summary keys and the percentiles."""
+    statuses = Counter(status for status, _ in results)
+    failed = statuses.get(0, 0)
+    non_2xx = sum(n for status, n in statuses.items() if status and not 200 <= status < 300)
+    times = [ms for _, ms in results]
+    summary: dict[str, Any] = {
+        "complete_requests": float(len(results)),
+        "failed_requests": float(failed),
+        "length_mismatches": 0.0,  # ab's notion; every response is read whole here
+        "non_2xx_responses": float(non_2xx),
+        "requests_per_s": len(results) / elapsed_s if elapsed_s > 0 else math.nan,
+        "time_taken_s": elapsed_s,
+        "client_cpu_ms_per_request": 1000 * cpu_s / len(results) if results else math.nan,
+        "statuses": {str(status or "no answer"): n for status, n in sorted(statuses.items())},
+    }
+    latency = {
+        "p50_ms": percentile(times, 50),
+        "p90_ms": percentile(times, 90),
+        "p99_ms": percentile(times, 99),
+        "max_ms": max(times) if times else math.nan,
+    }
+    return summary, latency

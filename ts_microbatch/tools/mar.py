@@ -1,0 +1,141 @@
+"""A user's .mar repackaged with its micro-batching settings overridden, nothing else changed.
+
+What benchmarks/benchmark-ab.py ``--mar`` compares: the .mar as packaged, the same .mar with
+``{"enabled": false}`` (the plain-handler baseline: the handler's own preprocess, inference
+and postprocess on the whole batch) and any other override a user names.
+
+The override goes where TorchServe will read it: into model-config.yaml's ``micro_batching``
+section when the .mar has one (the YAML wins key by key over micro_batching.json), else into
+micro_batching.json, else a micro_batching.json is added. Objects merge key by key (so
+``{"parallelism": {"preprocess": 1}}`` keeps the other stages); any other value replaces.
+Every other entry of the archive is copied unchanged, in its order and compression.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..core.config import CONFIG_FILE_NAME, YAML_SECTION
+
+MANIFEST = "MAR-INF/MANIFEST.json"
+DEFAULT_YAML = "model-config.yaml"
+
+
+class MarError(ValueError):
+    """The .mar cannot be read or overridden: no manifest, or a config that is not a mapping."""
+
+
+def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` over ``base``: mappings merge key by key, anything else replaces."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def read_entries(source: Path) -> list[tuple[zipfile.ZipInfo, bytes]]:
+    """Every file of a .mar (a zip) or of a model directory laid out like an unpacked one."""
+    if source.is_dir():
+        return [
+            (zipfile.ZipInfo.from_file(p, p.relative_to(source).as_posix()), p.read_bytes())
+            for p in sorted(source.rglob("*"))
+            if p.is_file()
+        ]
+    try:
+        with zipfile.ZipFile(source) as mar:
+            return [(info, mar.read(info)) for info in mar.infolist() if not info.is_dir()]
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise MarError(f"{source}: cannot read as a .mar: {exc}") from exc
+
+
+def settings_of(entries: list[tuple[zipfile.ZipInfo, bytes]]) -> dict[str, Any]:
+    """Where the micro-batching settings live: ``manifest``, ``yaml_name``, ``yaml`` (the
+    parsed model-config.yaml or None), ``json`` (micro_batching.json or None) and
+    ``effective``, the YAML section over the JSON as the package reads them."""
+    files = {info.filename: data for info, data in entries}
+    if MANIFEST not in files:
+        raise MarError(f"no {MANIFEST}: not a model archive")
+    manifest = json.loads(files[MANIFEST])
+    yaml_name = manifest.get("model", {}).get("configFile")
+    model_yaml = None
+    if yaml_name and yaml_name in files:
+        model_yaml = yaml.safe_load(files[yaml_name]) or {}
+        if not isinstance(model_yaml, dict):
+            raise MarError(f"{yaml_name}: got {type(model_yaml).__name__}, expected a mapping")
+    section_json = json.loads(files[CONFIG_FILE_NAME]) if CONFIG_FILE_NAME in files else None
+    section_yaml = (model_yaml or {}).get(YAML_SECTION)
+    effective = merge(section_json or {}, section_yaml or {})
+    return {
+        "manifest": manifest,
+        "yaml_name": yaml_name,
+        "yaml": model_yaml,
+        "json": section_json,
+        "effective": effective,
+    }
+
+
+def override_mar(
+    source: Path,
+    target: Path,
+    override: Mapping[str, Any] | None = None,
+    frontend: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Writes ``target``, a .mar: ``source`` (a .mar or model directory) with ``override``
+    merged into its micro-batching settings and ``frontend`` (model-config.yaml top-level
+    keys such as batchSize, maxBatchDelay) set. Returns the effective micro-batching section
+    of ``target`` as the package will read it.
+
+    Raises:
+        MarError: ``source`` is not a model archive, or its config is not a mapping.
+    """
+    entries = read_entries(Path(source))
+    found = settings_of(entries)
+    manifest, yaml_name, model_yaml = found["manifest"], found["yaml_name"], found["yaml"]
+    changed: dict[str, bytes] = {}
+    if override is not None:
+        if model_yaml is not None and isinstance(model_yaml.get(YAML_SECTION), Mapping):
+            model_yaml[YAML_SECTION] = merge(model_yaml[YAML_SECTION], override)
+            changed[yaml_name] = b""  # written below
+        else:
+            section = merge(found["json"] or {}, override)
+            changed[CONFIG_FILE_NAME] = (json.dumps(section, indent=4) + "\n").encode()
+    if frontend:
+        if model_yaml is None:  # a .mar without model-config.yaml gets one
+            yaml_name = yaml_name or DEFAULT_YAML
+            manifest.setdefault("model", {})["configFile"] = yaml_name
+            changed[MANIFEST] = (json.dumps(manifest, indent=2) + "\n").encode()
+            model_yaml = {}
+        model_yaml.update(frontend)
+        changed[yaml_name] = b""
+    if yaml_name in changed:
+        changed[yaml_name] = yaml.safe_dump(model_yaml, sort_keys=False).encode()
+    write_entries(Path(target), entries, changed)
+    effective: dict[str, Any] = settings_of(read_entries(Path(target)))["effective"]
+    return effective
+
+
+def write_entries(
+    target: Path, entries: list[tuple[zipfile.ZipInfo, bytes]], changed: Mapping[str, bytes]
+) -> None:
+    """The archive again, each entry with its own metadata; ``changed`` replaces contents
+    (new names are appended, deflated)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".partial")
+    names = {info.filename for info, _ in entries}
+    with zipfile.ZipFile(tmp, "w") as out:
+        for info, data in entries:
+            out.writestr(info, changed.get(info.filename, data))
+        for name, data in changed.items():
+            if name not in names:
+                out.writestr(name, data, compress_type=zipfile.ZIP_DEFLATED)
+    tmp.replace(target)
