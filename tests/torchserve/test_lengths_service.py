@@ -144,11 +144,11 @@ def test_real_and_padded_tokens_are_counted_per_micro_batch(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     service = loaded(tmp_path, {"micro_batch_size": 2, "order": "length"})
-    try:
-        with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO):
+        try:
             predict(service, [t.encode() for t in TEXTS])
-    finally:
-        close(service)
+        finally:
+            close(service)  # writes the metric lines still pending (their own thread writes them)
     lines = [r.getMessage() for r in caplog.records if "[METRICS]MicroBatch" in r.getMessage()]
 
     def counted(name: str) -> list[float]:
