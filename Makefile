@@ -33,7 +33,7 @@ help:
 	@echo "make bench   run the default benchmark comparison"
 	@echo "make bench-photos    upstream vs ours, same stages and best decoder, photo bodies (~17 min)"
 	@echo "make bench-compiled  eager vs torch.compile under the pipeline (~12 min)"
-	@echo "make bench-text  BERT: ours vs upstream vs plain on text of variable length (~35 min)"
+	@echo "make bench-text  BERT: ours vs upstream vs plain on text of variable length (~30 min)"
 	@echo "make soak    100,000 requests at concurrency 200, the worker's memory sampled (~8 min)"
 	@echo "make tune    find the best micro_batching.json for the example in-process"
 	@echo "make kserve-bundle  a KServe storage layout in $(KSERVE_OUT) (deploy/kserve/)"

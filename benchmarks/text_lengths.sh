@@ -3,7 +3,7 @@
 # ours (length order + token budget) vs ours in arrival order vs upstream's MicroBatching on
 # the same handler stages vs the plain handler, on three corpora made in tokens.
 #
-#   benchmarks/text_lengths.sh [RUN_DIR]          # make bench-text; ~35 min on 2 cores
+#   benchmarks/text_lengths.sh [RUN_DIR]          # make bench-text; ~30 min on 2 cores
 #
 # Env: PY (python), MAR (default model_store/bert_mb.mar, built if missing), ROUNDS (3),
 # LOCK (a file: every TorchServe run is taken under `flock $LOCK`), RESULTS (where the
@@ -67,6 +67,15 @@ run long_tail-b32 long_tail 32 64 500 4 8
 run long_tail-b16 long_tail 16 32 400 4
 run short-b32 short 32 64 600 4
 run long-b32 long 32 64 300 4
+# The uniform corpora again, with the example's default budget (2048) beside the pick.
+for spec in "short 600" "long 300"; do
+  set -- $spec
+  locked "${AB[@]}" --mar "$RUN/bert_ours.mar" --corpus "$RUN/corpora/$1" \
+    --baseline-handler benchmarks/handlers/plain_bert_handler.py \
+    --handler-variant "upstream4=$UPSTREAM:{\"enabled\": false, \"micro_batch_size\": 4, $STAGES}" \
+    --variant 'budget2048={"max_micro_batch_tokens": 2048}' \
+    --batch-size 32 --concurrency 64 --requests "$2" --rounds "$ROUNDS" --out "$RUN/$1-b32-budget2048"
+done
 
 # 4. Medians, per-round ratios, the plot and the tables.
 "$PY" benchmarks/text_lengths.py report "$RUN" --out "$RESULTS"
