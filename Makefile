@@ -19,7 +19,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv kserve-venv test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-photos bench-compiled soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv kserve-venv test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-photos bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -33,6 +33,7 @@ help:
 	@echo "make bench   run the default benchmark comparison"
 	@echo "make bench-photos    upstream vs ours, same stages and best decoder, photo bodies (~17 min)"
 	@echo "make bench-compiled  eager vs torch.compile under the pipeline (~12 min)"
+	@echo "make bench-text  BERT: ours vs upstream vs plain on text of variable length (~30 min)"
 	@echo "make soak    100,000 requests at concurrency 200, the worker's memory sampled (~8 min)"
 	@echo "make tune    find the best micro_batching.json for the example in-process"
 	@echo "make kserve-bundle  a KServe storage layout in $(KSERVE_OUT) (deploy/kserve/)"
@@ -135,6 +136,11 @@ bench-photos: $(STAMP) ab
 # Eager vs torch.compile'd ResNet-18, with and without allowed sizes and warm-up.
 bench-compiled: $(STAMP) ab
 	$(PY) benchmarks/compiled.py --rounds 3 --out benchmarks/results/compiled
+
+# The BERT example on three token-length corpora: ours (length order + token budget), ours in
+# arrival order, upstream's MicroBatching on the same stages, the plain handler.
+bench-text: $(BERT_MAR)
+	PY=$(PY) MAR=$(BERT_MAR) benchmarks/text_lengths.sh
 
 # Not part of CI: no failed request, no worker restart, RSS flat after the first chunk.
 SOAK_REQUESTS ?= 100000

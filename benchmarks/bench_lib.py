@@ -423,6 +423,10 @@ def flatten_pipeline(pipeline: dict[str, Any]) -> dict[str, Any]:
         "mean_batch_size": pipeline["mean_batch_size"],
         "mean_micro_batch_size": pipeline["mean_micro_batch_size"],
         "micro_batches_per_batch": pipeline["micro_batches_per_batch"],
+        # Real tokens over what they were padded to (NaN when nothing counted them).
+        "tokens": pipeline.get("tokens"),
+        "padded_tokens": pipeline.get("padded_tokens"),
+        "useful_token_share": pipeline.get("useful_token_share"),
     }
     for stage, ms in pipeline["stage_ms"].items():
         row[f"{stage}_ms"] = ms

@@ -54,6 +54,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         """(e.g. arrival='{"order": "arrival"}'); repeatable""",
     )
     group.add_argument(
+        "--handler-variant",
+        action="append",
+        default=[],
+        type=parse_handler_variant,
+        metavar="NAME=HANDLER.py[:JSON]",
+        help="also serve the .mar with this handler file swapped in (the old one stays "
+        "beside it, so it can subclass it) and, after a colon, this override; repeatable",
+    )
+    group.add_argument(
+        "--baseline-handler",
+        type=Path,
+        metavar="HANDLER.py",
+        help='serve the "plain" baseline with this handler file swapped in (e.g. one that '
+        "also counts its padded tokens)",
+    )
+    group.add_argument(
         "--no-baseline", action="store_true", help='skip the "plain" (enabled: false) variant'
     )
     group.add_argument("--batch-size", type=int, help="default: the .mar's batchSize, else 32")
@@ -82,17 +98,39 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     return name, override
 
 
+def parse_handler_variant(text: str) -> tuple[str, dict[str, Any], Path]:
+    """``NAME=HANDLER.py[:JSON]``: a variant's name, its override ({} without one) and the
+    handler file it swaps in."""
+    name, sep, rest = text.partition("=")
+    path, dot_py, raw = rest.partition(".py")
+    if not sep or not dot_py or (raw and not raw.startswith(":")):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected NAME=HANDLER.py or NAME=HANDLER.py:JSON"
+        )
+    name, override = parse_variant(f"{name}={raw[1:] or '{}'}")
+    return name, override, Path(path + dot_py)
+
+
 def variants_of(args: argparse.Namespace) -> list[tuple[str, dict[str, Any] | None]]:
     """(name, override) in the order each round serves them; None: as packaged."""
     variants: list[tuple[str, dict[str, Any] | None]] = []
     if not args.no_baseline:
         variants.append((BASELINE, PLAIN_OVERRIDE))
     variants.append((AS_PACKAGED, None))
-    for name, override in args.variant:
+    given = [(n, o) for n, o in args.variant] + [(n, o) for n, o, _ in args.handler_variant]
+    for name, override in given:
         if name in dict(variants):
             raise SystemExit(f"error: --variant {name} given twice")
         variants.append((name, override))
     return variants
+
+
+def handlers_of(args: argparse.Namespace) -> dict[str, Path]:
+    """The handler file each variant swaps in; a variant not named keeps the .mar's."""
+    handlers = {name: path for name, _, path in args.handler_variant}
+    if args.baseline_handler is not None:
+        handlers[BASELINE] = args.baseline_handler
+    return handlers
 
 
 def frontend_of(args: argparse.Namespace, mar: Path) -> dict[str, int]:
@@ -135,13 +173,21 @@ def main(args: argparse.Namespace, measure: Callable[..., dict[str, Any]], runs:
         print(f"error: {err}", file=sys.stderr)
         return 2
     variants = variants_of(args)
+    handlers = handlers_of(args)
     concurrency = args.concurrency or 2 * frontend["batchSize"]
     out = Path(args.out or runs / time.strftime("%Y%m%d-%H%M%S")).resolve()
     store = out / "store"
     effective = {}
-    for name, override in variants:
-        effective[name] = override_mar(args.mar, store / f"{name}.mar", override, frontend)
-        log(f"variant {name}: micro_batching {json.dumps(effective[name])}")
+    try:
+        for name, override in variants:
+            target = store / f"{name}.mar"
+            handler = handlers.get(name)
+            effective[name] = override_mar(args.mar, target, override, frontend, handler)
+            shown_handler = f", handler {handler}" if handler else ""
+            log(f"variant {name}: micro_batching {json.dumps(effective[name])}{shown_handler}")
+    except MarError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     log(f"body {corpus.label} ({corpus.source}); results in {out}")
     config = {
         "metrics_mode": "prometheus",
@@ -159,7 +205,7 @@ def main(args: argparse.Namespace, measure: Callable[..., dict[str, Any]], runs:
     rows, refused = run_rounds(
         args.rounds, variants, effective, corpus, config, point, out, measure
     )
-    report(args, out, corpus, variants, effective, point, rows, refused)
+    report(args, out, corpus, variants, effective, point, rows, refused, handlers)
     for scratch in ("store",) + (() if args.keep_logs else ("servers",)):
         shutil.rmtree(out / scratch, ignore_errors=True)
     return 0
@@ -243,6 +289,7 @@ def report(
     point: dict[str, Any],
     rows: list[dict[str, Any]],
     refused: dict[str, str],
+    handlers: dict[str, Path] | None = None,
 ) -> None:
     """results.json (what was sent, each variant's settings, medians, every run, ratios),
     results.csv, runs.csv, comparisons.json; the table and ratios printed."""
@@ -259,7 +306,12 @@ def report(
                 "corpus": corpus.describe(point["requests"]),
                 "load": point,
                 "variants": {
-                    n: {"override": o, "micro_batching": effective[n]} for n, o in variants
+                    n: {
+                        "override": o,
+                        "micro_batching": effective[n],
+                        "handler": str((handlers or {}).get(n) or "as packaged"),
+                    }
+                    for n, o in variants
                 },
                 "results": medians,
                 "runs": rows,

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes a text corpus (a directory of .txt bodies) with a given mix of lengths in words.
+"""Writes a text corpus (a directory of .txt bodies) with a given mix of lengths in words,
+or in tokens of a tokenizer.
 
     python benchmarks/make_text_corpus.py --mix "70:8-64,25:65-256,5:257-512" --count 500 \\
         --out benchmarks/corpora/long_tail
@@ -10,6 +11,12 @@ texts come from examples/bert_classifier/texts.py's ``make_text(seed, n_words)``
 (``--generator module:function`` names another), imported only when run. Files are named
 ``<index>-<words>w.txt``, so a body's name says how long it is; the same arguments write the
 same files.
+
+With ``--tokenizer DIR`` (a ``save_pretrained`` tokenizer directory, e.g. the BERT
+example's ``build/bert_mb/model``) the mix is in TOKENS as the model sees them, [CLS] and
+[SEP] included (what the example's ``item_length`` counts): each body is the longest text
+of its seed whose token count is at most the length drawn, and files are named
+``<index>-<tokens>t.txt`` with the count the tokenizer really gives.
 """
 
 from __future__ import annotations
@@ -80,6 +87,73 @@ def write_corpus(
     return paths
 
 
+def fit_tokens(
+    make_text: Callable[[int, int], str], count_tokens: Callable[[str], int], seed: int, target: int
+) -> tuple[str, int]:
+    """The text of ``seed`` with the most words whose token count is at most ``target``
+    (one word if even that is longer), and its token count. Counts grow with words, so a
+    binary search over the word count finds it. A last word of several tokens can leave
+    the count a little under ``target``, even under its bin: ``describe`` says so."""
+    low, high = 1, max(1, target)  # a word is at least one token
+    best = make_text(seed, 1)
+    best_count = count_tokens(best)
+    while low <= high:
+        words = (low + high) // 2
+        text = make_text(seed, words)
+        count = count_tokens(text)
+        if count <= target:
+            if count >= best_count or best_count > target:
+                best, best_count = text, count
+            low = words + 1
+        else:
+            high = words - 1
+    return best, best_count
+
+
+def write_token_corpus(
+    out: Path,
+    mix: list[tuple[float, int, int]],
+    total: int,
+    make_text: Callable[[int, int], str],
+    count_tokens: Callable[[str], int],
+    seed: int = 0,
+) -> list[tuple[Path, int]]:
+    """The corpus as ``out/<index>-<tokens>t.txt``, lengths drawn in tokens; the paths
+    written with their real token counts."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i, target in enumerate(lengths(mix, total, seed)):
+        text, count = fit_tokens(make_text, count_tokens, seed * 1_000_003 + i, target)
+        path = out / f"{i:05d}-{count}t.txt"
+        path.write_text(text, encoding="utf-8")
+        written.append((path, count))
+    return written
+
+
+def token_counter(tokenizer_dir: Path) -> Callable[[str], int]:
+    """Tokens of a text as a ``save_pretrained`` tokenizer makes them, special ones included."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return lambda text: len(tokenizer(text)["input_ids"])
+
+
+def describe(counts: list[int], mix: list[tuple[float, int, int]]) -> str:
+    """The real distribution: per bin of the mix, its share and min/median/max."""
+    lines = []
+    for _, low, high in mix:
+        inside = sorted(c for c in counts if low <= c <= high)
+        if inside:
+            lines.append(
+                f"  {low}-{high}: {len(inside)} bodies ({len(inside) / len(counts):.0%}), "
+                f"min {inside[0]}, median {inside[len(inside) // 2]}, max {inside[-1]}"
+            )
+    outside = [c for c in counts if not any(lo <= c <= hi for _, lo, hi in mix)]
+    if outside:
+        lines.append(f"  outside the bins: {len(outside)} bodies {sorted(outside)[:10]}")
+    return "\n".join(lines)
+
+
 def load_generator(spec: str) -> Callable[[int, int], str]:
     module, _, name = spec.partition(":")
     sys.path.insert(0, str(ROOT))
@@ -94,9 +168,20 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--generator", default=DEFAULT_GENERATOR, help="module:function")
+    parser.add_argument(
+        "--tokenizer", type=Path, help="a tokenizer directory: the mix is in its tokens"
+    )
     args = parser.parse_args()
-    paths = write_corpus(args.out, args.mix, args.count, load_generator(args.generator), args.seed)
-    print(f"wrote {len(paths)} bodies to {args.out}")
+    make_text = load_generator(args.generator)
+    if args.tokenizer is None:
+        paths = write_corpus(args.out, args.mix, args.count, make_text, args.seed)
+        print(f"wrote {len(paths)} bodies to {args.out}")
+        return 0
+    written = write_token_corpus(
+        args.out, args.mix, args.count, make_text, token_counter(args.tokenizer), args.seed
+    )
+    print(f"wrote {len(written)} bodies to {args.out}; tokens per body:")
+    print(describe([count for _, count in written], args.mix))
     return 0
 
 

@@ -9,6 +9,11 @@ section when the .mar has one (the YAML wins key by key over micro_batching.json
 micro_batching.json, else a micro_batching.json is added. Objects merge key by key (so
 ``{"parallelism": {"preprocess": 1}}`` keeps the other stages); any other value replaces.
 Every other entry of the archive is copied unchanged, in its order and compression.
+
+A ``handler`` file can also be swapped in (benchmark-ab.py ``--handler-variant``): it is
+added at the archive's root under its own name (replacing an entry of that name) and the
+manifest's ``model.handler`` names it, as torch-model-archiver ``--handler FILE`` writes it;
+the old handler stays in the archive, so the new one can import and subclass it.
 """
 
 from __future__ import annotations
@@ -89,19 +94,24 @@ def override_mar(
     target: Path,
     override: Mapping[str, Any] | None = None,
     frontend: Mapping[str, Any] | None = None,
+    handler: Path | None = None,
 ) -> dict[str, Any]:
     """Writes ``target``, a .mar: ``source`` (a .mar or model directory) with ``override``
-    merged into its micro-batching settings and ``frontend`` (model-config.yaml top-level
-    keys such as batchSize, maxBatchDelay) set. Returns the effective micro-batching section
-    of ``target`` as the package will read it.
+    merged into its micro-batching settings, ``frontend`` (model-config.yaml top-level
+    keys such as batchSize, maxBatchDelay) set and, when given, ``handler`` (a .py file) as
+    its handler. Returns the effective micro-batching section of ``target`` as the package
+    will read it.
 
     Raises:
-        MarError: ``source`` is not a model archive, or its config is not a mapping.
+        MarError: ``source`` is not a model archive, its config is not a mapping, or
+            ``handler`` is not a readable .py file.
     """
     entries = read_entries(Path(source))
     found = settings_of(entries)
     manifest, yaml_name, model_yaml = found["manifest"], found["yaml_name"], found["yaml"]
     changed: dict[str, bytes] = {}
+    if handler is not None:
+        changed.update(swap_handler(manifest, Path(handler)))
     if override is not None:
         if model_yaml is not None and isinstance(model_yaml.get(YAML_SECTION), Mapping):
             model_yaml[YAML_SECTION] = merge(model_yaml[YAML_SECTION], override)
@@ -122,6 +132,19 @@ def override_mar(
     write_entries(Path(target), entries, changed)
     effective: dict[str, Any] = settings_of(read_entries(Path(target)))["effective"]
     return effective
+
+
+def swap_handler(manifest: dict[str, Any], handler: Path) -> dict[str, bytes]:
+    """The entries that make ``handler`` the archive's handler: the file at the root and
+    the manifest naming it (``manifest`` is updated in place)."""
+    if handler.suffix != ".py":
+        raise MarError(f"handler: got {str(handler)!r}, expected a .py file")
+    try:
+        code = handler.read_bytes()
+    except OSError as exc:
+        raise MarError(f"handler: cannot read {handler}: {exc}") from exc
+    manifest.setdefault("model", {})["handler"] = handler.name
+    return {handler.name: code, MANIFEST: (json.dumps(manifest, indent=2) + "\n").encode()}
 
 
 def write_entries(
