@@ -52,6 +52,9 @@ from ts_microbatch.tools.server import TorchServe  # noqa: E402
 
 CONFIG = HERE / "configs" / "bert_compiled.yaml"
 VARIANTS = ("compiled", "eager")
+# --frozen: also the compiled config with inductor's freezing (weights folded in as
+# constants, prepacked for the CPU's matmul kernels; TorchServe's CPU guidance turns it on).
+FROZEN = {"freezing": True}
 TIMEOUT_S = 1500  # registration: the warm-up compiles before POST /models returns
 # Lines of the model log that say something compiled on the request path: Dynamo's own
 # (TORCH_LOGS=recompiles, and the recompile-limit warning) and the pipeline's.
@@ -69,13 +72,15 @@ def variant_config(variant: str) -> dict[str, Any]:
     config: dict[str, Any] = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
     if variant == "eager":
         del config["pt2"]
+    elif variant == "frozen":
+        config["pt2"]["compile"]["options"] = FROZEN
     return config
 
 
-def build(work: Path, weights: str | None) -> Path:
-    """Both .mar files in ``work/store``, from one model directory; returns that directory."""
+def build(work: Path, weights: str | None, variants: tuple[str, ...]) -> Path:
+    """The .mar files in ``work/store``, from one model directory; returns that directory."""
     model = build_mar.make_model_dir(work / "model", weights)
-    for variant in VARIANTS:
+    for variant in variants:
         config = work / f"{variant}.yaml"
         config.write_text(yaml.safe_dump(variant_config(variant), sort_keys=False))
         build_mar.build_mar(
@@ -226,22 +231,23 @@ def serve(work: Path, corpus: Corpus, lone: list[dict[str, Any]], args: Any) -> 
     began = time.monotonic()
     try:
         server.start()
-        for variant in VARIANTS:
+        for variant in args.variants:
             bench_lib.log(f"{variant}: registering (warm-up; inductor cache {cache}, empty)")
             at_ready[variant] = server.scrape_metrics()
             first[variant] = register(server, variant, lone)
             bench_lib.log(f"{variant}: {first[variant]}")
         for round_ in range(1, args.rounds + 1):
-            order = VARIANTS if round_ % 2 else VARIANTS[::-1]
+            order = args.variants if round_ % 2 else args.variants[::-1]
             for variant in order:
                 label = f"round {round_} {variant}"
                 run = mix_run(server, variant, corpus, args, label)
                 runs.append({"variant": variant, "round": round_, **run})
                 bench_lib.log(f"{label}: {run}")
-        later = {v: lone_later(server, v, lone, args.lone) for v in VARIANTS}
+        later = {v: lone_later(server, v, lone, args.lone) for v in args.variants}
         time.sleep(2)
         recompiles = {
-            v: recompiles_after_registration(server, v, first[v], at_ready[v]) for v in VARIANTS
+            v: recompiles_after_registration(server, v, first[v], at_ready[v])
+            for v in args.variants
         }
         (work / "model_log.log").write_text(server.log())
     finally:
@@ -264,11 +270,13 @@ def main() -> int:
     parser.add_argument("--lone", type=int, default=5, help="later lone requests per bucket")
     parser.add_argument("--weights", default=None, help="a save_pretrained BERT directory")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--frozen", action="store_true", help="also compiled with freezing")
     parser.add_argument("--dry-run", action="store_true", help="build and pick bodies only")
     args = parser.parse_args()
+    args.variants = VARIANTS + (("frozen",) if args.frozen else ())
     work = Path(tempfile.mkdtemp(prefix="compiled_text_"))
     bench_lib.log(f"work directory {work}")
-    model = build(work, args.weights)
+    model = build(work, args.weights, args.variants)
     corpus = read_corpus(args.corpus)
     lengths = token_lengths(corpus, model)
     buckets = variant_config("compiled")["micro_batching"]["allowed_sequence_lengths"]
@@ -302,30 +310,19 @@ def describe_corpus(
 def report_of(measured: dict[str, Any], corpus: dict[str, Any], args: Any) -> dict[str, Any]:
     runs = measured["runs"]
     medians = {}
-    for variant in VARIANTS:
+    for variant in args.variants:
         rows = [r for r in runs if r["variant"] == variant]
         medians[variant] = {
             key: statistics.median(r[key] for r in rows)
-            for key in ("requests_per_s", "p50_ms", "p99_ms", "useful_token_share")
+            for key in ("requests_per_s", "p50_ms", "p99_ms", "inference_ms", "useful_token_share")
         }
         medians[variant]["recompiles_per_round"] = [r["recompiles"] for r in rows]
         medians[variant]["statuses"] = [r["statuses"] for r in rows]
-    ratios = []
-    for round_ in range(1, args.rounds + 1):
-        got = {r["variant"]: r for r in runs if r["round"] == round_}
-        c, e = got["compiled"], got["eager"]
-        ratios.append(
-            {
-                "round": round_,
-                "throughput": c["requests_per_s"] / e["requests_per_s"],
-                "p50": c["p50_ms"] / e["p50_ms"],
-                "p99": c["p99_ms"] / e["p99_ms"],
-            }
-        )
+    ratios = ratios_to_eager(runs, args)
     first, later = measured["first"], measured["lone_later"]
+    bucket = str(corpus["lone_bodies"][0]["bucket"])
     print("variant | register s | first request ms | later lone P50 ms | req/s | P50 | P99")
-    for v in VARIANTS:
-        bucket = str(corpus["lone_bodies"][0]["bucket"])
+    for v in args.variants:
         m = medians[v]
         print(
             f"{v} | {first[v]['register_s']:.1f} | {first[v]['first_request_ms']:.0f} | "
@@ -335,7 +332,7 @@ def report_of(measured: dict[str, Any], corpus: dict[str, Any], args: Any) -> di
     print(f"recompiles after registration: {measured['recompiles_after_registration']}")
     for r in ratios:
         print(
-            f"round {r['round']}: compiled / eager throughput {r['throughput']:.2f}x, "
+            f"round {r['round']}: {r['variant']} / eager throughput {r['throughput']:.2f}x, "
             f"P50 {r['p50']:.2f}x, P99 {r['p99']:.2f}x"
         )
     return {
@@ -344,6 +341,8 @@ def report_of(measured: dict[str, Any], corpus: dict[str, Any], args: Any) -> di
         "settings": {
             "config": variant_config("compiled"),
             "eager": "the same config without pt2",
+            "frozen": "with --frozen: the same config, pt2.compile.options " + str(FROZEN),
+            "variants": list(args.variants),
             "requests": args.requests,
             "concurrency": args.concurrency,
             "rounds": args.rounds,
@@ -356,10 +355,35 @@ def report_of(measured: dict[str, Any], corpus: dict[str, Any], args: Any) -> di
         "lone_later": later,
         "recompiles_after_registration": measured["recompiles_after_registration"],
         "medians": medians,
-        "ratios": ratios,
+        "ratios_to_eager": ratios,
         "runs": runs,
         "torchserve_s": measured["torchserve_s"],
     }
+
+
+def ratios_to_eager(runs: list[dict[str, Any]], args: Any) -> list[dict[str, Any]]:
+    """Each compiled variant against eager within each round (the machine is shared)."""
+    ratios = []
+    for round_ in range(1, args.rounds + 1):
+        got = {r["variant"]: r for r in runs if r["round"] == round_}
+        eager = got["eager"]
+        for variant in (v for v in args.variants if v != "eager"):
+            ratios.append(
+                {
+                    "round": round_,
+                    "variant": variant,
+                    **{
+                        name: got[variant][key] / eager[key]
+                        for name, key in (
+                            ("throughput", "requests_per_s"),
+                            ("p50", "p50_ms"),
+                            ("p99", "p99_ms"),
+                            ("inference_ms", "inference_ms"),
+                        )
+                    },
+                }
+            )
+    return ratios
 
 
 if __name__ == "__main__":
