@@ -200,8 +200,9 @@ def recompiles_after_registration(
     server: TorchServe, variant: str, first: dict[str, Any], scrape_at_ready: str
 ) -> dict[str, Any]:
     """MicroBatchRecompiles since just after registration, whether the metric exists at
-    all on /metrics, and the model log's recompile lines since then (Dynamo's and ours;
-    the log is shared by both models, but only the compiled one runs Dynamo)."""
+    all on /metrics, and the model's own recompile lines in the model log since then
+    (Dynamo's and ours; the log is shared, so only lines of this model's worker count:
+    a model registered later warms up in the same file)."""
     now = server.scrape_metrics()
     present = any(
         s.name.startswith("MicroBatchRecompiles") and s.labels.get("ModelName") == f"bert_{variant}"
@@ -210,7 +211,7 @@ def recompiles_after_registration(
     lines = [
         line
         for line in server.log()[first["log_offset_after_registration"] :].splitlines()
-        if RECOMPILE_LINES.search(line)
+        if RECOMPILE_LINES.search(line) and f"-bert_{variant}_" in line
     ]
     return {
         "metric": summarize(now, scrape_at_ready, f"bert_{variant}")["recompiles"],
