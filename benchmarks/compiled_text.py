@@ -2,11 +2,13 @@
 """Compiled BERT with sequence-length buckets through a real TorchServe (issue #19): what
 warm-up costs, whether anything compiles after it, and compiled against eager.
 
-The BERT example (examples/bert_classifier, untrained 4 x 256 model made here) packed twice:
+The BERT example (examples/bert_classifier, untrained 4 x 256 model made here) packed twice
+(three times with ``--frozen``):
 ``compiled`` with benchmarks/configs/bert_compiled.yaml (``pt2:`` inductor, dynamic=False;
 allowed sizes [2, 8, 32] x buckets [64, 256, 512], order by length, 2,048 tokens per
 micro-batch, warm-up of the grid), and ``eager``, the same config without ``pt2:`` (it pads
-to the same buckets). One TorchServe serves both, its TORCHINDUCTOR_CACHE_DIR a new empty
+to the same buckets); with ``--frozen`` also ``frozen``, the compiled config with inductor's
+``freezing``. One TorchServe serves them all, its TORCHINDUCTOR_CACHE_DIR a new empty
 directory, so the compiled model compiles from scratch; TORCH_LOGS=recompiles makes Dynamo
 log every recompile, with its reason, into the model log.
 
@@ -14,15 +16,18 @@ log every recompile, with its reason, into the model log.
    request, alone: the first request after ready. Then one lone request of each other
    bucket, the first of its shape. The same for ``eager``.
 2. Rounds of the corpus (ts_microbatch.tools.drive: ``--requests`` bodies in its fixed order
-   from ``--concurrency`` clients), the two models in turn (the order alternates per round):
+   from ``--concurrency`` clients), the models in turn (the order alternates per round):
    throughput, P50/P99, and from /metrics the recompiles, padding and useful-token share.
 3. The same lone requests again, ``--lone`` times each: the steady-state latency the first
    request is compared with (a lone request waits the frontend's maxBatchDelay, both times).
 4. Recompiles after warm-up: MicroBatchRecompiles over everything after registration, and
    the model log's recompile lines (Dynamo's and the pipeline's) after registration.
 
-    python benchmarks/compiled_text.py --corpus /tmp/text_corpora/long_tail --rounds 2 \\
-        --out benchmarks/results/compiled_text
+    python benchmarks/compiled_text.py --corpus /tmp/text_corpora/long_tail --rounds 5 \\
+        --frozen --out benchmarks/results/compiled_text
+
+writes results.json and model_log_excerpt.txt (warm-up and compile lines) into ``--out``.
+The corpus: benchmarks/make_text_corpus.py (docs/compiled.md has the command).
 """
 
 from __future__ import annotations
@@ -250,7 +255,8 @@ def serve(work: Path, corpus: Corpus, lone: list[dict[str, Any]], args: Any) -> 
             v: recompiles_after_registration(server, v, first[v], at_ready[v])
             for v in args.variants
         }
-        (work / "model_log.log").write_text(server.log())
+        log = server.log()
+        (work / "model_log.log").write_text(log)
     finally:
         server.stop()
     return {
@@ -259,7 +265,21 @@ def serve(work: Path, corpus: Corpus, lone: list[dict[str, Any]], args: Any) -> 
         "lone_later": later,
         "recompiles_after_registration": recompiles,
         "torchserve_s": time.monotonic() - began,
+        "log_excerpt": excerpt(log),
     }
+
+
+EXCERPT_LINES = re.compile(
+    r"warm-up|recompile_limit|Recompiling function|size mismatch|pt2: torch.compile|"
+    r"recompiled on the request path"
+)
+WORKER_PREFIX = re.compile(r"^(\S+) \[[A-Z]+ *\] (W-\d+-\S+?)-std(?:out|err) MODEL_LOG - ")
+
+
+def excerpt(log: str) -> str:
+    """The model log's lines about warm-up and compiles, each with its time and worker."""
+    lines = (WORKER_PREFIX.sub(r"\1 \2 ", line) for line in log.splitlines())
+    return "".join(f"{line[:260]}\n" for line in lines if EXCERPT_LINES.search(line))
 
 
 def main() -> int:
@@ -287,9 +307,12 @@ def main() -> int:
     if args.dry_run:
         return 0
     measured = serve(work, corpus, lone, args)
+    log_excerpt = measured.pop("log_excerpt")
     bench_lib.save_json(work, "measured.json", measured)  # kept if the report fails
     report = report_of(measured, described, args)
     bench_lib.save_json(args.out, "results.json", report)
+    if args.out is not None:
+        (args.out / "model_log_excerpt.txt").write_text(log_excerpt)
     return 0
 
 
