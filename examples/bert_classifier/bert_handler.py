@@ -3,6 +3,9 @@
 ``initialize`` loads the tokenizer and the model with ``from_pretrained(model_dir)`` (the
 .mar's root holds what ``save_pretrained`` wrote) and ends with ``start_micro_batching``:
 ``BaseHandler.initialize`` wants a serialized .pt/.pth file, which such a model has not.
+So it also reads TorchServe's ``pt2: {compile: {enable: true, ...}}`` section itself
+(``BaseHandler.initialize`` is where TorchServe would): without that a compiled config
+served the eager model, silently.
 
 Each row is one text: a plain ``/predictions`` body (raw UTF-8, or JSON ``{"text": ...}``),
 a KServe v1 instance (a string, or ``{"text": ...}``) or a v2 BYTES element. Between the
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -24,6 +29,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from ts.torch_handler.base_handler import BaseHandler
 
 from ts_microbatch import InvalidInputError, MicroBatchingMixin, PayloadTooLargeError
+
+logger = logging.getLogger(__name__)
 
 
 class BertClassifierHandler(MicroBatchingMixin, BaseHandler):  # type: ignore[misc]
@@ -36,8 +43,10 @@ class BertClassifierHandler(MicroBatchingMixin, BaseHandler):  # type: ignore[mi
         self.manifest = context.manifest
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForSequenceClassification.from_pretrained(model_dir)
-        self.model = model.to(self.device).eval()
-        config = self.model.config
+        model = model.to(self.device).eval()
+        config = model.config
+        # Compiled before start_micro_batching, which then applies the compiled-model rules.
+        self.model = compiled(model, getattr(context, "model_yaml_config", None))
         self.labels = [config.id2label[i] for i in range(config.num_labels)]
         # Positions past the model's table cannot be embedded: the hard limit.
         self.model_max_tokens = min(self.tokenizer.model_max_length, config.max_position_embeddings)
@@ -115,6 +124,31 @@ class BertClassifierHandler(MicroBatchingMixin, BaseHandler):  # type: ignore[mi
             {"label": self.labels[max(range(len(row)), key=row.__getitem__)], "scores": row}
             for row in scores
         ]
+
+
+def compiled(model: Any, model_yaml_config: Mapping[str, Any] | None) -> Any:
+    """``model`` under ``torch.compile`` when model-config.yaml's ``pt2:`` section says
+    ``compile: {enable: true, <torch.compile arguments>}``, as ``BaseHandler.initialize``
+    reads it; else ``model``.
+
+    Raises:
+        ValueError: a ``pt2:`` section of another form (a backend name, ``export``), which
+            this handler does not run: refused at registration rather than served eagerly.
+    """
+    pt2 = (model_yaml_config or {}).get("pt2")
+    if pt2 is None:
+        return model
+    options = pt2.get("compile") if isinstance(pt2, Mapping) else None
+    if not isinstance(options, Mapping) or set(pt2) != {"compile"}:
+        raise ValueError(
+            f"pt2: got {pt2!r}, expected {{compile: {{enable: true, backend: ..., ...}}}}: the "
+            "only form of TorchServe's pt2 section this handler runs"
+        )
+    if not options.get("enable"):
+        return model
+    kwargs = {key: value for key, value in options.items() if key != "enable"}
+    logger.info("pt2: torch.compile(model, %s)", kwargs)
+    return torch.compile(model, **kwargs)
 
 
 def pad(ids: list[list[int]], width: int, pad_id: int, device: Any) -> dict[str, torch.Tensor]:

@@ -236,3 +236,28 @@ def test_truncate_cuts_long_texts_instead_of_refusing_them(model_dir: Path, tmp_
         assert status == 200 and len(answer["scores"]) == 3
     finally:
         handler(truncating).micro_batching.shutdown()
+
+
+def test_pt2_section_not_ignored_by_a_handler_that_loads_its_model_itself(
+    service: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    """TorchServe reads ``pt2:`` in BaseHandler.initialize, which this handler skips: a
+    compiled config served the eager model, silently, and the compiled-model rules (one
+    inference thread, recompiles counted) never applied."""
+    import torch
+
+    from ts_microbatch.torchserve.compiled import is_compiled
+
+    pt2 = {"compile": {"enable": True, "backend": "eager", "dynamic": False}}
+    compiled = start(extract(tmp_path / "ok", model_dir, {**example_config(), "pt2": pt2}))
+    try:
+        bert = handler(compiled)
+        assert is_compiled(bert.model) and bert.micro_batching.compiled is not None
+        text = texts.make_text(700, 12)
+        ((status, answer),) = predict(compiled, [(text.encode(), "text/plain")])
+        assert status == 200 and close(answer["scores"], alone(service, text))
+    finally:
+        handler(compiled).micro_batching.shutdown()
+        torch._dynamo.reset()  # the compiled-model tests count compiles per process
+    with pytest.raises(Exception, match=r"pt2: got 'inductor'"):
+        start(extract(tmp_path / "bad", model_dir, {**example_config(), "pt2": "inductor"}))
