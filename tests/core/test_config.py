@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -169,3 +170,23 @@ def test_pipeline_takes_an_automatic_size_at_construction_not_a_string() -> None
         assert pipeline.auto_micro_batch_size is policy  # a refused size changes nothing
         pipeline.micro_batch_size = 3
         assert pipeline.auto_micro_batch_size is None and pipeline.micro_batch_size == 3
+
+
+def test_warmup_sizes_per_bucket_are_those_a_token_budget_can_cut() -> None:
+    # Under a budget of 2048 a micro-batch holds at most 8 texts of 256 tokens and 4 of 512
+    # (padded to 8): warm-up compiling (32, 256) or (32, 512) would be graphs never used.
+    config = MicroBatchingConfig.from_mapping(
+        {
+            "micro_batch_size": 32,
+            "allowed_micro_batch_sizes": [2, 8, 32],
+            "allowed_sequence_lengths": [64, 256, 512],
+            "max_micro_batch_tokens": 2048,
+            "warmup": {},
+        }
+    )
+    assert config.warmup_sizes() == (2, 8, 32)
+    assert [config.warmup_sizes(n) for n in (64, 256, 512)] == [(2, 8, 32), (2, 8), (2, 8)]
+    unbudgeted = replace(config, max_micro_batch_tokens=None)
+    assert unbudgeted.warmup_sizes(512) == (2, 8, 32)
+    automatic = replace(config, micro_batch_size="auto", min_micro_batch_size=1)
+    assert automatic.warmup_sizes(512) == automatic.warmup_sizes()  # its budget moves

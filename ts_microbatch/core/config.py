@@ -413,12 +413,16 @@ class MicroBatchingConfig:
         """The size inference sees for a micro-batch of ``n`` requests."""
         return padded_size(self.allowed_micro_batch_sizes, n)
 
-    def warmup_sizes(self) -> tuple[int, ...]:
+    def warmup_sizes(self, length: int | None = None) -> tuple[int, ...]:
         """The sizes warm-up runs: the configured ones, else every size inference can see
-        (with allowed sizes), else the largest micro-batch."""
+        (with allowed sizes), else the largest micro-batch. With ``length`` (a bucket) and a
+        fixed token budget, only the sizes a micro-batch of that length can be cut to."""
         if self.warmup is not None and self.warmup.sizes is not None:
             return self.warmup.sizes
         largest = self.largest_micro_batch()
+        budget = self.max_micro_batch_tokens
+        if length is not None and budget is not None and self.micro_batch_size != "auto":
+            largest = min(largest, max(self.min_micro_batch_size, budget // length, 1))
         if self.allowed_micro_batch_sizes is None:
             return (largest,)
         # A batch of one request is a micro-batch of one, whatever the size in force.

@@ -111,10 +111,11 @@ class MicroBatchingMixin:
             "(torch-model-archiver --extra-files)"
         )
 
-    def _warm_up_samples(self, context: Any, warmup: WarmupConfig) -> list[Any]:
-        """The request bodies warm-up runs: the sample file, or the handler's input; with
-        ``allowed_sequence_lengths``, one per length when ``warmup_input`` takes a length,
-        so every (size, length) shape a compiled model can see is compiled at load."""
+    def _warm_up_samples(self, context: Any, warmup: WarmupConfig) -> list[tuple[int | None, Any]]:
+        """The request bodies warm-up runs, each with its bucket: the sample file, or the
+        handler's input; with ``allowed_sequence_lengths``, one per length when
+        ``warmup_input`` takes a length, so every (size, length) shape a compiled model can
+        see is compiled at load (and, under a token budget, only those)."""
         buckets = (
             self.micro_batching.config.allowed_sequence_lengths if self.micro_batching else None
         )
@@ -127,11 +128,11 @@ class MicroBatchingMixin:
                     list(buckets),
                     type(self).__name__,
                 )
-            return [{"body": bytearray(_read_sample(context, warmup.sample))}]
+            return [(None, {"body": bytearray(_read_sample(context, warmup.sample))})]
         if buckets and "length" in inspect.signature(self.warmup_input).parameters:
             samples = [self.warmup_input(length=length) for length in buckets]  # type: ignore[call-arg]
             self._check_sample_lengths(buckets, samples)
-            return samples
+            return list(zip(buckets, samples))
         if buckets:
             logger.warning(
                 "warm-up: %s.warmup_input() takes no length, so of allowed_sequence_lengths "
@@ -139,7 +140,7 @@ class MicroBatchingMixin:
                 type(self).__name__,
                 list(buckets),
             )
-        return [self.warmup_input()]
+        return [(None, self.warmup_input())]
 
     def _check_sample_lengths(self, buckets: Sequence[int], samples: list[Any]) -> None:
         """Warns when ``warmup_input(length=n)`` gave a body whose ``item_length`` falls in
@@ -166,8 +167,11 @@ class MicroBatchingMixin:
 
     def _warm_up(self, pipeline: MicroBatching, context: Any, warmup: WarmupConfig) -> None:
         try:
-            # The config's sizes and iterations, for each sample.
-            seconds = sum(pipeline.warm_up(s) for s in self._warm_up_samples(context, warmup))
+            # The config's sizes (those a micro-batch of its bucket can have) and iterations.
+            seconds = sum(
+                pipeline.warm_up(sample, sizes=pipeline.config.warmup_sizes(bucket))
+                for bucket, sample in self._warm_up_samples(context, warmup)
+            )
         except BaseException:
             pipeline.shutdown(wait=False, cancel_pending=True)
             raise
