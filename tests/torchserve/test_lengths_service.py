@@ -47,6 +47,19 @@ def close(service: Any) -> None:
     handler_of(service).micro_batching.shutdown()
 
 
+def record_preprocess(service: Any) -> list[tuple[list[int], threading.Thread]]:
+    """Wraps the handler's preprocess: each call's body sizes and thread, in call order."""
+    handler = handler_of(service)
+    preprocess, calls = handler.preprocess, []
+
+    def recording(data: list[Any]) -> Any:
+        calls.append(([len(row["body"]) for row in data], threading.current_thread()))
+        return preprocess(data)
+
+    handler.preprocess = recording
+    return calls
+
+
 def close_to(a: dict[str, float], b: dict[str, float]) -> bool:
     return a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-5 for k in a)
 
@@ -54,15 +67,7 @@ def close_to(a: dict[str, float], b: dict[str, float]) -> bool:
 def test_length_order_answers_every_request_in_its_own_place(tmp_path: Path) -> None:
     settings = {"micro_batch_size": 2, "order": "length", "max_micro_batch_tokens": 400}
     service = loaded(tmp_path, settings)
-    calls: list[list[int]] = []
-    handler = handler_of(service)
-    preprocess = handler.preprocess
-
-    def recording(data: list[Any]) -> Any:
-        calls.append([len(row["body"]) for row in data])
-        return preprocess(data)
-
-    handler.preprocess = recording
+    calls = record_preprocess(service)
     try:
         alone = [predict(service, [t.encode()])[0] for t in TEXTS]
         calls.clear()
@@ -70,7 +75,7 @@ def test_length_order_answers_every_request_in_its_own_place(tmp_path: Path) -> 
     finally:
         close(service)
     # The scenario: the batch was cut by length, not in arrival order.
-    assert [n for call in calls for n in call] == sorted(len(t) for t in TEXTS)
+    assert [n for sizes, _ in calls for n in sizes] == sorted(len(t) for t in TEXTS)
     assert [status for status, _ in together] == [200] * len(TEXTS)
     for (_, body), (_, single) in zip(together, alone):
         assert close_to(body, single)
@@ -78,20 +83,14 @@ def test_length_order_answers_every_request_in_its_own_place(tmp_path: Path) -> 
 
 def test_a_body_over_max_tokens_gets_413_alone_before_any_stage(tmp_path: Path) -> None:
     service = loaded(tmp_path, {"micro_batch_size": 4, "max_tokens": 100})
-    handler = handler_of(service)
-    preprocess, seen = handler.preprocess, []
-
-    def recording(data: list[Any]) -> Any:
-        seen.extend(len(row["body"]) for row in data)
-        return preprocess(data)
-
-    handler.preprocess = recording
+    calls = record_preprocess(service)
     try:
         answers = predict(service, [t.encode() for t in TEXTS])
     finally:
         close(service)
     long_ones = [i for i, t in enumerate(TEXTS) if len(t.encode()) > 100]
     assert long_ones and len(long_ones) < len(TEXTS)
+    seen = [n for sizes, _ in calls for n in sizes]
     assert sorted(seen) == sorted(len(t) for i, t in enumerate(TEXTS) if i not in long_ones)
     for i, (status, body) in enumerate(answers):
         if i in long_ones:
@@ -103,20 +102,15 @@ def test_a_body_over_max_tokens_gets_413_alone_before_any_stage(tmp_path: Path) 
 
 def test_enabled_false_runs_the_handlers_own_handle_on_the_whole_batch(tmp_path: Path) -> None:
     service = loaded(tmp_path, {"micro_batch_size": 2, "enabled": False})
-    handler = handler_of(service)
-    preprocess, calls = handler.preprocess, []
-
-    def recording(data: list[Any]) -> Any:
-        calls.append((len(data), threading.current_thread()))
-        return preprocess(data)
-
-    handler.preprocess = recording
+    calls = record_preprocess(service)
     try:
         answers = predict(service, [t.encode() for t in TEXTS])
     finally:
         close(service)
     # One call with the whole batch, on the worker's own thread: BaseHandler.handle's shape.
-    assert calls == [(len(TEXTS), threading.current_thread())]
+    assert [(len(sizes), thread) for sizes, thread in calls] == [
+        (len(TEXTS), threading.current_thread())
+    ]
     assert [status for status, _ in answers] == [200] * len(TEXTS)
 
 

@@ -163,13 +163,17 @@ def merge_ab(
     summary = {key: sum(run[key] for run in runs) for key in counts}
     summary["time_taken_s"] = max(run["time_taken_s"] for run in runs)
     summary["requests_per_s"] = summary["complete_requests"] / summary["time_taken_s"]
-    latency = {
-        "p50_ms": percentile(ttimes_ms, 50),
-        "p90_ms": percentile(ttimes_ms, 90),
-        "p99_ms": percentile(ttimes_ms, 99),
-        "max_ms": max(ttimes_ms) if ttimes_ms else math.nan,
+    return summary, latencies(ttimes_ms)
+
+
+def latencies(times_ms: Sequence[float]) -> dict[str, float]:
+    """P50, P90, P99 and the longest of requests' times, as the benchmarks report them."""
+    return {
+        "p50_ms": percentile(times_ms, 50),
+        "p90_ms": percentile(times_ms, 90),
+        "p99_ms": percentile(times_ms, 99),
+        "max_ms": max(times_ms) if times_ms else math.nan,
     }
-    return summary, latency
 
 
 def percentile(values: Sequence[float], pct: float) -> float:

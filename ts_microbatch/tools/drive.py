@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from .ab import percentile
+from .ab import latencies
 from .corpus import Corpus
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -126,10 +126,4 @@ def summarize(
         "client_cpu_ms_per_request": 1000 * cpu_s / len(results) if results else math.nan,
         "statuses": {str(status or "no answer"): n for status, n in sorted(statuses.items())},
     }
-    latency = {
-        "p50_ms": percentile(times, 50),
-        "p90_ms": percentile(times, 90),
-        "p99_ms": percentile(times, 99),
-        "max_ms": max(times) if times else math.nan,
-    }
-    return summary, latency
+    return summary, latencies(times)
