@@ -154,6 +154,18 @@ def test_a_request_whose_length_cannot_be_measured_fails_alone_with_400() -> Non
     assert answers[0] == "OK" and answers[2] == "FINE"
 
 
+def test_a_measure_raising_a_base_exception_fails_only_its_request() -> None:
+    def measure(item: str) -> int:
+        if item == "stop":
+            raise KeyboardInterrupt
+        return len(item)
+
+    answers, recorder = run(["ok", "stop", "fine"], LengthRule(measure, order="length"))
+    assert isinstance(answers[1], KeyboardInterrupt)
+    assert answers[0] == "OK" and answers[2] == "FINE"
+    assert [rows for rows, _ in recorder.calls] == [["ok", "fine"]]
+
+
 @pytest.mark.parametrize("length", [-1, 2.5, None, True])
 def test_a_length_that_is_not_a_count_fails_its_request(length: Any) -> None:
     answers, _ = run(["x", "y"], LengthRule(lambda item: length if item == "y" else 1))

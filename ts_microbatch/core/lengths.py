@@ -141,7 +141,8 @@ def measure(
             continue
         try:
             lengths[index] = rule.length_of(item)
-        except RequestError as error:
+        except BaseException as error:  # noqa: BLE001 - a KeyboardInterrupt a hook raised
+            # is its request's failure too (a 500, no input's fault), never the batch's.
             by_request[owners[index]] = error
     refused = {i: by_request[r] for i, r in enumerate(owners) if r in by_request}
     return lengths, refused
