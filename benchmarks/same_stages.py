@@ -38,7 +38,8 @@ import yaml as pyyaml  # noqa: E402
 from ts_microbatch.tools.ab import parse_ab, parse_gnuplot, percentile  # noqa: E402
 
 bench_packaging.HANDLER_FILES["no-metrics"] = str(HERE / "handlers/no_metrics_handler.py")
-HANDLERS = ("upstream", "ours-same", "no-metrics")
+bench_packaging.HANDLER_FILES["ours-ic"] = str(HERE / "handlers/mixin_image_classifier.py")
+HANDLERS = ("upstream", "ours-ic", "ours-same", "no-metrics")
 
 
 def run(work: Path, handler: str, body: Path, requests: int, label: str) -> dict[str, Any]:
@@ -92,14 +93,16 @@ def main() -> int:
     parser.add_argument("--body", default="720px", choices=list(corpus.SPECS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--handlers", nargs="+", default=list(HANDLERS[:3]), choices=HANDLERS)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    handlers = ["upstream", *(h for h in args.handlers if h != "upstream")]
     work = Path(tempfile.mkdtemp(prefix="same_stages_"))
     body = corpus.write(work / "bodies")[args.body]
     runs = []
     for round_ in range(1, args.rounds + 1):
-        turn = (round_ - 1) % len(HANDLERS)  # no handler always first, or after the same one
-        for handler in HANDLERS[turn:] + HANDLERS[:turn]:
+        turn = (round_ - 1) % len(handlers)  # no handler always first, or after the same one
+        for handler in handlers[turn:] + handlers[:turn]:
             result = run(work, handler, body, args.requests, f"round {round_} {handler}")
             runs.append({"round": round_, **result})
     medians = {
@@ -108,9 +111,9 @@ def main() -> int:
             for key in runs[0]
             if key not in ("round", "handler")
         }
-        for handler in HANDLERS
+        for handler in handlers
     }
-    ratios = round_ratios(runs)
+    ratios = round_ratios(runs, handlers)
     for handler, row in medians.items():
         ratio = row["requests_per_s"] / medians["upstream"]["requests_per_s"]
         p99 = row["p99_ms"] / medians["upstream"]["p99_ms"]
@@ -140,7 +143,9 @@ def main() -> int:
     return 0
 
 
-def round_ratios(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, float]]]:
+def round_ratios(
+    runs: list[dict[str, Any]], handlers: list[str]
+) -> dict[str, list[dict[str, float]]]:
     """Each handler's throughput and P99 over upstream's, round by round."""
     upstream = {r["round"]: r for r in runs if r["handler"] == "upstream"}
     return {
@@ -153,7 +158,7 @@ def round_ratios(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, float]]
             for r in runs
             if r["handler"] == handler
         ]
-        for handler in HANDLERS
+        for handler in handlers
         if handler != "upstream"
     }
 

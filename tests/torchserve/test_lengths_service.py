@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.torchserve.metric_lines import written
 from tests.torchserve.test_text_padding import extract
 from tests.torchserve.ts_machinery import decode, load_service, request
 from ts_microbatch.torchserve.metrics import PADDED_TOKENS, TOKENS
@@ -143,7 +144,7 @@ def test_real_and_padded_tokens_are_counted_per_micro_batch(
             predict(service, [t.encode() for t in TEXTS])
         finally:
             close(service)  # writes the metric lines still pending (their own thread writes them)
-    lines = [r.getMessage() for r in caplog.records if "[METRICS]MicroBatch" in r.getMessage()]
+    lines = written(caplog.records, "[METRICS]MicroBatch")
 
     def counted(name: str) -> list[float]:
         prefix = f"[METRICS]{name}.Count:"

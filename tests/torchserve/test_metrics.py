@@ -11,6 +11,7 @@ import torch
 
 from tests.compiled_model import build
 from tests.torchserve.images import jpeg_rows, load_handler_module, make_context
+from tests.torchserve.metric_lines import written
 from tests.torchserve.ts_machinery import decode, load_service, request
 from ts_microbatch.torchserve.metrics import (
     METRIC_NAMES,
@@ -24,9 +25,7 @@ from ts_microbatch.torchserve.metrics import (
 def metric_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     # TorchServe's backend writes "[METRICS]Name.Unit:value|#dims|#type:..." lines.
     return [
-        r.getMessage().removeprefix("[METRICS]")
-        for r in caplog.records
-        if r.getMessage().startswith("[METRICS]MicroBatch")
+        line.removeprefix("[METRICS]") for line in written(caplog.records, "[METRICS]MicroBatch")
     ]
 
 

@@ -13,6 +13,7 @@ import ts
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
 from tests.core.fakes import FakeHandler, expected
+from tests.torchserve.metric_lines import written_by
 from ts_microbatch import MicroBatching
 from ts_microbatch.torchserve.metrics import (
     MICRO_BATCHES_PER_BATCH,
@@ -114,9 +115,9 @@ def test_lines_through_torchserves_cache_are_logged_by_the_reporter_thread(
             assert REPORTER_THREAD in reporters_since(before)  # the scenario
         # shutdown() wrote what was pending and stopped the reporter.
         assert REPORTER_THREAD not in reporters_since(before)
-    records = [r for r in caplog.records if r.getMessage().startswith("[METRICS]MicroBatch")]
-    assert len(records) == LINES_OF_ONE_BATCH
-    assert {r.threadName for r in records} == {REPORTER_THREAD}
+    lines = written_by(caplog.records, "[METRICS]MicroBatch")
+    assert len(lines) == LINES_OF_ONE_BATCH
+    assert {thread for _, thread in lines} == {REPORTER_THREAD}
 
 
 def test_a_full_hand_off_drops_reports_counts_them_and_warns_once(

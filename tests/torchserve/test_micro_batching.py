@@ -16,6 +16,7 @@ from ts.service import Service
 
 from tests.core.fakes import FakeHandler, expected
 from tests.helpers import ROOT
+from tests.torchserve.metric_lines import written
 from tests.torchserve.ts_machinery import decode
 from ts_microbatch import ConfigError, MicroBatching, MicroBatchingConfig, PipelineClosedError
 from ts_microbatch.core.config import STAGES
@@ -336,10 +337,9 @@ def test_defect_stage_metric_lines_carry_another_requests_id(
     assert code == 200 and [status for _, status, _ in answers] == [200, 200, 200]
     for stage in ("preprocess", "inference", "postprocess"):
         lines = [
-            r.getMessage()
-            for r in caplog.records
-            if r.getMessage().startswith(f"[METRICS]{STAGE_TIME}.")
-            and f"Stage:{stage}," in r.getMessage()
+            line
+            for line in written(caplog.records, f"[METRICS]{STAGE_TIME}.")
+            if f"Stage:{stage}," in line
         ]
         assert [line.rsplit(",", 1)[1] for line in lines] == ["req-0", "req-1", "req-2"], lines
 

@@ -1,0 +1,11 @@
+"""TorchServe's own ImageClassifier, untouched, with ts_microbatch's pipeline in front: the
+exact stages upstream's example handler (upstream_mb_handler.py) runs, so that a comparison of
+the two measures the pipelines and nothing else (benchmarks/same_stages.py, worker_ab.py)."""
+
+from ts.torch_handler.image_classifier import ImageClassifier
+
+from ts_microbatch import MicroBatchingMixin
+
+
+class MixinImageClassifier(MicroBatchingMixin, ImageClassifier):  # type: ignore[misc]
+    pass
