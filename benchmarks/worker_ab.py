@@ -58,11 +58,10 @@ def package(work: Path, variant: str) -> Path:
 def child(directory: Path) -> None:
     """Runs in its own process: loads the model as the backend worker does, then for each
     line ``N`` on stdin times N batches and answers with one JSON line of their times."""
+    import corpus
     import ts
     from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
     from ts.model_loader import TsModelLoader
-
-    import corpus
 
     manifest = json.loads((directory / "MAR-INF" / "MANIFEST.json").read_text())
     metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
