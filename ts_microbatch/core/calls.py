@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ._checks import _sizes
 from ._padding import pad, pad_rows, padded_range, padded_size, unpad
-from .config import _sizes
 from .errors import StageOutputError
 from .metrics import PipelineObserver
 

@@ -21,10 +21,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from ._checks import _positive_int
 from ._queue import Signal, StageQueue
 from ._stall import StallGuard
 from .batch import _MicroBatch
-from .config import _positive_int
 from .errors import ConfigError, PipelineClosedError
 
 logger = logging.getLogger(__name__)
