@@ -72,6 +72,11 @@ def test_reference_format_is_read() -> None:
             {"join_timeout_s": None},
             "micro_batching.join_timeout_s: got None, expected a number > 0",
         ),
+        (
+            {"metrics_interval_s": -1},
+            "micro_batching.metrics_interval_s: got -1, expected a number of seconds >= 0",
+        ),
+        ({"metrics_interval_s": "1s"}, "micro_batching.metrics_interval_s: got '1s'"),
     ],
 )
 def test_bad_values_name_the_key(mapping: dict[str, Any], message: str) -> None:

@@ -40,6 +40,7 @@ BUCKETED = {
     "order": "length",
     "warmup": {},
     "on_recompile": "error",
+    "metrics_interval_s": 0,  # a line per report: the mix's lines are read as they come
 }
 UNBUCKETED = {k: v for k, v in BUCKETED.items() if k != "allowed_sequence_lengths"}
 # Frontend batches of 1 to 8 texts of 1 to 32 tokens, half JSON lists, half plain text.

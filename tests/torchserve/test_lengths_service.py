@@ -138,7 +138,7 @@ def test_bad_length_settings_fail_the_load_naming_the_key(
 def test_real_and_padded_tokens_are_counted_per_micro_batch(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    service = loaded(tmp_path, {"micro_batch_size": 2, "order": "length"})
+    service = loaded(tmp_path, {"micro_batch_size": 2, "order": "length", "metrics_interval_s": 0})
     with caplog.at_level(logging.INFO):
         try:
             predict(service, [t.encode() for t in TEXTS])

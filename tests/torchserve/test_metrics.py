@@ -36,7 +36,7 @@ def values(lines: list[str], prefix: str) -> list[float]:
 def test_handler_emits_padded_items(model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     module = load_handler_module()
     handler = module.MicroBatchingHandler()
-    mb_config = {"micro_batch_size": 4, "allowed_micro_batch_sizes": [4]}
+    mb_config = {"micro_batch_size": 4, "allowed_micro_batch_sizes": [4], "metrics_interval_s": 0}
     handler.initialize(make_context(model_dir, 6, {"micro_batching": mb_config}))
     with caplog.at_level(logging.INFO):
         try:
@@ -80,7 +80,8 @@ def test_handler_emits_stage_times_sizes_and_errors(
 ) -> None:
     module = load_handler_module()
     handler = module.MicroBatchingHandler()
-    handler.initialize(make_context(model_dir, 8, {"micro_batching": {"micro_batch_size": 4}}))
+    per_report = {"micro_batch_size": 4, "metrics_interval_s": 0}
+    handler.initialize(make_context(model_dir, 8, {"micro_batching": per_report}))
     rows = jpeg_rows(8)
     rows[6] = {"body": b"broken"}
     with caplog.at_level(logging.INFO):

@@ -80,7 +80,7 @@ def reporters_since(before: set[threading.Thread]) -> set[str]:
 def test_hooks_return_before_their_lines_are_written_and_a_flush_writes_them_all() -> None:
     metrics = HeldMetrics()
     metrics.gate.clear()  # every write waits
-    observer = TorchServeMetricsObserver(metrics)
+    observer = TorchServeMetricsObserver(metrics, interval_s=0)
     context = Context(3, metrics)
     metrics.request_ids = context.request_ids
     with MicroBatching(FakeHandler(), micro_batch_size=2, observer=observer) as mb:
@@ -106,7 +106,7 @@ def test_lines_through_torchserves_cache_are_logged_by_the_reporter_thread(
 ) -> None:
     metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
     metrics.initialize_cache()
-    observer = TorchServeMetricsObserver(metrics)
+    observer = TorchServeMetricsObserver(metrics, interval_s=0)
     mb = MicroBatching(FakeHandler(), micro_batch_size=2, observer=observer)
     before = set(threading.enumerate())
     with caplog.at_level(logging.INFO):
@@ -125,7 +125,7 @@ def test_a_full_hand_off_drops_reports_counts_them_and_warns_once(
 ) -> None:
     metrics = HeldMetrics()
     metrics.gate.clear()
-    observer = TorchServeMetricsObserver(metrics, max_pending=2)
+    observer = TorchServeMetricsObserver(metrics, max_pending=2, interval_s=0)
     try:
         observer.on_recompile(1)
         assert metrics.writing.wait(10)  # the reporter holds that one, waiting on the gate
@@ -145,7 +145,7 @@ def test_a_full_hand_off_drops_reports_counts_them_and_warns_once(
 
 def test_close_is_idempotent_and_a_later_report_starts_the_reporter_again() -> None:
     metrics = HeldMetrics()
-    observer = TorchServeMetricsObserver(metrics)
+    observer = TorchServeMetricsObserver(metrics, interval_s=0)
     before = set(threading.enumerate())
     assert observer.flush() and observer.close()  # never started: nothing to wait for
     observer.on_batch(4, 1)
@@ -163,7 +163,7 @@ def test_hang_a_report_made_while_closing_waited_for_the_close() -> None:
     # a stage thread reporting then waited for the whole close.
     metrics = HeldMetrics()
     metrics.gate.clear()
-    observer = TorchServeMetricsObserver(metrics)
+    observer = TorchServeMetricsObserver(metrics, interval_s=0)
     observer.on_recompile(1)
     assert metrics.writing.wait(10)  # the reporter is held writing it
     closed: list[bool] = []
@@ -189,3 +189,57 @@ def test_hang_a_report_made_while_closing_waited_for_the_close() -> None:
     assert observer.flush()  # the report made while closing is written, by a new thread
     assert [value for name, value, _, _ in metrics.lines if name == RECOMPILES] == [1, 2]
     assert observer.close()
+
+
+def interval_lines(caplog: pytest.LogCaptureFixture) -> dict[str, list[float]]:
+    """Each pipeline metric line's values, by name and dimensions (``Name|#dims``)."""
+    found: dict[str, list[float]] = {}
+    for line, _ in written_by(caplog.records, "[METRICS]MicroBatch"):
+        head, dims = line.removeprefix("[METRICS]").split("|#")[:2]
+        name, value = head.split(":")
+        found.setdefault(f"{name.split('.')[0]}|{dims}", []).append(float(value))
+    return found
+
+
+def test_an_interval_is_one_line_per_metric_the_mean_of_a_histogram_the_sum_of_a_counter(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    metrics.initialize_cache()
+    metrics.request_ids = {i: f"req-{i}" for i in range(3)}  # as Service.predict sets them
+    observer = TorchServeMetricsObserver(metrics, interval_s=3600)  # ends only at shutdown
+    handler = FakeHandler()
+    handler.fail_on["preprocess"] = {3}
+    mb = MicroBatching(handler, micro_batch_size=2, observer=observer)
+    with caplog.at_level(logging.INFO), mb:  # mb's exit writes the interval
+        for _ in range(2):  # two batches of 3: micro-batches [1 2] and [3], 3 failing
+            answers = mb.handle([1, 2, 3], Context(3, metrics))
+            assert answers[:2] == expected([1, 2]) and answers[2]["code"] == 400
+    lines = interval_lines(caplog)
+    model = "ModelName:None,Level:Model"
+    assert lines[f"MicroBatchesPerBatch|{model}"] == [2.0]
+    assert lines[f"MicroBatchSize|{model}"] == [1.5]  # (2 + 1 + 2 + 1) / 4
+    for stage in ("preprocess", "inference", "postprocess"):
+        assert len(lines[f"MicroBatchStageSeconds|Stage:{stage},{model}"]) == 1
+        assert len(lines[f"MicroBatchQueueSeconds|Stage:{stage},{model}"]) == 1
+    assert lines[f"MicroBatchRequestErrors|StatusCode:400,{model}"] == [2.0]  # a sum
+    assert sum(len(v) for v in lines.values()) == 9
+
+
+def test_an_interval_is_written_when_it_ends_without_a_flush(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    metrics.initialize_cache()
+    mb = MicroBatching(
+        FakeHandler(),
+        micro_batch_size=2,
+        observer=TorchServeMetricsObserver(metrics, interval_s=0.05),
+    )
+    with caplog.at_level(logging.INFO), mb:
+        assert mb.handle([1, 2, 3], Context(3, metrics)) == expected([1, 2, 3])
+        deadline = time.monotonic() + 30
+        while not interval_lines(caplog) and time.monotonic() < deadline:
+            time.sleep(0.01)  # no report, flush or shutdown: the reporter's own deadline
+        lines = written_by(caplog.records, "[METRICS]MicroBatchesPerBatch")
+        assert len(lines) == 1 and lines[0][1] == REPORTER_THREAD

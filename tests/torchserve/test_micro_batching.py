@@ -328,7 +328,9 @@ def test_defect_stage_metric_lines_carry_another_requests_id(
     metrics = MetricsCacheYamlImpl(str(Path(ROOT) / "configs" / "metrics.yaml"))
     metrics.initialize_cache()
     handler = RowHandler()
-    mb = MicroBatching(handler, micro_batch_size=2, observer=TorchServeMetricsObserver(metrics))
+    mb = MicroBatching(
+        handler, micro_batch_size=2, observer=TorchServeMetricsObserver(metrics, interval_s=0)
+    )
     service = ts_service(mb.handle, metrics)
     bodies = [b"p0", v2_body("a1", "a2", "a3"), b"p2"]  # micro-batches [p0 a1] [a2 a3] [p2]
     # mb's exit (shutdown) inside the log level: it writes the metric lines still pending.
@@ -457,7 +459,7 @@ def test_broken_metrics_change_no_answer_and_are_logged_once_per_hook(
             raise RuntimeError("metrics cache is broken")
 
     handler = FakeTorchServeHandler()
-    observer = TorchServeMetricsObserver(BrokenMetrics())
+    observer = TorchServeMetricsObserver(BrokenMetrics(), interval_s=0)
     with (
         caplog.at_level(logging.DEBUG),
         MicroBatching(handler, micro_batch_size=2, observer=observer) as mb,

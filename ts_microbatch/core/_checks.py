@@ -43,6 +43,14 @@ def _positive_seconds(value: Any, key: str, *, allow_none: bool) -> float | None
     return float(value)
 
 
+def _seconds_or_zero(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigError(f"{key}: got {value!r}, expected a number of seconds >= 0")
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}: got {value!r}, expected a number of seconds >= 0")
+    return float(value)
+
+
 def _check_keys(mapping: Mapping[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
     unknown = sorted(str(k) for k in mapping if k not in allowed)
     if unknown:
@@ -146,6 +154,7 @@ _FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "pad": _pad_mode,
     "on_recompile": _on_recompile,
     "kserve": _kserve,
+    "metrics_interval_s": _seconds_or_zero,
     "enabled": _boolean,
     "order": check_order,
     "max_micro_batch_tokens": lambda v, k: None if v is None else _positive_int(v, k),

@@ -49,6 +49,10 @@ Schema (every key optional)::
                                      # the handler instead of refused
                                      # (lengths: the handler's item_length, default body size;
                                      # ts_microbatch.core.lengths)
+    metrics_interval_s: 1            # the pipeline's metric lines: one line per metric and
+                                     # interval (a mean, or for counters a sum), so a busy
+                                     # worker writes a few lines a second; 0: one line per
+                                     # micro-batch and stage (torchserve.metrics)
     kserve: auto                     # which bodies are KServe requests (torchserve.kserve):
                                      # "auto" only a body of the strict single-input OIP v2
                                      # shape ({"inputs": [{"name", "shape", "datatype",
@@ -170,6 +174,7 @@ class MicroBatchingConfig:
     warmup: WarmupConfig | None = None
     on_recompile: str = "warn"
     kserve: bool | str = "auto"  # "auto" | True | False: see ts_microbatch.torchserve.kserve
+    metrics_interval_s: float = 1.0
     enabled: bool = True
     order: str = "arrival"
     max_micro_batch_tokens: int | None = None

@@ -400,9 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         try:
-            ranked = tune(
-                mb, context, batches, sizes, args.threads, args.inference_threads, tried
-            )
+            ranked = tune(mb, context, batches, sizes, args.threads, args.inference_threads, tried)
         finally:
             mb.shutdown()
         print_ranking(ranked)

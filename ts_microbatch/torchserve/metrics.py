@@ -128,10 +128,12 @@ class _Reporter:
         self,
         run: Callable[[_Report], None],
         max_pending: int,
-        written: Callable[[], None] = lambda: None,
+        written: Callable[[bool], float | None] = lambda force: None,
     ) -> None:
         self._run = run
-        self._written = written  # after each burst of reports, before a flush is answered
+        # After each burst, and with force=True before a flush is answered or the thread
+        # stops: writes what is due, returns the seconds until more is (None: nothing held).
+        self._written = written
         self._queue: queue.Queue[_Report | threading.Event | None] = queue.Queue(max_pending)
         self._lock = threading.Lock()  # starting and stopping the thread
         self._dropped_lock = threading.Lock()
@@ -170,8 +172,13 @@ class _Reporter:
         self._thread.start()
 
     def _loop(self) -> None:
+        due: float | None = None  # seconds until held lines must be written
         while True:
-            burst = [self._queue.get()]
+            try:
+                burst = [self._queue.get(timeout=due)]
+            except queue.Empty:
+                due = self._written_guarded(force=True)
+                continue
             if burst[0] is not None:
                 time.sleep(COALESCE_S)  # let the rest of the burst arrive
             while burst[-1] is not None:  # what comes after a stop stays for the next thread
@@ -181,7 +188,7 @@ class _Reporter:
                     break
             for item in burst:
                 if item is None or isinstance(item, threading.Event):
-                    self._written_guarded()
+                    due = self._written_guarded(force=True)
                     if item is None:
                         return
                     item.set()  # a flush: every report put before it is written
@@ -190,13 +197,14 @@ class _Reporter:
                     self._run(item)
                 except BaseException:  # the thread outlives any report (the runner guards them)
                     logger.exception("metric report %s failed", item.hook)
-            self._written_guarded()
+            due = self._written_guarded(force=False)
 
-    def _written_guarded(self) -> None:
+    def _written_guarded(self, force: bool) -> float | None:
         try:
-            self._written()
+            return self._written(force)
         except BaseException:
             logger.exception("writing metric lines failed")
+            return None
 
     def flush(self, timeout_s: float) -> bool:
         """Waits until the reports put before the call are written; False after ``timeout_s``."""
@@ -246,6 +254,9 @@ class TorchServeMetricsObserver(PipelineObserver):
         metrics: ``context.metrics`` of the TorchServe worker.
         first_stage: the stage whose runs count as micro-batches for ``MicroBatchSize``.
         max_pending: reports waiting to be written beyond which new ones are dropped.
+        interval_s: one line per metric (and dimensions) for the reports of each interval:
+            for a histogram the mean of the values reported, for a counter their sum (0:
+            one line per report); the config's ``metrics_interval_s``.
     """
 
     def __init__(
@@ -254,6 +265,7 @@ class TorchServeMetricsObserver(PipelineObserver):
         first_stage: str = "preprocess",
         *,
         max_pending: int = MAX_PENDING_REPORTS,
+        interval_s: float = 1.0,
     ) -> None:
         from ts.metrics import caching_metric
         from ts.metrics.dimension import Dimension
@@ -269,6 +281,11 @@ class TorchServeMetricsObserver(PipelineObserver):
         self._hostname = socket.gethostname()
         self._lines: list[str] = []  # the reporter thread's, until the burst is written
         self._found: dict[tuple[str, Any], Any] = {}  # (name, type): the cache's metric
+        # interval_s > 0: what the reports of an interval say, one line per metric and
+        # dimensions (a histogram's mean, a counter's sum), kept by the reporter thread.
+        self._interval_s = interval_s
+        self._window: dict[tuple[str, str, tuple[tuple[str, str], ...], bool], list[Any]] = {}
+        self._window_started = 0.0
         self._first_stage = first_stage
         self._dimension = Dimension
         self._key_error = MetricsCacheKeyError
@@ -307,21 +324,46 @@ class TorchServeMetricsObserver(PipelineObserver):
 
     def _write(self, report: _Report) -> None:
         self._writing.report = report
+        self._writing.collect = True
         try:
             self._guard(report.hook, report.write)
         finally:
             self._writing.report = None
+            self._writing.collect = False
 
     def _emit(
         self, name: str, value: float, unit: str, dims: dict[str, str], histogram: bool = True
+    ) -> None:
+        writing: _Report | None = getattr(self._writing, "report", None)
+        request_id = writing.request_id if writing is not None else self._request_id_now()
+        if writing is None or self._interval_s <= 0:
+            self._line(name, value, unit, dims, histogram, request_id)
+            return
+        key = (name, unit, tuple(dims.items()), histogram)
+        kept = self._window.get(key)
+        if kept is None:
+            if not self._window:
+                self._window_started = time.monotonic()
+            self._window[key] = [value, 1, request_id]
+            return
+        kept[0] += value
+        kept[1] += 1
+        kept[2] = kept[2] or request_id  # the interval's first id known
+
+    def _line(
+        self,
+        name: str,
+        value: float,
+        unit: str,
+        dims: dict[str, str],
+        histogram: bool,
+        request_id: str | None,
     ) -> None:
         # What TorchServe raises here escapes to the guard of _write (or, for a hook that is
         # not deferred, to the GuardedObserver the pipeline wraps every observer in).
         # A new list each call: TorchServe appends ModelName and Level to it.
         dimensions = [self._dimension(k, v) for k, v in dims.items()]
         metric_type = self._histogram if histogram else self._counter
-        writing: _Report | None = getattr(self._writing, "report", None)
-        request_id = writing.request_id if writing is not None else self._request_id_now()
         if request_id is not None and hasattr(self._metrics, "get_metric"):
             self._emit_for(request_id, name, value, unit, dimensions, metric_type)
             return
@@ -356,7 +398,7 @@ class TorchServeMetricsObserver(PipelineObserver):
                 )
             self._found[name, kind] = metric
         values = [d.value for d in dimensions]
-        if not (self._together and getattr(self._writing, "report", None) is not None):
+        if not (self._together and getattr(self._writing, "collect", False)):
             metric.add_or_update(value, values, request_id)
             return
         # CachingMetric.add_or_update's checks and emit_metrics' line, kept for the burst.
@@ -374,11 +416,34 @@ class TorchServeMetricsObserver(PipelineObserver):
         )
         self._lines.append(f"{line},{request_id}" if request_id else line)
 
-    def _write_lines(self) -> None:
-        """Writes the burst's lines in one record (the reporter thread, after a burst)."""
+    def _write_lines(self, force: bool) -> float | None:
+        """The reporter thread, after a burst (``force``: before a flush is answered or it
+        stops): writes the interval's lines when it is over, and the lines made, in one
+        record; returns the seconds until the interval is over (None: nothing held)."""
+        due = None
+        if self._window:
+            left = self._interval_s - (time.monotonic() - self._window_started)
+            if force or left <= 0:
+                self._write_window()
+            else:
+                due = left
         if self._lines:
             lines, self._lines = self._lines, []
             self._line_logger.info("\n".join(lines))
+        return due
+
+    def _write_window(self) -> None:
+        window, self._window = self._window, {}
+        self._writing.collect = True
+        try:
+            for (name, unit, dims, histogram), (total, count, request_id) in window.items():
+                value = total / count if histogram else total
+                line = functools.partial(
+                    self._line, name, value, unit, dict(dims), histogram, request_id
+                )
+                self._guard(name, line)
+        finally:
+            self._writing.collect = False
 
     @_deferred
     def on_batch(self, batch_size: int, micro_batches: int) -> None:

@@ -48,6 +48,7 @@ class MicroBatchingMixin:
     """Put it first among the bases of a ``BaseHandler`` subclass."""
 
     micro_batching: MicroBatching | None = None
+    _metrics_interval_s = 1.0  # the config's metrics_interval_s, set before the observer is made
 
     def micro_batching_config(self, context: Any) -> MicroBatchingConfig:
         """The config to use; by default the model's micro_batching.json and model-config.yaml."""
@@ -60,7 +61,7 @@ class MicroBatchingMixin:
         """The observer the pipeline reports to: TorchServe's metrics when the context has them."""
         if getattr(context, "metrics", None) is None:
             return None
-        return TorchServeMetricsObserver(context.metrics)
+        return TorchServeMetricsObserver(context.metrics, interval_s=self._metrics_interval_s)
 
     def initialize(self, context: Any) -> None:
         config = self._checked_config(context)  # a bad config fails before the weights load
@@ -85,6 +86,7 @@ class MicroBatchingMixin:
             check_compiled_config(config)
         if self.micro_batching is not None:
             self.micro_batching.shutdown()
+        self._metrics_interval_s = config.metrics_interval_s
         self.micro_batching = pipeline = MicroBatching(
             self, config=config, observer=self.micro_batching_observer(context), compiled=compiled
         )
