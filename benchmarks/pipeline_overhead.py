@@ -101,6 +101,20 @@ def thread_cpu_ms() -> dict[str, float]:
     return used
 
 
+def context_switches() -> int:
+    """Voluntary and involuntary context switches of every thread of this process so far."""
+    total = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.endswith("ctxt_switches:") or "ctxt_switches:" in line:
+                total += int(line.split()[1])
+    return total
+
+
 def child(directory: Path, batches: int) -> None:
     import ts
     from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
@@ -120,6 +134,7 @@ def child(directory: Path, batches: int) -> None:
     for n in range(warmup + batches):
         if n == warmup:
             threads, cpu = thread_cpu_ms(), time.process_time()
+            switched = context_switches()
         batch = [
             {
                 "requestId": f"r{n}-{i}".encode(),
@@ -129,9 +144,11 @@ def child(directory: Path, batches: int) -> None:
         ]
         service.predict(batch)
     cpu_ms = (time.process_time() - cpu) * 1000 / batches
+    switches = (context_switches() - switched) / batches
     after = thread_cpu_ms()
     per_thread = {k: (v - threads.get(k, 0.0)) / batches for k, v in after.items()}
-    out.write(json.dumps({"cpu_ms_per_batch": cpu_ms, "threads": per_thread}) + "\n")
+    result = {"cpu_ms_per_batch": cpu_ms, "switches_per_batch": switches, "threads": per_thread}
+    out.write(json.dumps(result) + "\n")
     out.flush()
     os._exit(0)  # pipeline threads are daemons, as in a worker
 
@@ -166,8 +183,16 @@ def main() -> int:
             name: statistics.median(row["threads"].get(name, 0.0) for row in rows)  # type: ignore[union-attr]
             for name in sorted(names)
         }
-        summary[variant] = {"cpu_ms_per_batch": cpu, "threads_ms_per_batch": threads}
-        print(f"{variant}: {cpu:.2f} ms of CPU per batch of 32 (median of {len(rows)} rounds)")
+        switches = statistics.median(float(row["switches_per_batch"]) for row in rows)  # type: ignore[arg-type]
+        summary[variant] = {
+            "cpu_ms_per_batch": cpu,
+            "switches_per_batch": switches,
+            "threads_ms_per_batch": threads,
+        }
+        print(
+            f"{variant}: {cpu:.2f} ms of CPU and {switches:.0f} context switches per batch of"
+            f" 32 (median of {len(rows)} rounds)"
+        )
         for name, ms in threads.items():
             print(f"    {name:32} {ms:.2f}")
     if args.out:

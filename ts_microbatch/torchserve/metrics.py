@@ -138,6 +138,7 @@ class _Reporter:
         self._lock = threading.Lock()  # starting and stopping the thread
         self._dropped_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._urgent = threading.Event()  # a flush or close is queued: do not wait for the interval
         self.dropped = 0
 
     def put(self, report: _Report) -> None:
@@ -145,6 +146,8 @@ class _Reporter:
             self._start(block=False)
         try:
             self._queue.put_nowait(report)
+            if self._queue.qsize() > self._queue.maxsize // 2:
+                self._urgent.set()  # drain before the interval ends, not drop
         except queue.Full:
             with self._dropped_lock:
                 self.dropped += 1
@@ -174,14 +177,15 @@ class _Reporter:
     def _loop(self) -> None:
         due: float | None = None  # seconds until held lines must be written
         while True:
-            try:
-                burst = [self._queue.get(timeout=due)]
-            except queue.Empty:
-                due = self._written_guarded(force=True)
-                continue
-            if burst[0] is not None:
-                time.sleep(COALESCE_S)  # let the rest of the burst arrive
-            while burst[-1] is not None:  # what comes after a stop stays for the next thread
+            if due is None:  # nothing held: the next report wakes the thread
+                burst = [self._queue.get()]
+                if burst[0] is not None:
+                    time.sleep(COALESCE_S)  # let the rest of the burst arrive
+            else:  # an interval is held: reports wait for its end, a flush or close does not
+                self._urgent.wait(due)
+                self._urgent.clear()
+                burst = []
+            while not burst or burst[-1] is not None:  # what follows a stop stays queued
                 try:
                     burst.append(self._queue.get_nowait())
                 except queue.Empty:
@@ -217,6 +221,7 @@ class _Reporter:
             self._queue.put(done, timeout=timeout_s)
         except queue.Full:
             return False
+        self._urgent.set()
         return done.wait(timeout_s)
 
     def close(self, timeout_s: float) -> bool:
@@ -228,6 +233,7 @@ class _Reporter:
                 return True
             try:
                 self._queue.put(None, timeout=timeout_s)
+                self._urgent.set()
                 thread.join(timeout_s)
             except queue.Full:
                 pass
