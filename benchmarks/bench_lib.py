@@ -623,6 +623,22 @@ def project_server(
     )
 
 
+def scratch_dir(prefix: str) -> Path:
+    """A new directory for one run's packages, servers and logs (tens to hundreds of MB),
+    removed when the process exits; ``BENCH_KEEP=1`` keeps it (and prints where)."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    if os.environ.get("BENCH_KEEP"):
+        print(f"keeping the run's files in {path} (BENCH_KEEP)", flush=True)
+    else:
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def save_json(out_dir: Path | None, name: str, data: Any) -> Path | None:
     """Writes ``data`` as ``out_dir/name`` (a benchmark's --out; nothing when None)."""
     if out_dir is None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -171,7 +170,7 @@ def main() -> int:
     parser.add_argument("--weights", default=None, help="real ResNet-18 weights (.pth)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="compiled_"))
+    work = bench_lib.scratch_dir("compiled_")
     for variant in VARIANTS:
         (work / f"{variant}.yaml").write_text(model_config(variant))
         build_mar.build_mar(

@@ -36,7 +36,6 @@ import argparse
 import re
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -295,7 +294,7 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="build and pick bodies only")
     args = parser.parse_args()
     args.variants = VARIANTS + (("frozen",) if args.frozen else ())
-    work = Path(tempfile.mkdtemp(prefix="compiled_text_"))
+    work = bench_lib.scratch_dir("compiled_text_")
     bench_lib.log(f"work directory {work}")
     model = build(work, args.weights, args.variants)
     corpus = read_corpus(args.corpus)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ DECODERS = ("pil", "torchvision", "pil-draft")
 
 
 def load(mar: Path, decoder: str) -> tuple[Any, Any]:
-    scratch = Path(tempfile.mkdtemp(prefix=f"decoder_{decoder}_"))
+    scratch = bench_lib.scratch_dir(f"decoder_{decoder}_")
     model_dir = tune.model_dir_of(mar, scratch)
     context = tune.make_context(model_dir, 1, None, {"handler": {"decoder": decoder}})
     return tune.load_handler(model_dir, context)

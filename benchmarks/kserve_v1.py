@@ -22,7 +22,6 @@ import base64
 import json
 import statistics
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -141,7 +140,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     config = {**bench_lib.load_config(args.config), "decoder": "pil"}  # like for like
-    work = Path(tempfile.mkdtemp(prefix="kserve_v1_"))
+    work = bench_lib.scratch_dir("kserve_v1_")
     image = prepare.make_jpeg(seed=0)
     body = work / "v1.json"
     body.write_text(json.dumps({"instances": [{"data": base64.b64encode(image).decode()}]}))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ def body(output: Any) -> str:
 
 
 def run(mar: Path, image: bytes, batch: int, sizes: list[int]) -> dict[str, Any]:
-    scratch = Path(tempfile.mkdtemp(prefix="response_lengths_"))
+    scratch = bench_lib.scratch_dir("response_lengths_")
     model_dir = tune.model_dir_of(mar, scratch)
     context = tune.make_context(model_dir, batch)
     _, mb = tune.load_handler(model_dir, context)

@@ -22,7 +22,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +96,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     handlers = ["upstream", *(h for h in args.handlers if h != "upstream")]
-    work = Path(tempfile.mkdtemp(prefix="same_stages_"))
+    work = bench_lib.scratch_dir("same_stages_")
     body = corpus.write(work / "bodies")[args.body]
     runs = []
     for round_ in range(1, args.rounds + 1):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -66,7 +65,7 @@ def main() -> int:
     parser.add_argument("--client-timeout-s", type=float, default=30.0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="scale_loss_"))
+    work = bench_lib.scratch_dir("scale_loss_")
     build_mar.build_mar(work / "store", model_name="resnet-18_mb", work_dir=work / "build")
     bodies = [prepare.make_jpeg(200 + i, size=(320, 240)) for i in range(24)]
     rounds = []

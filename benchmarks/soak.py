@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -78,7 +77,7 @@ def main() -> int:
         return report(args, saved["chunks"], [tuple(s) for s in saved["rss_samples"]], pid)
     config = bench_lib.load_config(args.config)
     point = {**bench_lib.sweep_points(config)[0], "concurrency": args.concurrency}
-    work = Path(tempfile.mkdtemp(prefix="soak_"))
+    work = bench_lib.scratch_dir("soak_")
     body = work / "input.jpg"
     body.write_bytes(prepare.make_jpeg(seed=0))
     name = package(
