@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 from tests.helpers import ROOT, load_module
+from ts_microbatch.tools.scrape import summarize
 from ts_microbatch.tools.server import TorchServe
 
 build = load_module("examples/image_classifier/build_mar.py", "ts_microbatch_example_build_mar")
@@ -17,6 +20,8 @@ AUTO_CONFIG = {
     "min_micro_batch_size": 2,
     "max_micro_batch_size": 6,
     "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 1},
+    # A line per micro-batch: its test reads each micro-batch's size from the histogram.
+    "metrics_interval_s": 0,
 }
 
 
@@ -28,3 +33,17 @@ def local_server(model_store: Path, workdir: Path) -> TorchServe:
         workdir=workdir,
         base_config=Path(ROOT) / "configs/config.properties",
     )
+
+
+def scraped(
+    server: TorchServe, model: str, before: str = "", timeout_s: float = 30
+) -> dict[str, Any]:
+    """The summary of ``model``'s pipeline metrics since ``before``, once the worker's lines
+    for the traffic sent have reached ``/metrics``: they are written by interval
+    (``metrics_interval_s``), so a scrape made at once may not hold them yet."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        summary = summarize(server.scrape_metrics(), before, model_name=model)
+        if summary["micro_batches"] or time.monotonic() > deadline:
+            return summary
+        time.sleep(0.2)  # a bounded poll for lines written within the interval

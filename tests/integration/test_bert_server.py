@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.servers import local_server
+from tests.integration.servers import local_server, scraped
 from tests.integration.test_torchserve import parallel
 from tests.torchserve.bert import SMALL_BERT, build, close, example_config, texts
-from ts_microbatch.tools.scrape import summarize
 from ts_microbatch.tools.server import TorchServe, java_problem
 
 NAME = "bert_mb"
@@ -43,7 +42,7 @@ def test_parallel_texts_of_mixed_lengths_get_what_they_get_alone(server: TorchSe
     assert [r.status for r in reference] == [200] * len(bodies)
     before = server.scrape_metrics()
     answers = parallel(server, bodies, name=NAME)
-    summary = summarize(server.scrape_metrics(), before, model_name=NAME)
+    summary = scraped(server, NAME, before)
     assert summary["mean_micro_batch_size"] > 1  # texts did share micro-batches
     assert [a.status for a in answers] == [200] * len(bodies)
     for i, (got, want) in enumerate(zip(answers, reference)):

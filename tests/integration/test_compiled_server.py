@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from tests.compiled_model import build
-from tests.integration.servers import local_server
+from tests.integration.servers import local_server, scraped
 from tests.integration.test_torchserve import parallel
-from ts_microbatch.tools.scrape import summarize
 from ts_microbatch.tools.server import TorchServe
 
 SERVED = {
@@ -64,7 +63,7 @@ def test_compiled_model_warms_up_at_registration_and_never_recompiles_under_vary
         got = torch.tensor([json.loads(r.body) for r in responses])
         with torch.inference_mode():
             assert torch.allclose(got, eager(rows), atol=1e-5, rtol=0)
-    summary = summarize(server.scrape_metrics(), model_name="tiny-compiled")
+    summary = scraped(server, "tiny-compiled")
     assert summary["requests"] >= 73, summary
     assert summary["padded_per_micro_batch"] > 0, summary  # padding happened
     assert summary["recompiles"] == 0, summary

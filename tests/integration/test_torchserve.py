@@ -10,9 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.integration.servers import AUTO_MODEL, BAD_MODEL, MODEL
+from tests.integration.servers import AUTO_MODEL, BAD_MODEL, MODEL, scraped
 from tests.torchserve.images import bomb_png, make_jpeg
-from ts_microbatch.tools.scrape import summarize
 from ts_microbatch.tools.server import Response, TorchServe
 
 BATCH_SIZE = 8
@@ -211,8 +210,8 @@ def test_prometheus_endpoint_shows_pipeline_metrics_after_traffic(
 ) -> None:
     images = [make_jpeg(400 + i, size=(320, 240)) for i in range(16)] + [b"not an image"]
     assert sorted(r.status for r in parallel(server, images)) == [200] * 16 + [400]
+    summary = scraped(server, model)
     text = server.scrape_metrics()
-    summary = summarize(text, model_name=model)
     for stage in ("preprocess", "inference", "postprocess"):
         assert 0 < summary["stage_ms"][stage] < 60_000, summary
         assert summary["stage_wait_ms"][stage] >= 0, summary
@@ -235,8 +234,8 @@ def test_auto_micro_batch_size_answers_every_request_within_its_bounds(
             assert [r.status for r in responses] == [200] * 31 + [400]
             for got, want in zip(responses, reference):
                 assert list(got.json().values()) == pytest.approx(list(want.values()), abs=1e-5)
+        summary = scraped(server, AUTO_MODEL)
         text = server.scrape_metrics()
-        summary = summarize(text, model_name=AUTO_MODEL)
         assert summary["micro_batches"] > summary["batches"] >= 3, summary
         # Every micro-batch within max_micro_batch_size (6): all in the histogram's
         # "<= 7.5" bucket. (Below min is allowed: a batch's remainder.)

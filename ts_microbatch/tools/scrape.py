@@ -131,7 +131,10 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
         / 1000,
         "batches": batches,
         "micro_batches": micro_batches,
-        "mean_batch_size": _ratio(sized, batches),
+        # Each a mean of observations; with metrics_interval_s > 0 an observation is an
+        # interval's mean, and the counts (batches, micro_batches) count intervals.
+        "mean_batch_size": _ratio(sized, micro_batches)
+        * _ratio(delta(f"{MICRO_BATCHES_PER_BATCH}_sum", **model), batches),
         "mean_micro_batch_size": _ratio(sized, micro_batches),
         "micro_batches_per_batch": _ratio(
             delta(f"{MICRO_BATCHES_PER_BATCH}_sum", **model), batches
