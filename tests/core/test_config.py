@@ -74,7 +74,7 @@ def test_reference_format_is_read() -> None:
         ),
         (
             {"metrics_interval_s": -1},
-            "micro_batching.metrics_interval_s: got -1, expected a number of seconds >= 0",
+            "micro_batching.metrics_interval_s: got -1, expected a number of seconds from 0",
         ),
         ({"metrics_interval_s": "1s"}, "micro_batching.metrics_interval_s: got '1s'"),
     ],

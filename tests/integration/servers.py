@@ -35,15 +35,28 @@ def local_server(model_store: Path, workdir: Path) -> TorchServe:
     )
 
 
-def scraped(
-    server: TorchServe, model: str, before: str = "", timeout_s: float = 30
-) -> dict[str, Any]:
-    """The summary of ``model``'s pipeline metrics since ``before``, once the worker's lines
-    for the traffic sent have reached ``/metrics``: they are written by interval
-    (``metrics_interval_s``), so a scrape made at once may not hold them yet."""
+def settled_scrape(server: TorchServe, model: str, timeout_s: float = 30) -> str:
+    """``/metrics`` once ``model``'s pipeline lines stopped moving: equal in two scrapes
+    more than an interval apart (``metrics_interval_s``, 1 s by default: the worker writes
+    an interval's lines when it ends, so a scrape made at once may miss the last ones)."""
+
+    def pipeline_lines(text: str) -> list[str]:
+        label = f'ModelName="{model}"'
+        return [
+            line for line in text.splitlines() if line.startswith("MicroBatch") and label in line
+        ]
+
     deadline = time.monotonic() + timeout_s
+    text = server.scrape_metrics()
     while True:
-        summary = summarize(server.scrape_metrics(), before, model_name=model)
-        if summary["micro_batches"] or time.monotonic() > deadline:
-            return summary
-        time.sleep(0.2)  # a bounded poll for lines written within the interval
+        time.sleep(1.5)  # longer than an interval and the reporter's 20 ms
+        again = server.scrape_metrics()
+        if pipeline_lines(again) == pipeline_lines(text) or time.monotonic() > deadline:
+            return again
+        text = again
+
+
+def scraped(server: TorchServe, model: str, before: str = "") -> dict[str, Any]:
+    """The summary of ``model``'s pipeline metrics since ``before`` (a settled scrape), once
+    the worker's lines for the traffic sent have all reached ``/metrics``."""
+    return summarize(settled_scrape(server, model), before, model_name=model)

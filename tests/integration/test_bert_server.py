@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.servers import local_server, scraped
+from tests.integration.servers import local_server, scraped, settled_scrape
 from tests.integration.test_torchserve import parallel
 from tests.torchserve.bert import SMALL_BERT, build, close, example_config, texts
 from ts_microbatch.tools.server import TorchServe, java_problem
@@ -40,7 +40,7 @@ def test_parallel_texts_of_mixed_lengths_get_what_they_get_alone(server: TorchSe
     bodies = [texts.make_text(700 + i, n).encode() for i, n in enumerate(lengths)]
     reference = [server.predict(NAME, body, content_type="text/plain") for body in bodies]
     assert [r.status for r in reference] == [200] * len(bodies)
-    before = server.scrape_metrics()
+    before = settled_scrape(server, NAME)  # the reference requests' lines included
     answers = parallel(server, bodies, name=NAME)
     summary = scraped(server, NAME, before)
     assert summary["mean_micro_batch_size"] > 1  # texts did share micro-batches

@@ -69,6 +69,31 @@ def test_summary_of_the_traffic_between_two_scrapes() -> None:
     assert "preprocess 20.0 ms" in line and "2x400" in line
 
 
+def test_summary_by_interval_takes_its_counts_from_the_counters() -> None:
+    # Two one-second intervals: a batch of 32 in 8 micro-batches of 4, then ten batches of
+    # one request. The histograms hold each interval's mean (4.0 and 1.0 for sizes, 8.0 and
+    # 1.0 for micro-batches per batch); the counters hold the exact counts.
+    labels = 'ModelName="m",Level="Model",Hostname="vm",'
+    frontend = 'model_name="m",model_version="default",hostname="vm",'
+    text = scrape(0)  # every other sample at zero
+    text += "\n".join(
+        [
+            f"ts_inference_requests_total{{{frontend}}} 42",
+            f"MicroBatchesPerBatch_count{{{labels}}} 2",
+            f"MicroBatchesPerBatch_sum{{{labels}}} 9.0",
+            f"MicroBatchSize_count{{{labels}}} 2",
+            f"MicroBatchSize_sum{{{labels}}} 5.0",
+            f"MicroBatchBatches{{{labels}}} 11",
+            f"MicroBatchesCut{{{labels}}} 18",
+        ]
+    )
+    summary = summarize(text, "", "m")
+    assert summary["batches"] == 11
+    assert summary["mean_batch_size"] == pytest.approx(42 / 11)  # not (5/2) * (9/2)
+    assert summary["mean_micro_batch_size"] == pytest.approx(42 / 18)
+    assert summary["micro_batches_per_batch"] == pytest.approx(18 / 11)
+
+
 def test_summary_filters_by_model_and_survives_a_restart() -> None:
     both = scrape(2, "a") + scrape(5, "b")
     assert summarize(both, "", "a")["micro_batches"] == 32

@@ -135,6 +135,7 @@ def test_a_random_mix_is_served_without_a_compile(
     before = compile_count()
     with caplog.at_level(logging.INFO):
         answers = [predict(service, texts) for texts in MIX]
+        assert handler.micro_batching.flush_metrics()  # the reporter writes on its thread
     assert compile_count() == before and bucketed.compiled.recompiles == 0
     assert not [r for r in caplog.records if r.name == COMPILED_LOG]
     lines = metric_lines(caplog)

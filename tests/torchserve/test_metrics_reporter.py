@@ -23,10 +23,10 @@ from ts_microbatch.torchserve.metrics import (
     TorchServeMetricsObserver,
 )
 
-# A batch of 3 in micro-batches of 2 ([1 2] [3]): MicroBatchesPerBatch once, then per
-# micro-batch and stage MicroBatchStageSeconds and MicroBatchQueueSeconds, plus
-# MicroBatchSize per micro-batch in preprocess.
-LINES_OF_ONE_BATCH = 1 + 2 * 3 * 2 + 2
+# A batch of 3 in micro-batches of 2 ([1 2] [3]): MicroBatchesPerBatch, MicroBatchBatches
+# and MicroBatchesCut once, then per micro-batch and stage MicroBatchStageSeconds and
+# MicroBatchQueueSeconds, plus MicroBatchSize per micro-batch in preprocess.
+LINES_OF_ONE_BATCH = 3 + 2 * 3 * 2 + 2
 
 
 class Context:
@@ -133,7 +133,7 @@ def test_a_full_hand_off_drops_reports_counts_them_and_warns_once(
             for count in range(2, 6):
                 observer.on_recompile(count)  # 2 and 3 wait; 4 and 5 find it full
         assert observer.dropped_reports == 2
-        warnings = [r for r in caplog.records if r.name == "ts_microbatch.torchserve.metrics"]
+        warnings = [r for r in caplog.records if r.name == "ts_microbatch.torchserve._reporter"]
         assert len(warnings) == 1 and "dropped" in warnings[0].getMessage()
         metrics.gate.set()
         assert observer.flush()
@@ -150,11 +150,16 @@ def test_close_is_idempotent_and_a_later_report_starts_the_reporter_again() -> N
     assert observer.flush() and observer.close()  # never started: nothing to wait for
     observer.on_batch(4, 1)
     assert observer.close() and observer.close()
-    assert [name for name, *_ in metrics.lines] == [MICRO_BATCHES_PER_BATCH]
+    assert [name for name, *_ in metrics.lines] == [
+        MICRO_BATCHES_PER_BATCH,
+        "MicroBatchBatches",
+        "MicroBatchesCut",
+    ]
     assert REPORTER_THREAD not in reporters_since(before)
     observer.on_batch(8, 2)
     assert observer.flush()
-    assert [value for _, value, _, _ in metrics.lines] == [1, 2]
+    per_batch = [v for name, v, _, _ in metrics.lines if name == MICRO_BATCHES_PER_BATCH]
+    assert per_batch == [1, 2]
     assert observer.close()
 
 
@@ -222,8 +227,10 @@ def test_an_interval_is_one_line_per_metric_the_mean_of_a_histogram_the_sum_of_a
     for stage in ("preprocess", "inference", "postprocess"):
         assert len(lines[f"MicroBatchStageSeconds|Stage:{stage},{model}"]) == 1
         assert len(lines[f"MicroBatchQueueSeconds|Stage:{stage},{model}"]) == 1
-    assert lines[f"MicroBatchRequestErrors|StatusCode:400,{model}"] == [2.0]  # a sum
-    assert sum(len(v) for v in lines.values()) == 9
+    assert lines[f"MicroBatchRequestErrors|StatusCode:400,{model}"] == [2.0]  # sums
+    assert lines[f"MicroBatchBatches|{model}"] == [2.0]
+    assert lines[f"MicroBatchesCut|{model}"] == [4.0]
+    assert sum(len(v) for v in lines.values()) == 11
 
 
 def test_an_interval_is_written_when_it_ends_without_a_flush(
@@ -243,3 +250,25 @@ def test_an_interval_is_written_when_it_ends_without_a_flush(
             time.sleep(0.01)  # no report, flush or shutdown: the reporter's own deadline
         lines = written_by(caplog.records, "[METRICS]MicroBatchesPerBatch")
         assert len(lines) == 1 and lines[0][1] == REPORTER_THREAD
+
+
+def test_a_flush_writes_a_held_interval_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    metrics.initialize_cache()
+    metrics.request_ids = {0: "req-0"}
+    observer = TorchServeMetricsObserver(metrics, interval_s=3600)  # would hold it an hour
+    try:
+        with caplog.at_level(logging.INFO):
+            observer.on_batch(4, 2)
+            assert observer.flush(timeout_s=30)
+            lines = interval_lines(caplog)
+        assert lines["MicroBatchesPerBatch|ModelName:None,Level:Model"] == [2.0]
+        assert lines["MicroBatchesCut|ModelName:None,Level:Model"] == [2.0]
+    finally:
+        observer.close()
+
+
+@pytest.mark.parametrize("interval_s", [-1.0, float("nan"), 1e12])
+def test_an_interval_out_of_range_is_refused(interval_s: float) -> None:
+    with pytest.raises(ValueError, match="interval_s"):
+        TorchServeMetricsObserver(HeldMetrics(), interval_s=interval_s)

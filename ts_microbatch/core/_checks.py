@@ -43,11 +43,20 @@ def _positive_seconds(value: Any, key: str, *, allow_none: bool) -> float | None
     return float(value)
 
 
+MAX_METRICS_INTERVAL_S = 3600.0
+
+
 def _seconds_or_zero(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(f"{key}: got {value!r}, expected a number of seconds >= 0")
-    if not math.isfinite(value):
-        raise ConfigError(f"{key}: got {value!r}, expected a number of seconds >= 0")
+    """0, or seconds up to an hour (a metrics interval: lines held longer are lost at a kill)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value <= MAX_METRICS_INTERVAL_S
+    ):
+        raise ConfigError(
+            f"{key}: got {value!r}, expected a number of seconds from 0 to "
+            f"{MAX_METRICS_INTERVAL_S:g}"
+        )
     return float(value)
 
 

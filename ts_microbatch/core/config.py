@@ -52,7 +52,7 @@ Schema (every key optional)::
     metrics_interval_s: 1            # the pipeline's metric lines: one line per metric and
                                      # interval (a mean, or for counters a sum), so a busy
                                      # worker writes a few lines a second; 0: one line per
-                                     # micro-batch and stage (torchserve.metrics)
+                                     # micro-batch and stage; at most 3600 (torchserve.metrics)
     kserve: auto                     # which bodies are KServe requests (torchserve.kserve):
                                      # "auto" only a body of the strict single-input OIP v2
                                      # shape ({"inputs": [{"name", "shape", "datatype",

@@ -27,7 +27,9 @@ from typing import Any, NamedTuple
 
 from ..core.config import STAGES
 from ..torchserve.metrics import (
+    BATCHES,
     MICRO_BATCH_SIZE,
+    MICRO_BATCHES_CUT,
     MICRO_BATCHES_PER_BATCH,
     PADDED_ITEMS,
     PADDED_TOKENS,
@@ -82,9 +84,13 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
 
     Returns a dict with ``requests`` (TorchServe's ``ts_inference_requests_total``),
     ``frontend_queue_ms`` and ``frontend_latency_ms`` (means per request, as TorchServe
-    measures them), ``batches``, ``micro_batches``,
-    ``mean_batch_size``, ``mean_micro_batch_size``, ``micro_batches_per_batch``,
-    ``stage_ms`` and ``stage_wait_ms`` (per stage, mean per micro-batch), ``errors``
+    measures them), ``batches`` (frontend batches: the ``MicroBatchBatches`` counter when the
+    metrics config declares it, else the histogram's count), ``micro_batches`` (lines of
+    ``MicroBatchSize``: one per micro-batch, or per interval with ``metrics_interval_s``),
+    ``mean_batch_size`` and ``mean_micro_batch_size`` (requests per batch and per
+    micro-batch cut, from the counters; else from the histograms), ``micro_batches_per_batch``,
+    ``stage_ms`` and ``stage_wait_ms`` (per stage, mean per micro-batch; by interval, the mean
+    of the intervals' means), ``errors``
     (requests answered with an error, by status code), ``padded_per_micro_batch`` and
     ``padded_share`` (items added to reach an allowed size, per padded-stage micro-batch and
     as a share of the items that stage ran; NaN without allowed sizes) and ``recompiles``
@@ -108,6 +114,16 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
     batches = delta(f"{MICRO_BATCHES_PER_BATCH}_count", **model)
     micro_batches = delta(f"{MICRO_BATCH_SIZE}_count", **model)
     sized = delta(f"{MICRO_BATCH_SIZE}_sum", **model)
+    cuts = delta(f"{MICRO_BATCHES_PER_BATCH}_sum", **model)
+    mean_size = _ratio(sized, micro_batches)
+    # The exact counters (metric lines by interval make each histogram observation an
+    # interval's mean); without them (a metrics config that does not declare them) the
+    # histograms, exact with a line per micro-batch.
+    counted = delta(BATCHES, **model) + delta(f"{BATCHES}_total", **model)
+    if counted:
+        batches = counted
+        cuts = delta(MICRO_BATCHES_CUT, **model) + delta(f"{MICRO_BATCHES_CUT}_total", **model)
+        sized, mean_size = requests, _ratio(requests, cuts)
     # A Prometheus client may append _total to a counter's name.
     error_samples = [s for s in a if s.name in (REQUEST_ERRORS, f"{REQUEST_ERRORS}_total")]
     errors = {
@@ -131,14 +147,9 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
         / 1000,
         "batches": batches,
         "micro_batches": micro_batches,
-        # Each a mean of observations; with metrics_interval_s > 0 an observation is an
-        # interval's mean, and the counts (batches, micro_batches) count intervals.
-        "mean_batch_size": _ratio(sized, micro_batches)
-        * _ratio(delta(f"{MICRO_BATCHES_PER_BATCH}_sum", **model), batches),
-        "mean_micro_batch_size": _ratio(sized, micro_batches),
-        "micro_batches_per_batch": _ratio(
-            delta(f"{MICRO_BATCHES_PER_BATCH}_sum", **model), batches
-        ),
+        "mean_batch_size": _ratio(sized, batches),
+        "mean_micro_batch_size": mean_size,
+        "micro_batches_per_batch": _ratio(cuts, batches),
         "stage_ms": {stage: mean_ms(STAGE_TIME, stage) for stage in STAGES},
         "stage_wait_ms": {stage: mean_ms(QUEUE_TIME, stage) for stage in STAGES},
         "errors": {code: n for code, n in errors.items() if n},

@@ -537,6 +537,14 @@ class MicroBatching:
     def stats(self) -> PipelineStats:
         return self._pipeline.stats()
 
+    def flush_metrics(self, timeout_s: float = 10.0) -> bool:
+        """Writes the metric lines of what was reported so far, an interval's included;
+        False if they were not written within ``timeout_s``. True without TorchServe metrics."""
+        observer = self._observer.observer
+        if isinstance(observer, TorchServeMetricsObserver):
+            return observer.flush(timeout_s)
+        return True
+
     # -- shutting down ---------------------------------------------------------------
 
     def shutdown(self, wait: bool = True, *, cancel_pending: bool = False) -> None:
