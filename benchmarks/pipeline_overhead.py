@@ -116,18 +116,10 @@ def context_switches() -> int:
 
 
 def child(directory: Path, batches: int) -> None:
-    import ts
-    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-    from ts.model_loader import TsModelLoader
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_lib
 
-    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
-    metrics.initialize_cache()
-    sys.path.insert(0, str(directory))
-    os.chdir(directory)
-    service = TsModelLoader().load(
-        "trivial", str(directory), "handler.py", None, 32, None, metrics_cache=metrics
-    )
-    service.set_cl_socket(None)
+    service = bench_lib.load_worker_service(directory, "trivial", "handler.py", 32)
     out = os.fdopen(os.dup(1), "w")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the metric lines go where a worker's go
     warmup = 50

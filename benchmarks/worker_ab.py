@@ -58,44 +58,18 @@ def package(work: Path, variant: str) -> Path:
 def child(directory: Path) -> None:
     """Runs in its own process: loads the model as the backend worker does, then for each
     line ``N`` on stdin times N batches and answers with one JSON line of their times."""
+    import bench_lib
     import corpus
-    import ts
-    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-    from ts.model_loader import TsModelLoader
 
-    manifest = json.loads((directory / "MAR-INF" / "MANIFEST.json").read_text())
-    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
-    metrics.initialize_cache()
-    sys.path.insert(0, str(directory))
-    os.chdir(directory)
-    service = TsModelLoader().load(
-        manifest["model"]["modelName"],
-        str(directory),
-        manifest["model"]["handler"],
-        None,
-        32,
-        None,
-        metrics_cache=metrics,
+    manifest = json.loads((directory / "MAR-INF" / "MANIFEST.json").read_text())["model"]
+    service = bench_lib.load_worker_service(
+        directory, manifest["modelName"], manifest["handler"], 32
     )
-    service.set_cl_socket(None)
     body = corpus.bodies()["720px"].data
     out = os.fdopen(os.dup(1), "w")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the worker's own prints stay off the pipe
-    import gc
-
-    gc_ms = [0.0, 0.0, 0.0]
-    gc_started = [0.0]
-
-    def on_gc(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            gc_started[0] = time.perf_counter()
-        else:
-            gc_ms[info["generation"]] += (time.perf_counter() - gc_started[0]) * 1000
-
-    gc.callbacks.append(on_gc)
     n = 0
     for line in sys.stdin:
-        gc_before = list(gc_ms)
         times, cpu = [], []
         for _ in range(int(line)):
             n += 1
@@ -110,8 +84,7 @@ def child(directory: Path) -> None:
             service.predict(batch)
             times.append((time.perf_counter() - wall0) * 1000)
             cpu.append((time.process_time() - cpu0) * 1000)
-        gc_spent = [(a - b) / len(times) for a, b in zip(gc_ms, gc_before)]
-        out.write(json.dumps({"ms": times, "cpu_ms": cpu, "gc_ms": gc_spent}) + "\n")
+        out.write(json.dumps({"ms": times, "cpu_ms": cpu}) + "\n")
         out.flush()
     os._exit(0)  # the pipeline's threads are daemons; TorchServe's worker exits the same way
 
@@ -123,7 +96,6 @@ def summarize(raw: dict[str, list[float]]) -> dict[str, float]:
         "batch_ms_p99": ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))],
         "batch_ms_mean": statistics.fmean(ms),
         "cpu_ms_per_batch": statistics.fmean(raw["cpu_ms"]),
-        **{f"gc{g}_ms_per_batch": ms for g, ms in enumerate(raw["gc_ms"])},
     }
 
 
@@ -159,7 +131,6 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=15, help="batches per segment")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--profile", choices=VARIANTS, help="py-spy record this variant once")
-    parser.add_argument("--omp", type=int, help="OMP_NUM_THREADS for the workers (default: unset)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -167,8 +138,6 @@ def main() -> int:
         child(args.child)
         return 0
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)])}
-    if args.omp:
-        env["OMP_NUM_THREADS"] = str(args.omp)
     variants = [args.profile] if args.profile else args.variants
     with tempfile.TemporaryDirectory(prefix="worker_ab_") as tmp:
         work = Path(tmp)
@@ -189,8 +158,6 @@ def main() -> int:
                     f"round {r + 1}: "
                     + ", ".join(
                         f"{v} {x['batch_ms_mean']:.0f} ms {x['cpu_ms_per_batch']:.0f} cpu"
-                        f" gc {x['gc0_ms_per_batch']:.1f}/{x['gc1_ms_per_batch']:.1f}"
-                        f"/{x['gc2_ms_per_batch']:.1f}"
                         for v, x in rounds[-1].items()
                     ),
                     flush=True,

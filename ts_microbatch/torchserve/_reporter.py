@@ -62,7 +62,8 @@ class _Reporter:
             self._start(block=False)
         try:
             self._queue.put_nowait(report)
-            if self._queue.qsize() > self._queue.maxsize // 2:
+            # Read without the queue's lock (a heuristic; a deque's len is atomic).
+            if len(self._queue.queue) > self._queue.maxsize // 2:
                 self._urgent.set()  # drain before the interval ends, not drop
         except queue.Full:
             with self._dropped_lock:
