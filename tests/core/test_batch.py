@@ -18,7 +18,7 @@ def test_items_are_cut_in_order_size_at_a_time_the_last_holding_the_rest() -> No
     assert [list(mb.items) for mb in mbs] == [list("abcd"), list("efgh"), list("ij")]
     assert [(mb.index, mb.offset, mb.attempt) for mb in mbs] == [(0, 0, 0), (1, 4, 0), (2, 8, 0)]
     assert all(mb.batch is batch for mb in mbs)
-    assert [mb.futures for mb in mbs] == [batch.futures[0:4], batch.futures[4:8], batch.futures[8:]]
+    assert [mb.indices for mb in mbs] == [range(0, 4), range(4, 8), range(8, 10)]
     assert [mb.payload for mb in mbs] == [list(mb.items) for mb in mbs]
 
 

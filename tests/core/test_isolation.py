@@ -9,7 +9,6 @@ the queued micro-batches in an order hypothesis chooses (the pipeline's threads 
 from __future__ import annotations
 
 import random
-from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -51,38 +50,33 @@ class Run:
                 self.apply(self.isolator.failed(mb, 0, Boom(f"bad items in {mb.items}")))
             else:
                 self.apply(self.isolator.passed(mb, 0))
-                self.finish(mb.batch.futures, mb.indices, None, None)
+                self.finish(mb.indices, None, None)
         return self
 
     def apply(self, outcome: Outcome) -> None:
         for fail in outcome.fail:
             failure = RequestFailure("stage", fail.stage, fail.isolated)
-            self.finish(fail.mb.batch.futures, fail.mb.indices, fail.error, failure)
+            self.finish(fail.mb.indices, fail.error, failure)
         if outcome.fail_batch is not None:
             failure = RequestFailure("stage", 0, False)
-            self.finish(self.batch.futures, range(len(self.batch)), Boom("systemic"), failure)
+            self.finish(range(len(self.batch)), Boom("systemic"), failure)
         self.queue.extend(outcome.rerun)
 
     def finish(
-        self,
-        futures: list[Future[Any]],
-        indices: range,
-        error: BaseException | None,
-        failure: RequestFailure | None,
+        self, indices: range, error: BaseException | None, failure: RequestFailure | None
     ) -> None:
         for index in indices:
-            if futures[index].done():
-                continue
-            self.answers[index] = self.answers.get(index, 0) + 1
-            if error is None:
-                futures[index].set_result(index)
-            else:
-                assert failure is not None
-                self.batch.record_failure(index, failure)
-                futures[index].set_exception(error)
+            if self.batch.outcome(index) is None:
+                self.answers[index] = self.answers.get(index, 0) + 1
+        if error is None:
+            self.batch.answer(indices, outputs=list(indices))
+        else:
+            assert failure is not None
+            self.batch.answer(indices, error=error, failure=failure)
 
     def failed(self, item: int) -> bool:
-        return self.batch.futures[item].exception() is not None
+        outcome = self.batch.outcome(item)
+        return outcome is not None and outcome.error is not None
 
     def bad_requests(self) -> set[int]:
         return {self.owners[item] for item in self.bad_items}

@@ -8,9 +8,13 @@ stays bounded however many calls get stuck. When a stage has no thread left that
 neither abandoned nor stuck, it is stalled and new batches are refused at once.
 
 Not thread-safe on its own: every method is called with the lock of its owner
-(``ts_microbatch.core.stages.StageWorkers``) held, except ``is_abandoned``, which a stage
-thread asks between calls without it (a dict membership test; a thread is only ever
-abandoned while it is inside a call).
+(``ts_microbatch.core.stages.StageWorkers``) held, except those a stage thread calls about
+itself: ``begin`` and ``end`` around each call, ``is_abandoned`` between calls. Those take
+no lock, as a stage call is the pipeline's hot path (three per micro-batch) and a lock
+shared by every stage thread there made them queue behind each other: each is one dict
+operation on the thread's own key, atomic under the GIL, and ``check`` reads a copy of the
+calls (a thread is only ever abandoned while it is inside a call; a call seen just before
+it ended is one that was about to return anyway).
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ class StallGuard:
         self._calls[thread] = _Call(stage, mb, time.monotonic())
 
     def end(self, thread: threading.Thread) -> None:
-        del self._calls[thread]
+        self._calls.pop(thread, None)
 
     def is_abandoned(self, thread: threading.Thread) -> bool:
         return thread in self._abandoned
@@ -78,7 +82,7 @@ class StallGuard:
         now = time.monotonic()
         stuck = {
             thread: call
-            for thread, call in self._calls.items()
+            for thread, call in self._calls.copy().items()  # stage threads change it
             if call.mb.batch.timed_out and call.mb.answered()
         }
         if not stuck:

@@ -170,7 +170,7 @@ class AutoMicroBatchSize:
         request of it failed (retries would skew it)."""
 
         def report(batch: Any) -> None:
-            if all(not f.cancelled() and f.exception() is None for f in batch.futures):
+            if batch.succeeded():
                 self.observe_batch(size, len(batch), time.monotonic() - batch.created_at)
 
         return report

@@ -16,35 +16,25 @@ by item index.
 Items and positions: a batch may be cut in an order other than its items' (by length,
 ``ts_microbatch.core.lengths``), and items refused before any stage are in no micro-batch.
 ``order[p]`` is the item at position p of the cut; micro-batches are runs of positions.
-Futures stay in item order (the caller's), and failures are recorded by item.
+Answers stay in item order (the caller's), and failures are recorded by item.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError, wait
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ._results import Outcome, Results
 from .errors import RequestTimeoutError
 
 if TYPE_CHECKING:
     from .isolation import _Split
 
-
-def _set_future(
-    future: Future[Any], result: Any = None, error: BaseException | None = None
-) -> None:
-    # A future may already be done: a batch fails the ones that time out, and a caller may
-    # cancel. The late outcome is dropped rather than raising in a worker thread.
-    try:
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
-    except InvalidStateError:
-        pass
+logger = logging.getLogger(__name__)
 
 
 class RequestFailure(NamedTuple):
@@ -131,7 +121,7 @@ def set_current_micro_batch(info: MicroBatchInfo | None) -> None:
 
 
 class Batch:
-    """One submitted batch: its futures, its context and the failures of its items.
+    """One submitted batch: its answers, its context and the failures of its items.
 
     Args:
         size: number of items.
@@ -159,18 +149,18 @@ class Batch:
         lengths: Sequence[int] | None = None,
         pad_length: Callable[[int], int] | None = None,
     ) -> None:
-        self.futures: list[Future[Any]] = [Future() for _ in range(size)]
+        # One slot per item (``ts_microbatch.core._results``): a micro-batch's items are
+        # answered under one lock, and nobody waits on a lock per item.
+        self._results = Results(size, self._all_answered)
         self.context = context
         self.quiet = quiet
         self.owners = check_owners(owners, size) if owners is not None else None
         self.order = _check_order(order, size) if order is not None else None
-        self._slots = self.futures  # the future at each position
         # The request at each position (None: position p is request p), and for isolation
         # the requests numbered in cut order: non-decreasing, as ``fewest_requests`` needs.
         self._requests: tuple[int, ...] | None = self.owners
         self.groups: tuple[int, ...] | None = self.owners
         if self.order is not None:
-            self._slots = [self.futures[i] for i in self.order]
             self._requests = tuple(self.owner(i) for i in self.order)
             self.groups = _numbered(self._requests)
         # The length of the item at each position, and the length a micro-batch whose
@@ -179,36 +169,47 @@ class Batch:
         self.pad_length = pad_length or (lambda longest: longest)
         self.created_at = time.monotonic()
         self._on_timeout = on_timeout
-        self._lock = threading.Lock()
-        self._failures: dict[int, RequestFailure] = {}
+        self._lock = threading.Lock()  # guards _when_answered
+        self._failures: dict[int, RequestFailure] = {}  # written under the results' lock
         # True once any item of the batch got through the first stage: a request that then
         # fails there alone is evidently failing because of its own input.
         self.first_stage_passed = False
         self.timed_out = False  # set once its late items were failed with a timeout
-        self._remaining = size
-        self._when_answered: list[Callable[[Batch], None]] = []
-        for future in self.futures:
-            future.add_done_callback(self._one_answered)
+        self._when_answered: list[Callable[[Batch], None]] | None = []
 
     def when_answered(self, callback: Callable[[Batch], None]) -> None:
         """Calls ``callback(self)`` once every request is answered (at once if they are)."""
         with self._lock:
-            if self._remaining:
+            if self._when_answered is not None:
                 self._when_answered.append(callback)
                 return
         callback(self)
 
-    def _one_answered(self, _: Future[Any]) -> None:
+    def _all_answered(self) -> None:
         with self._lock:
-            self._remaining -= 1
-            if self._remaining:
-                return
-            callbacks, self._when_answered = self._when_answered, []
+            callbacks, self._when_answered = self._when_answered or [], None
         for callback in callbacks:
-            callback(self)
+            try:
+                callback(self)
+            except Exception:  # the stage thread that answered last goes on serving
+                logger.exception("a callback on a batch's last answer raised; ignored")
 
     def __len__(self) -> int:
-        return len(self.futures)
+        return len(self._results)
+
+    @property
+    def futures(self) -> list[Future[Any]]:
+        """One future per item, in item order (made on first use; cancelling one answers its
+        item with CancelledError, which makes its micro-batches stale)."""
+        return self._results.futures()
+
+    def outcome(self, item: int) -> Outcome | None:
+        """Item ``item``'s answer (its output or its error); None while it has none."""
+        return self._results.outcome(item)
+
+    def succeeded(self) -> bool:
+        """Every item answered with an output, none failed, timed out or cancelled."""
+        return self._results.succeeded()
 
     def owner(self, item: int) -> int:
         """The request index of item ``item``."""
@@ -217,15 +218,45 @@ class Batch:
     @property
     def positions(self) -> int:
         """How many items the cut holds (every item, less those refused before any stage)."""
-        return len(self._slots)
+        return len(self._results) if self.order is None else len(self.order)
 
     def item(self, position: int) -> int:
         """The item at ``position`` of the cut."""
         return position if self.order is None else self.order[position]
 
-    def slot(self, position: int) -> Future[Any]:
-        """The future of the item at ``position`` of the cut."""
-        return self._slots[position]
+    def items_at(self, positions: range) -> Sequence[int]:
+        """The items at ``positions`` of the cut."""
+        return positions if self.order is None else self.order[positions.start : positions.stop]
+
+    def answered_at(self, positions: range) -> bool:
+        """Whether the items at ``positions`` are all answered (stale work); no lock."""
+        return all(self._results.is_answered(item) for item in self.items_at(positions))
+
+    def answer(
+        self,
+        positions: range,
+        outputs: Sequence[Any] | None = None,
+        error: BaseException | None = None,
+        failure: RequestFailure | None = None,
+    ) -> None:
+        """Answers the items at ``positions`` with ``outputs`` (one per position) or
+        ``error``, recording ``failure`` for each item it fails; items answered already
+        keep their answer."""
+        self.answer_items(self.items_at(positions), outputs, error, failure)
+
+    def answer_items(
+        self,
+        items: Sequence[int],
+        outputs: Sequence[Any] | None = None,
+        error: BaseException | None = None,
+        failure: RequestFailure | None = None,
+    ) -> None:
+        """``answer`` by item indices."""
+        record = None
+        if failure is not None:
+            failures = self._failures
+            record = lambda item: failures.setdefault(item, failure)  # noqa: E731  (under the lock)
+        self._results.set_many(items, outputs, error, record=record)
 
     def requests_at(self, start: int, stop: int) -> tuple[int, ...]:
         """The request index of the items at positions ``start``..``stop - 1``."""
@@ -233,14 +264,9 @@ class Batch:
             return tuple(range(start, stop))
         return self._requests[start:stop]
 
-    def record_failure(self, item: int, failure: RequestFailure) -> None:
-        with self._lock:
-            self._failures.setdefault(item, failure)
-
     def failure(self, item: int) -> RequestFailure | None:
         """Where item ``item`` failed in a stage; None if it did not fail in one."""
-        with self._lock:
-            return self._failures.get(item)
+        return self._failures.get(item)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Waits until every request is answered; returns False if ``timeout_s`` ran out.
@@ -248,22 +274,25 @@ class Batch:
         Requests still unanswered at the timeout fail with RequestTimeoutError, and their
         micro-batches are dropped before their next stage.
         """
-        wait(self.futures, timeout=timeout_s)
+        self._results.wait(timeout_s)
         return self.expire(timeout_s)
 
     def expire(self, timeout_s: float | None) -> bool:
         """Fails the requests not answered yet with RequestTimeoutError (after the caller
         waited ``timeout_s``); returns True if there were none."""
-        late = [f for f in self.futures if not f.done()]
-        if not late:
+        if not self._results.remaining():
             return True
-        self.timed_out = True
         error = RequestTimeoutError(f"no answer within timeout_s={timeout_s}")
-        for future in late:
-            _set_future(future, error=error)
+        if not self._results.set_many(range(len(self._results)), error=error):
+            return True  # the last ones were answered in between
+        self.timed_out = True
         if self._on_timeout is not None:
             self._on_timeout()
         return False
+
+    def fail_unanswered(self, error: BaseException) -> None:
+        """Fails every item not answered yet with ``error``."""
+        self._results.set_many(range(len(self._results)), error=error)
 
 
 class _MicroBatch:
@@ -322,13 +351,9 @@ class _MicroBatch:
         owners = self.owners
         return owners[0] == owners[-1]
 
-    @property
-    def futures(self) -> list[Future[Any]]:
-        return [self.batch.slot(p) for p in self.indices]
-
     def answered(self) -> bool:
-        """True when every item is resolved already (timed out or cancelled): stale work."""
-        return all(f.done() for f in self.futures)
+        """True when every item is answered already (timed out or cancelled): stale work."""
+        return self.batch.answered_at(self.indices)
 
     def halves(self) -> tuple[_MicroBatch, _MicroBatch]:
         """Two halves that split no request: cut at the request boundary nearest the middle

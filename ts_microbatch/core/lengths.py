@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .batch import Batch, _MicroBatch, _set_future, cut
+from .batch import Batch, _MicroBatch, cut
 from .errors import ConfigError, InvalidInputError, PayloadTooLargeError, RequestError
 
 logger = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ def cut_batch(
         pad_length=rule.padded,
     )
     for item, error in plan.refused.items():
-        _set_future(batch.futures[item], error=error)  # before any stage: its request alone
+        batch.answer_items((item,), error=error)  # before any stage: its request alone
     return batch, cut(batch, [items[i] for i in plan.order], plan.sizes)
 
 

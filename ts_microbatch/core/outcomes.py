@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .batch import Batch, RequestFailure, _MicroBatch, _set_future
+from .batch import Batch, RequestFailure, _MicroBatch
 from .errors import PipelineClosedError, RequestError
 from .isolation import Fail, Isolator, Outcome
 
@@ -105,16 +105,12 @@ class Outcomes:
         error: BaseException | None = None,
         failure: RequestFailure | None = None,
     ) -> None:
-        """Resolves the futures of the items at ``positions`` of ``batch``'s cut with
-        ``outputs`` or ``error``: the one place a request gets its outcome from a stage.
-        Requests answered already (timed out, cancelled) keep their answer."""
-        for row, position in enumerate(positions):
-            future = batch.slot(position)
-            if future.done():
-                continue
-            if outputs is not None:
-                _set_future(future, result=outputs[row])
-            else:
-                if failure is not None:
-                    batch.record_failure(batch.item(position), failure)
-                _set_future(future, error=error or PipelineClosedError("micro-batch lost"))
+        """Answers the items at ``positions`` of ``batch``'s cut with ``outputs`` or
+        ``error``: the one place a request gets its outcome from a stage. Requests answered
+        already (timed out, cancelled) keep their answer."""
+        if outputs is not None:
+            batch.answer(positions, outputs)
+        else:
+            batch.answer(
+                positions, error=error or PipelineClosedError("micro-batch lost"), failure=failure
+            )

@@ -1,9 +1,10 @@
-"""The micro-batching pipeline: stages connected by bounded queues, one future per request.
+"""The micro-batching pipeline: stages connected by bounded queues, one answer slot per request.
 
 A batch is split into micro-batches; each micro-batch flows through the stages in order,
 every stage served by its own threads, so that stage k of one micro-batch overlaps stage
-k+1 of the previous one. Every request carries a ``concurrent.futures.Future`` that is
-resolved in ``_finish`` and nowhere else (or by its batch's timeout). Where a batch is cut:
+k+1 of the previous one. Every request has a slot in its batch's answers that is set in
+``Outcomes.finish`` and nowhere else (or by its batch's timeout); ``submit`` hands out a
+future per request for callers that want them. Where a batch is cut:
 ``ts_microbatch.core.batch.cut``; the stage threads' lives: ``ts_microbatch.core.stages``.
 
 Failures: a micro-batch that fails in a stage is re-run in halves to find the requests to
@@ -40,7 +41,6 @@ from .batch import (
     Batch,
     MicroBatchInfo,
     _MicroBatch,
-    _set_future,
     current_micro_batch,
     cut,
     set_current_micro_batch,
@@ -444,8 +444,7 @@ class Pipeline:
             stranded = list(self._batches)
         error = PipelineClosedError("the pipeline shut down before this request was answered")
         for batch in stranded:
-            for future in batch.futures:
-                _set_future(future, error=error)
+            batch.fail_unanswered(error)
         self._stopped.set()
 
     def __enter__(self) -> Pipeline:

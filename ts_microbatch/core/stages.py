@@ -129,14 +129,12 @@ class StageWorkers:
     # -- stuck calls ---------------------------------------------------------------------
 
     def begin_call(self, stage: str, mb: _MicroBatch) -> None:
-        """The calling thread starts a call of ``stage`` on ``mb``."""
-        with self._lock:
-            self._stall.begin(threading.current_thread(), stage, mb)
+        """The calling thread starts a call of ``stage`` on ``mb`` (no lock: see ``_stall``)."""
+        self._stall.begin(threading.current_thread(), stage, mb)
 
     def end_call(self) -> None:
         """The calling thread's call returned (or raised)."""
-        with self._lock:
-            self._stall.end(threading.current_thread())
+        self._stall.end(threading.current_thread())
 
     def check_stalled(self) -> None:
         """Replaces threads stuck in calls for batches that timed out, within the budget.

@@ -28,7 +28,7 @@ COALESCE_S = 0.02
 class _Report(NamedTuple):
     hook: str
     write: Callable[[], None]
-    request_id: str | None
+    request_id: str | None | Callable[[], str | None]  # a callable: read when a line needs it
 
 
 class _Reporter:

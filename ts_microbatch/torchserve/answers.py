@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.batch import Batch
-from ..core.errors import PipelineStalledError
+from ..core.errors import PipelineClosedError, PipelineStalledError
 from ..core.metrics import PipelineObserver
 from . import _wire, kserve
 from .context import BatchContext
@@ -85,11 +85,10 @@ def _outcome(submitted: SubmittedBatch, item: int) -> tuple[Any, BaseException |
         # Without a batch nothing was submitted (every request was a malformed protocol
         # body, which has no items), so only a refusal leads here.
         return None, submitted.refused or PipelineStalledError("the batch was not submitted")
-    future = submitted.batch.futures[item]
-    try:
-        return future.result(), None
-    except BaseException as exc:  # a request's own failure, to be answered
-        return None, exc
+    outcome = submitted.batch.outcome(item)
+    if outcome is None:  # only after Batch.wait or expire: never, unless a bug
+        return None, PipelineClosedError("the request was not answered")
+    return outcome
 
 
 def _status(submitted: SubmittedBatch, idx: int, item: int, exc: BaseException) -> Any:

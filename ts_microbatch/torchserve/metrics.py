@@ -28,10 +28,12 @@ mean from ``_sum / _count``.
 
 The lines are written on one thread of their own, ``ts-microbatch-metrics``, not on the
 stage threads: a line costs ~57 us of the GIL through TorchServe's metric objects, three of
-them per preprocess call were ~1.5 ms on the serial path of a batch of 32 (issue #17). A
-hook reads what only its own thread knows (the request id of the micro-batch it reports on)
-and hands the rest over; ``flush()`` waits for what is pending, ``MicroBatching.shutdown()``
-does so before it returns.
+them per preprocess call were ~1.5 ms on the serial path of a batch of 32 (issue #17). By
+interval (``metrics_interval_s`` > 0, the default), a hook adds its values to the interval's
+on its own thread under one short lock (``_hold``), and the reporter wakes once an interval
+to write them; with a line per report, a hook reads what only its own thread knows (the
+request id of the micro-batch it reports on) and hands the rest to the reporter.
+``flush()`` waits for what is pending, ``MicroBatching.shutdown()`` does so before it returns.
 
 With TorchServe's own metrics cache, the lines are the ones its ``CachingMetric`` writes
 (name, unit and dimension names of the cache's metric, type, host, time, request id), made
@@ -52,7 +54,7 @@ from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec
 
 from ..core._checks import MAX_METRICS_INTERVAL_S
-from ..core.batch import current_micro_batch
+from ..core.batch import MicroBatchInfo, current_micro_batch
 from ..core.metrics import GuardedObserver, PipelineObserver
 from ._reporter import COALESCE_S as COALESCE_S
 from ._reporter import MAX_PENDING_REPORTS, _Report, _Reporter
@@ -90,11 +92,29 @@ def _stage_request_id() -> str | None:
     """The id of the first request of the micro-batch whose stage call this thread is
     running, from its own batch's context; None outside stage calls or when unknown."""
     info = current_micro_batch()
-    if info is None or info.context is None or not info.size:
+    return None if info is None else _first_request_id(info)
+
+
+def _first_request_id(info: MicroBatchInfo) -> str | None:
+    """The id of ``info``'s first request, from its own batch's context (which keeps its
+    batch's ids: it may be read after the call, on another thread); None when unknown."""
+    if info.context is None or not info.size:
         return None
     get_request_id = getattr(info.context, "get_request_id", None)
-    request_id = get_request_id(info.item_requests[0]) if get_request_id else None
+    owner = info.offset if info.owners is None else info.owners[0]
+    request_id = get_request_id(owner) if get_request_id else None
     return request_id if isinstance(request_id, str) else None
+
+
+# A request id, or how to find it when it is needed (most reports of an interval need none).
+_RequestId = str | None | Callable[[], str | None]
+
+
+_WindowKey = tuple[str, str, tuple[tuple[str, str], ...], bool]  # name, unit, dims, histogram
+
+
+def _nothing() -> None:
+    """The write of a report that only wakes the reporter (an interval began)."""
 
 
 _P = ParamSpec("_P")
@@ -102,10 +122,21 @@ _Hook = Callable[Concatenate["TorchServeMetricsObserver", _P], None]
 
 
 def _deferred(hook: _Hook[_P]) -> _Hook[_P]:
-    """``hook`` run on the reporter thread, with the request id its caller's thread knows."""
+    """``hook`` run on the reporter thread with the request id its caller's thread knows;
+    by interval, run at once, adding to the interval's values (``_hold``)."""
     name = hook.__name__
 
     def defer(self: TorchServeMetricsObserver, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
+        if self._interval_s > 0:
+            # What the hook emits is added to the interval's values on this thread, under
+            # one short lock: no hand-over to the reporter, which wakes once an interval.
+            writing = self._writing
+            writing.report = _Report(name, _nothing, self._request_id_source())
+            try:
+                hook(self, *args, **kwargs)
+            finally:
+                writing.report = None
+            return
         write = functools.partial(hook, self, *args, **kwargs)
         self._reporter.put(_Report(name, write, self._request_id_now()))
 
@@ -157,7 +188,8 @@ class TorchServeMetricsObserver(PipelineObserver):
         # interval_s > 0: what the reports of an interval say, one line per metric and
         # dimensions (a histogram's mean, a counter's sum), kept by the reporter thread.
         self._interval_s = interval_s
-        self._window: dict[tuple[str, str, tuple[tuple[str, str], ...], bool], list[Any]] = {}
+        self._window: dict[_WindowKey, list[Any]] = {}
+        self._window_lock = threading.Lock()  # the window is filled by the reporting threads
         self._window_started = 0.0
         self._first_stage = first_stage
         self._dimension = Dimension
@@ -183,6 +215,13 @@ class TorchServeMetricsObserver(PipelineObserver):
         """Writes what is pending and stops the reporter thread; idempotent (a later report
         starts it again). False if it was still writing after ``timeout_s``."""
         return self._reporter.close(timeout_s)
+
+    def _request_id_source(self) -> _RequestId:
+        """``_request_id_now``, but on a stage thread read only when a line needs it."""
+        info = current_micro_batch()
+        if info is not None and info.context is not None:
+            return functools.partial(_first_request_id, info)
+        return self._request_id_now()
 
     def _request_id_now(self) -> str | None:
         """The request id a line of a report made now carries: the first request of the
@@ -210,18 +249,30 @@ class TorchServeMetricsObserver(PipelineObserver):
         writing: _Report | None = getattr(self._writing, "report", None)
         request_id = writing.request_id if writing is not None else self._request_id_now()
         if writing is None or self._interval_s <= 0:
+            if callable(request_id):
+                request_id = request_id()
             self._line(name, value, unit, dims, histogram, request_id)
             return
-        key = (name, unit, tuple(dims.items()), histogram)
-        kept = self._window.get(key)
-        if kept is None:
-            if not self._window:
+        self._hold((name, unit, tuple(dims.items()), histogram), value, request_id)
+
+    def _hold(self, key: _WindowKey, value: float, request_id: _RequestId) -> None:
+        """Adds ``value`` to the interval's values of ``key`` (the stage threads' and the
+        handler's, under the window's lock); the first value of an interval wakes the
+        reporter, which writes the interval's lines when it is over."""
+        with self._window_lock:
+            kept = self._window.get(key)
+            if kept is not None:
+                kept[0] += value
+                kept[1] += 1
+                if kept[2] is None:  # the interval's first id known
+                    kept[2] = request_id() if callable(request_id) else request_id
+                return
+            started = not self._window
+            if started:
                 self._window_started = time.monotonic()
-            self._window[key] = [value, 1, request_id]
-            return
-        kept[0] += value
-        kept[1] += 1
-        kept[2] = kept[2] or request_id  # the interval's first id known
+            self._window[key] = [value, 1, request_id() if callable(request_id) else request_id]
+        if started:
+            self._reporter.put(_Report("interval", _nothing, None))
 
     def _line(
         self,
@@ -294,8 +345,10 @@ class TorchServeMetricsObserver(PipelineObserver):
         stops): writes the interval's lines when it is over, and the lines made, in one
         record; returns the seconds until the interval is over (None: nothing held)."""
         due = None
-        if self._window:
-            left = self._interval_s - (time.monotonic() - self._window_started)
+        with self._window_lock:
+            held, started = bool(self._window), self._window_started
+        if held:
+            left = self._interval_s - (time.monotonic() - started)
             if force or left <= 0:
                 self._write_window()
             else:
@@ -306,7 +359,8 @@ class TorchServeMetricsObserver(PipelineObserver):
         return due
 
     def _write_window(self) -> None:
-        window, self._window = self._window, {}
+        with self._window_lock:
+            window, self._window = self._window, {}
         self._writing.collect = True
         try:
             for (name, unit, dims, histogram), (total, count, request_id) in window.items():

@@ -351,13 +351,14 @@ class MicroBatching:
         rows = [items[i % len(items)] for i in range(size)]
         batch = self._pipeline.submit_batch(rows, micro_batch_size=size, quiet=True)
         batch.wait()
-        errors = [e for e in (f.exception() for f in batch.futures) if e is not None]
+        outcomes = [batch.outcome(item) for item in range(len(batch))]
+        errors = [o.error for o in outcomes if o is not None and o.error is not None]
         if errors:
             raise WarmupError(
                 f"warm-up with a micro-batch of {size} failed: "
                 f"{type(errors[0]).__name__}: {exception_text(errors[0])}"
             ) from errors[0]
-        return [f.result() for f in batch.futures]
+        return [o.value if o is not None else None for o in outcomes]
 
     def _warm_up_size(self, items: Sequence[Any], size: int, iterations: int) -> None:
         started = time.monotonic()
@@ -399,7 +400,11 @@ class MicroBatching:
         batch = submitted.batch
         if batch is not None:
             timeout_s = self._timeout_s(submitted)
-            await asyncio.wait([asyncio.wrap_future(f) for f in batch.futures], timeout=timeout_s)
+            loop = asyncio.get_running_loop()
+            answered = loop.create_future()
+            # One wake-up for the whole batch, on the loop's thread.
+            batch.when_answered(lambda _: _call_soon(loop, answered))
+            await asyncio.wait([answered], timeout=timeout_s)
             batch.expire(timeout_s)
         return answer_batch(submitted, self._observer)
 
@@ -651,3 +656,14 @@ def _in_event_loop() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
+    """Resolves ``future`` on its loop's thread (one wake-up of the loop per batch)."""
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits it
+        loop.call_soon_threadsafe(_resolve_once, future)
+
+
+def _resolve_once(future: asyncio.Future[None]) -> None:
+    if not future.done():  # cancelled when handle_async's caller gave up
+        future.set_result(None)
