@@ -41,10 +41,13 @@ bench_packaging.HANDLER_FILES["ours-ic"] = str(HERE / "handlers/mixin_image_clas
 HANDLERS = ("upstream", "ours-ic", "ours-same", "no-metrics")
 
 
-def run(work: Path, handler: str, body: Path, requests: int, label: str) -> dict[str, Any]:
+def package(work: Path, handler: str) -> str:
+    """Packages ``handler`` on the accelerator stand-in into ``work/store``; its model name."""
     config = bench_lib.load_config(HERE / "configs/photos.json")
     point = bench_lib.sweep_points(config)[0]
     name = f"same-{handler}"
+    if (work / "store" / name).exists():
+        return name
     bench_packaging.package(
         work / "store", work / "build", name, "accelerator", handler, config, point, None
     )
@@ -53,38 +56,114 @@ def run(work: Path, handler: str, body: Path, requests: int, label: str) -> dict
         yaml = pyyaml.safe_dump(bench_packaging.model_yaml(config, point, "ours-same"))
         (work / "store" / name / "model-config.yaml").write_text(yaml)
         shutil.copy(HERE.parent / "handlers/micro_batching_handler.py", work / "store" / name)
+    return name
+
+
+def server(work: Path, label: str) -> Any:
     # The workers import this checkout's ts_microbatch, not whichever one is installed.
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    server_dir = work / f"server-{label.replace(' ', '-')}"
-    with bench_lib.project_server(work / "store", server_dir, env=env) as server:
-        resp = server.register(name, batch_size=32, max_batch_delay_ms=50)
-        if resp.status != 200:
-            raise RuntimeError(f"register {name}: {resp.status} {resp.body!r}")
-        url = f"{server.inference_url}/predictions/{name}"
-        ab = ["ab", "-k", "-c", "64", "-p", str(body), "-T", "image/jpeg"]
-        ab += ["-H", f"Authorization: Bearer {server.token('inference')}"]
-        subprocess.run([*ab, "-n", "300", url], capture_output=True, check=True)  # warm-up
-        before = bench_lib.cpu_seconds(server)
-        times = work / f"{label.replace(' ', '-')}.tsv"
-        ab += ["-g", str(times)]
-        out = subprocess.run([*ab, "-n", str(requests), url], capture_output=True, text=True)
-        after = bench_lib.cpu_seconds(server)
+    return bench_lib.project_server(work / "store", work / f"server-{label}", env=env)
+
+
+def serve(ts: Any, name: str, body: Path) -> list[str]:
+    """Registers ``name`` on ``ts`` and warms it up; the ab command line that loads it."""
+    resp = ts.register(name, batch_size=32, max_batch_delay_ms=50)
+    if resp.status != 200:
+        raise RuntimeError(f"register {name}: {resp.status} {resp.body!r}")
+    url = f"{ts.inference_url}/predictions/{name}"
+    ab = ["ab", "-k", "-c", "64", "-p", str(body), "-T", "image/jpeg"]
+    ab += ["-H", f"Authorization: Bearer {ts.token('inference')}"]
+    subprocess.run([*ab, "-n", "300", url], capture_output=True, check=True)  # warm-up
+    return [*ab, url]
+
+
+def load(ab: list[str], requests: int, times: Path, label: str) -> dict[str, float]:
+    """``requests`` sent by ``ab``, each one's time appended to ``times``; ab's summary."""
+    out = subprocess.run(
+        [*ab[:-1], "-g", str(times), "-n", str(requests), ab[-1]], capture_output=True, text=True
+    )
     summary = parse_ab(out.stdout)
     done = summary["complete_requests"]
     errors = summary["failed_requests"] + summary["non_2xx_responses"]
-    if errors:
+    if errors or not done:
         raise RuntimeError(f"{label}: {errors:.0f} of {done:.0f} requests failed")
-    ms = parse_gnuplot(times.read_text())
-    result = {
+    return summary
+
+
+def result(
+    handler: str, done: float, seconds: float, ms: list[float], cpu: dict[str, float]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "handler": handler,
-        "requests_per_s": summary["requests_per_s"],
+        "requests_per_s": done / seconds,
         "p50_ms": percentile(ms, 50),
         "p99_ms": percentile(ms, 99),
     }
-    for side in before:
-        result[f"{side}_cpu_ms_per_request"] = 1000 * (after[side] - before[side]) / done
-    print(label, {k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()})
-    return result
+    for side, used in cpu.items():
+        out[f"{side}_cpu_ms_per_request"] = 1000 * used / done
+    return out
+
+
+def run(work: Path, handler: str, body: Path, requests: int, label: str) -> dict[str, Any]:
+    """One handler alone on its own TorchServe: ``requests`` in one go."""
+    name = package(work, handler)
+    with server(work, label.replace(" ", "-")) as ts:
+        ab = serve(ts, name, body)
+        before = bench_lib.cpu_seconds(ts)
+        times = work / f"{label.replace(' ', '-')}.tsv"
+        summary = load(ab, requests, times, label)
+        after = bench_lib.cpu_seconds(ts)
+    done = summary["complete_requests"]
+    cpu = {side: after[side] - before[side] for side in before}
+    row = result(
+        handler, done, done / summary["requests_per_s"], parse_gnuplot(times.read_text()), cpu
+    )
+    print(label, {k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()})
+    return row
+
+
+def run_interleaved(
+    work: Path, handlers: list[str], body: Path, requests: int, segments: int, rounds: int
+) -> list[dict[str, Any]]:
+    """Every handler registered on one TorchServe (a worker each), loaded in turn: each
+    round, ``segments`` turns of ``requests / segments`` requests per handler (the order
+    turned by one each turn), so that the machine's drift over minutes, which made
+    separate runs of the same code differ by 10-20%, falls on every handler alike."""
+    names = {handler: package(work, handler) for handler in handlers}
+    runs = []
+    per_segment = requests // segments
+    with server(work, "interleaved") as ts:
+        abs_ = {handler: serve(ts, names[handler], body) for handler in handlers}
+        for round_ in range(1, rounds + 1):
+            done = dict.fromkeys(handlers, 0.0)
+            seconds = dict.fromkeys(handlers, 0.0)
+            cpu = {h: {"frontend": 0.0, "workers": 0.0} for h in handlers}
+            times = {h: work / f"round-{round_}-{h}.tsv" for h in handlers}
+            for segment in range(segments):
+                turn = (round_ - 1 + segment) % len(handlers)
+                for handler in handlers[turn:] + handlers[:turn]:
+                    part = work / "segment.tsv"
+                    before = bench_lib.cpu_seconds(ts)
+                    summary = load(abs_[handler], per_segment, part, f"round {round_} {handler}")
+                    after = bench_lib.cpu_seconds(ts)
+                    done[handler] += summary["complete_requests"]
+                    seconds[handler] += summary["complete_requests"] / summary["requests_per_s"]
+                    for side in before:
+                        cpu[handler][side] += after[side] - before[side]
+                    text = part.read_text()
+                    if times[handler].exists():  # ab -g starts each file with a header
+                        text = text.split("\n", 1)[1]
+                    with times[handler].open("a") as f:
+                        f.write(text)
+            for handler in handlers:
+                ms = parse_gnuplot(times[handler].read_text())
+                row = result(handler, done[handler], seconds[handler], ms, cpu[handler])
+                print(
+                    f"round {round_} {handler}",
+                    {k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()},
+                )
+                runs.append({"round": round_, **row})
+    return runs
 
 
 def main() -> int:
@@ -94,16 +173,30 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--handlers", nargs="+", default=list(HANDLERS[:3]), choices=HANDLERS)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="SEGMENTS",
+        help="one TorchServe serving every handler, each round loading them in turn in "
+        "SEGMENTS parts of --requests / SEGMENTS (0: each handler on its own server, in one go)",
+    )
     args = parser.parse_args()
     handlers = ["upstream", *(h for h in args.handlers if h != "upstream")]
     work = bench_lib.scratch_dir("same_stages_")
     body = corpus.write(work / "bodies")[args.body]
     runs = []
-    for round_ in range(1, args.rounds + 1):
+    if args.interleave:
+        runs = run_interleaved(work, handlers, body, args.requests, args.interleave, args.rounds)
+    for round_ in range(1, args.rounds + 1 if not args.interleave else 1):
         turn = (round_ - 1) % len(handlers)  # no handler always first, or after the same one
         for handler in handlers[turn:] + handlers[:turn]:
-            result = run(work, handler, body, args.requests, f"round {round_} {handler}")
-            runs.append({"round": round_, **result})
+            runs.append(
+                {
+                    "round": round_,
+                    **run(work, handler, body, args.requests, f"round {round_} {handler}"),
+                }
+            )
     medians = {
         handler: {
             key: statistics.median(r[key] for r in runs if r["handler"] == handler)
@@ -133,6 +226,7 @@ def main() -> int:
             "body": args.body,
             "requests": args.requests,
             "rounds": args.rounds,
+            "interleave": args.interleave,
             "commit": commit(),
             "medians": medians,
             "round_ratios_to_upstream": ratios,
