@@ -69,9 +69,10 @@ class Results:
         """How many items are not answered yet."""
         return self._remaining
 
-    def is_answered(self, item: int) -> bool:
-        """Whether item ``item`` is answered; no lock (see the module's docstring)."""
-        return self._slots[item] is not None
+    def all_answered(self, items: Iterable[int]) -> bool:
+        """Whether ``items`` are all answered; no lock (see the module's docstring)."""
+        slots = self._slots
+        return all(slots[item] is not None for item in items)
 
     def outcome(self, item: int) -> Outcome | None:
         """Item ``item``'s answer; None while it has none."""

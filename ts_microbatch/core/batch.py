@@ -230,7 +230,7 @@ class Batch:
 
     def answered_at(self, positions: range) -> bool:
         """Whether the items at ``positions`` are all answered (stale work); no lock."""
-        return all(self._results.is_answered(item) for item in self.items_at(positions))
+        return self._results.all_answered(self.items_at(positions))
 
     def answer(
         self,

@@ -188,9 +188,14 @@ class Isolator:
 
     def passed(self, mb: _MicroBatch, stage: int) -> Outcome:
         """``mb`` got through ``stage``."""
+        if stage == 0:
+            mb.batch.first_stage_passed = True  # only ever set, never cleared: no lock
+        if mb.split is None:
+            # A first run (the common case, every stage call of a healthy batch) waits on no
+            # bisection step. ``split`` is set before a half is queued and cleared only by
+            # the thread running it, so this thread reads it without the shared lock.
+            return _NOTHING
         with self._lock:
-            if stage == 0:
-                mb.batch.first_stage_passed = True
             if mb.split is None or mb.split.stage != stage:
                 return _NOTHING
             return self._report(mb, None)
