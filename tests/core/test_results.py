@@ -133,3 +133,17 @@ def test_a_cancelled_requests_micro_batch_is_dropped_before_its_stage() -> None:
         assert [f.result(timeout=30) for f in futures[:2]] == [1, 2]
         pipeline.shutdown(wait=True)
     assert gate.seen == [[1, 2]]  # [3, 4] was stale before its stage, and dropped
+
+
+def test_hang_an_empty_batch_runs_its_callbacks_and_leaves_no_batch_in_flight() -> None:
+    # A batch of no items is never answered by a stage: its callbacks must run at once, or
+    # the pipeline counts it in flight and shutdown waits out its join timeout.
+    from ts_microbatch.core.batch import Batch
+
+    seen: list[Batch] = []
+    batch = Batch(0)
+    batch.when_answered(seen.append)
+    assert seen == [batch] and batch.wait(0)
+    with Pipeline({"preprocess": lambda items: items}, join_timeout_s=60) as pipeline:
+        assert pipeline.submit([]) == []
+        assert pipeline.stats().batches_in_flight == 0

@@ -175,7 +175,8 @@ class Batch:
         # fails there alone is evidently failing because of its own input.
         self.first_stage_passed = False
         self.timed_out = False  # set once its late items were failed with a timeout
-        self._when_answered: list[Callable[[Batch], None]] | None = []
+        # None once every item is answered (from the start for a batch of none).
+        self._when_answered: list[Callable[[Batch], None]] | None = [] if size else None
 
     def when_answered(self, callback: Callable[[Batch], None]) -> None:
         """Calls ``callback(self)`` once every request is answered (at once if they are)."""
