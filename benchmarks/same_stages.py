@@ -17,6 +17,7 @@ anything. The workers import the ts_microbatch of this checkout (PYTHONPATH).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -38,7 +39,16 @@ from ts_microbatch.tools.ab import parse_ab, parse_gnuplot, percentile  # noqa: 
 
 bench_packaging.HANDLER_FILES["no-metrics"] = str(HERE / "handlers/no_metrics_handler.py")
 bench_packaging.HANDLER_FILES["ours-ic"] = str(HERE / "handlers/mixin_image_classifier.py")
-HANDLERS = ("upstream", "ours-ic", "ours-same", "no-metrics")
+# Ours on upstream's stages with torch's default intra-op threads on every stage thread, as
+# upstream runs them (ours gives preprocess and postprocess threads one each by default):
+# what the pipeline alone does, without that setting (ts_microbatch.core.intra_op).
+SETTINGS_VARIANTS = {
+    "ours-ic-torch-threads": (
+        "ours-ic",
+        {"intra_op_threads": {"preprocess": None, "inference": None, "postprocess": None}},
+    ),
+}
+HANDLERS = ("upstream", "ours-ic", "ours-same", "no-metrics", *SETTINGS_VARIANTS)
 
 
 def package(work: Path, handler: str) -> str:
@@ -48,15 +58,29 @@ def package(work: Path, handler: str) -> str:
     name = f"same-{handler}"
     if (work / "store" / name).exists():
         return name
+    base, settings = SETTINGS_VARIANTS.get(handler, (handler, {}))
     bench_packaging.package(
-        work / "store", work / "build", name, "accelerator", handler, config, point, None
+        work / "store", work / "build", name, "accelerator", base, config, point, None
     )
+    if settings:
+        path = model_config(work / "store" / name)
+        model = pyyaml.safe_load(path.read_text())
+        model["micro_batching"].update(settings)
+        path.write_text(pyyaml.safe_dump(model))
     if handler == "no-metrics":
-        # ours-same's model-config.yaml, and our handler beside the subclass that imports it
-        yaml = pyyaml.safe_dump(bench_packaging.model_yaml(config, point, "ours-same"))
-        (work / "store" / name / "model-config.yaml").write_text(yaml)
+        # ours-same's model config, and our handler beside the subclass that imports it
+        model_config(work / "store" / name).write_text(
+            pyyaml.safe_dump(bench_packaging.model_yaml(config, point, "ours-same"))
+        )
         shutil.copy(HERE.parent / "handlers/micro_batching_handler.py", work / "store" / name)
     return name
+
+
+def model_config(directory: Path) -> Path:
+    """The model config TorchServe reads for a model directory: the file its manifest names
+    (the archiver keeps the --config-file's own name)."""
+    manifest = json.loads((directory / "MAR-INF" / "MANIFEST.json").read_text())
+    return directory / manifest["model"]["configFile"]
 
 
 def server(work: Path, label: str) -> Any:

@@ -49,8 +49,10 @@ def package(work: Path, variant: str) -> Path:
     )
     directory = work / "store" / name
     if variant == "no-metrics":
+        from same_stages import model_config
+
         model = bench_packaging.model_yaml(config, point, "ours-same")
-        (directory / "model-config.yaml").write_text(yaml.safe_dump(model))
+        model_config(directory).write_text(yaml.safe_dump(model))
         shutil.copy(ROOT / "handlers/micro_batching_handler.py", directory)
     return directory
 

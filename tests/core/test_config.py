@@ -77,6 +77,19 @@ def test_reference_format_is_read() -> None:
             "micro_batching.metrics_interval_s: got -1, expected a number of seconds from 0",
         ),
         ({"metrics_interval_s": "1s"}, "micro_batching.metrics_interval_s: got '1s'"),
+        (
+            {"intra_op_threads": {"preprocess": 0}},
+            "micro_batching.intra_op_threads.preprocess: got 0, expected an integer >= 1 or null",
+        ),
+        (
+            {"intra_op_threads": {"inference": "all"}},
+            "micro_batching.intra_op_threads.inference: got 'all'",
+        ),
+        (
+            {"intra_op_threads": {"decode": 1}},
+            "micro_batching.intra_op_threads.decode: unknown key",
+        ),
+        ({"intra_op_threads": 1}, "micro_batching.intra_op_threads: got 1, expected a mapping"),
     ],
 )
 def test_bad_values_name_the_key(mapping: dict[str, Any], message: str) -> None:
@@ -100,6 +113,24 @@ def test_yaml_wins_over_json_key_by_key(tmp_path: Path) -> None:
     config = load_config(tmp_path, yaml_config)
     assert config.micro_batch_size == 2
     assert config.parallelism.as_dict() == {"preprocess": 3, "inference": 1, "postprocess": 1}
+
+
+def test_intra_op_threads_default_to_one_for_per_item_stages_and_merge_stage_by_stage(
+    tmp_path: Path,
+) -> None:
+    default = {"preprocess": 1, "inference": None, "postprocess": 1}
+    assert MicroBatchingConfig().intra_op_threads.as_dict() == default
+    (tmp_path / "micro_batching.json").write_text(
+        json.dumps({"intra_op_threads": {"preprocess": 4, "inference": 2}})
+    )
+    yaml_config = {"micro_batching": {"intra_op_threads": {"preprocess": None}}}
+    config = load_config(tmp_path, yaml_config)
+    assert config.intra_op_threads.as_dict() == {
+        "preprocess": None,
+        "inference": 2,
+        "postprocess": 1,
+    }
+    assert MicroBatchingConfig.from_mapping(config.as_dict()) == config
 
 
 def test_no_files_gives_defaults(tmp_path: Path) -> None:

@@ -590,3 +590,27 @@ def test_pil_draft_decodes_jpeg_close_to_pil_and_other_formats_exactly(model_dir
     finally:
         for h in handlers.values():
             h.micro_batching.shutdown()
+
+
+def test_preprocess_and_postprocess_run_torch_on_one_thread_and_inference_on_the_default(
+    handler: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped handler with its default intra_op_threads, through handle(): each stage's
+    torch operations see the count its threads were given (ts_microbatch.core.intra_op)."""
+    seen: dict[str, set[int]] = {}
+    default = torch.get_num_threads()
+    if default < 2:
+        pytest.skip("torch uses one intra-op thread by default here: nothing to tell apart")
+    for stage in ("preprocess", "inference", "postprocess"):
+        method = getattr(handler, stage)
+
+        def record(data: Any, _method: Any = method, _stage: str = stage) -> Any:
+            seen.setdefault(_stage, set()).add(torch.get_num_threads())
+            return _method(data)
+
+        monkeypatch.setattr(handler, stage, record)
+    context = make_context(model_dir, BATCH)
+    handler.handle(jpeg_rows(BATCH), context)
+    assert statuses(context, BATCH) == [200] * BATCH
+    assert seen == {"preprocess": {1}, "inference": {default}, "postprocess": {1}}
+    assert torch.get_num_threads() == default

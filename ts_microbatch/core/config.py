@@ -9,6 +9,10 @@ Schema (every key optional)::
       preprocess: 2
       inference: 1
       postprocess: 2
+    intra_op_threads:                # torch intra-op threads of each stage's threads, set per
+      preprocess: 1                  # thread (integers >= 1); null: the process's setting.
+      inference: null                # Per-item work gets its parallelism from the stage's
+      postprocess: 1                 # threads (ts_microbatch.core.intra_op says why)
     max_queued_micro_batches: 4      # micro-batches waiting between two stages, integer >= 1
     isolate_failures: true           # re-run a failed micro-batch in halves to find bad requests
     timeout_s: null                  # seconds a batch may take before its requests get 504;
@@ -62,7 +66,8 @@ Schema (every key optional)::
 
 Where both exist, ``micro_batching.json`` in the model directory is read first and the
 ``micro_batching:`` section of model-config.yaml is applied over it, key by key (and stage
-by stage inside ``parallelism``): the YAML is TorchServe's own model config, so it wins.
+by stage inside ``parallelism`` and ``intra_op_threads``): the YAML is TorchServe's own
+model config, so it wins.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ from ._checks import _positive_int as _positive_int
 from ._checks import check_micro_batch_size as check_micro_batch_size
 from ._padding import padded_size
 from .errors import ConfigError
+from .intra_op import IntraOpThreads
 from .lengths import LengthRule
 
 logger = logging.getLogger(__name__)
@@ -165,6 +171,7 @@ class MicroBatchingConfig:
     min_micro_batch_size: int = 1
     max_micro_batch_size: int = 32
     parallelism: Parallelism = field(default_factory=Parallelism)
+    intra_op_threads: IntraOpThreads = field(default_factory=IntraOpThreads)
     max_queued_micro_batches: int = 4
     isolate_failures: bool = True
     timeout_s: float | None = None
@@ -186,6 +193,11 @@ class MicroBatchingConfig:
         if not isinstance(self.parallelism, Parallelism):
             raise ConfigError(
                 f"{YAML_SECTION}.parallelism: got {self.parallelism!r}, expected Parallelism"
+            )
+        if not isinstance(self.intra_op_threads, IntraOpThreads):
+            raise ConfigError(
+                f"{YAML_SECTION}.intra_op_threads: got {self.intra_op_threads!r}, "
+                "expected IntraOpThreads"
             )
         if self.warmup is not None and not isinstance(self.warmup, WarmupConfig):
             raise ConfigError(f"{YAML_SECTION}.warmup: got {self.warmup!r}, expected WarmupConfig")
@@ -323,6 +335,10 @@ class MicroBatchingConfig:
         for name, value in mapping.items():
             if name == "parallelism":
                 value = Parallelism.from_mapping(value, f"{prefix}.parallelism", base.parallelism)
+            elif name == "intra_op_threads":
+                value = IntraOpThreads.from_mapping(
+                    value, f"{prefix}.intra_op_threads", base.intra_op_threads
+                )
             elif name == "warmup":
                 value = WarmupConfig.from_mapping(value, f"{prefix}.warmup")
             elif name in ("allowed_micro_batch_sizes", "allowed_sequence_lengths"):
@@ -336,7 +352,7 @@ class MicroBatchingConfig:
         values: dict[str, Any] = {}
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            if isinstance(value, (Parallelism, WarmupConfig)):
+            if isinstance(value, (Parallelism, IntraOpThreads, WarmupConfig)):
                 value = value.as_dict()
             elif isinstance(value, tuple):
                 value = list(value)

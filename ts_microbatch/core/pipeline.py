@@ -52,6 +52,7 @@ from .errors import (
     PipelineClosedError,
     PipelineStalledError,
 )
+from .intra_op import limit_intra_op_threads
 from .isolation import Isolator, declared_per_request
 from .lengths import LengthRule
 from .metrics import GuardedObserver, PipelineObserver
@@ -99,6 +100,9 @@ class Pipeline:
         token_budget: with ``lengths``, chooses each batch's cut from measured costs per
             padded token (``ts_microbatch.core.autobudget``) instead of the rule's budget;
             ``micro_batch_size`` is then the most items a micro-batch holds.
+        intra_op_threads: torch intra-op threads for each named stage's threads, set on each
+            thread alone before its first micro-batch (``ts_microbatch.core.intra_op``);
+            stages not named, or named with None, keep the process's setting.
     """
 
     def __init__(
@@ -116,6 +120,7 @@ class Pipeline:
         is_input_error: Callable[[BaseException], bool] = declared_per_request,
         lengths: LengthRule | None = None,
         token_budget: AutoTokenBudget | None = None,
+        intra_op_threads: Mapping[str, int | None] | None = None,
     ) -> None:
         if not stages:
             raise ConfigError("stages: got none, expected at least one stage")
@@ -143,8 +148,34 @@ class Pipeline:
         self._closed = False
         self._cancelling = False
         self._stopped = threading.Event()
-        self._workers = StageWorkers(self._names, self._queues, self._serve)
+        self._workers = StageWorkers(
+            self._names, self._queues, self._serve, self._intra_op(intra_op_threads)
+        )
         self._workers.resize(dict.fromkeys(self._names, 1) | dict(parallelism or {}))
+
+    def _intra_op(self, threads: Mapping[str, int | None] | None) -> Callable[[int], None] | None:
+        """What each stage thread runs before its first micro-batch: the stage's torch
+        intra-op threads, checked here (a bad value fails the pipeline's construction)."""
+        wanted: list[int | None] = [None] * len(self._names)
+        for name, count in (threads or {}).items():
+            if name not in self._names:
+                raise ConfigError(
+                    f"micro_batching.intra_op_threads.{name}: unknown stage; "
+                    f"stages are {', '.join(self._names)}"
+                )
+            if count is not None:
+                wanted[self._names.index(name)] = _positive_int(
+                    count, f"micro_batching.intra_op_threads.{name}"
+                )
+        if not any(wanted):
+            return None
+
+        def prepare(stage: int) -> None:
+            count = wanted[stage]
+            if count is not None:
+                limit_intra_op_threads(count)
+
+        return prepare
 
     # -- configuration ---------------------------------------------------------------
 

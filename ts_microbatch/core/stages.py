@@ -38,6 +38,9 @@ class StageWorkers:
         queues: the queue each stage's threads take micro-batches from, in the same order.
         serve: called with a stage's index and a micro-batch, on one of its threads; it must
             not raise (an exception would end the thread, which is then not replaced).
+        prepare: called with a stage's index on each of its threads before the thread's
+            first micro-batch (after the handler's initialize, unlike the thread's start);
+            an exception is logged and the thread serves on.
     """
 
     def __init__(
@@ -45,10 +48,12 @@ class StageWorkers:
         names: Sequence[str],
         queues: Sequence[StageQueue[_MicroBatch]],
         serve: Callable[[int, _MicroBatch], None],
+        prepare: Callable[[int], None] | None = None,
     ) -> None:
         self._names = list(names)
         self._queues = list(queues)
         self._serve = serve
+        self._prepare = prepare
         self._lock = threading.Lock()  # guards the fields below and the stall guard
         self._exited = threading.Condition(self._lock)  # notified when a thread exits
         self._targets = dict.fromkeys(self._names, 0)
@@ -161,17 +166,27 @@ class StageWorkers:
     def _run(self, stage: int) -> None:
         queue = self._queues[stage]
         me = threading.current_thread()
+        prepare = self._prepare
         try:
             while not self._stall.is_abandoned(me):
                 mb = queue.get()
                 if isinstance(mb, Signal):  # retired, or the queue closed and drained
                     return
+                if prepare is not None:
+                    self._prepare_guarded(prepare, stage)
+                    prepare = None
                 self._serve(stage, mb)
         finally:
             with self._lock:
                 self._threads[self._names[stage]].remove(me)
                 self._stall.forget(me)
                 self._exited.notify_all()
+
+    def _prepare_guarded(self, prepare: Callable[[int], None], stage: int) -> None:
+        try:
+            prepare(stage)
+        except Exception:
+            logger.exception("preparing a %s thread failed; it serves on", self._names[stage])
 
     def close(self) -> None:
         """Refuses further resizes; threads keep serving until ``stop``."""

@@ -166,6 +166,7 @@ class MicroBatching:
             padded_stages=_padded_stages(config),
             is_input_error=is_input_error,
             lengths=config.length_rule(self.item_length),
+            intra_op_threads=config.intra_op_threads.as_dict(),
         )
         self._set_size(pipeline, config.micro_batch_size, config)
         return pipeline
