@@ -5,11 +5,13 @@ runs torch operations on an OpenMP team as wide as the machine (torch's default)
 are oversubscribed, and the team's threads spin between the many small parallel regions of
 per-item work (a decode, a resize, a normalize per image) on cores the other stage threads,
 the frontend and other workers need. Measured on this project's 2-core machine
-(``benchmarks/intra_op.py``): TorchServe's ImageClassifier preprocess of one 720px JPEG, on
-one thread, cost 11.5 ms of CPU with torch's default 2 intra-op threads against 5.7 with 1,
-and took longer (5.9 against 5.7 ms). So by default the preprocess and postprocess threads
-run their torch operations on one thread each, and inference keeps the process's setting
-(one inference thread running a model on a CPU is what intra-op threads are for).
+(``benchmarks/intra_op.py``, ``benchmarks/results/intra_op/``), TorchServe's ImageClassifier
+preprocess of a 720px JPEG: on one thread, one image a call, 10.5 ms of CPU with torch's
+default 2 intra-op threads against 5.3 with 1, and no faster (5.4 against 5.3 ms); on two
+threads, four images a call, 8% less time and 6% less CPU with 1. So by default the
+preprocess and postprocess threads run their torch operations on one thread each, and
+inference keeps the process's setting (one inference thread running a model on a CPU is
+what intra-op threads are for).
 
 ``torch.set_num_threads`` cannot set this for one thread: besides the calling thread's
 OpenMP setting it sets the process default, which every thread that first uses torch later
