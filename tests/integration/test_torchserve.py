@@ -111,11 +111,21 @@ def test_invalid_micro_batching_config_fails_registration_naming_the_key(
     assert server.request("GET", f"{server.management_url}/models/{BAD_MODEL}").status == 404
 
 
+def dropped_by_torchserve(resp: Response) -> bool:
+    """TorchServe's frontend failing a batch whose worker it stopped (WorkerThread's
+    sendError on shutdown), not an answer from the worker."""
+    return resp.status == 500 and (
+        b"Worker died" in resp.body or b"Worker scaled down" in resp.body
+    )
+
+
 def test_scaling_1_4_1_under_load_loses_only_what_torchserve_drops(server: TorchServe) -> None:
     """Scaling up answers every request. Scaling down, TorchServe 0.12 stops the removed
     workers without finishing the batch each is running (pytorch/serve#1101): those
-    requests get no answer, at most one batch per removed worker; everything else is
-    answered. Lost requests are cut off by a bounded client timeout, not waited for."""
+    requests get no answer, or its frontend's own 500 ("Worker died." when the worker
+    thread held the batch as it was interrupted), at most one batch per removed worker;
+    everything else is answered. Lost requests are cut off by a bounded client timeout,
+    not waited for."""
     name = "resnet-scale"
     resp = server.register(
         f"{MODEL}.mar", model_name=name, batch_size=BATCH_SIZE, max_batch_delay_ms=20
@@ -143,12 +153,16 @@ def test_scaling_1_4_1_under_load_loses_only_what_torchserve_drops(server: Torch
         load.join(240)
         assert not load.is_alive(), "requests hung past their client timeout"
         assert len(worker_pids(server, name)) == workers
-        return [r.status for r in results[0]]
+        return results[0]
 
-    assert scale_during_load(4) == [200] * 24
+    assert [r.status for r in scale_during_load(4)] == [200] * 24
     down = scale_during_load(1)
-    assert set(down) <= {200, -1}, down  # answered, or dropped by TorchServe: nothing else
-    assert down.count(-1) <= 3 * BATCH_SIZE, down
+    statuses = [(r.status, r.body[:80]) for r in down]
+    # Answered, or the removed workers' batches dropped by TorchServe: nothing else (a 500
+    # from our handler would carry its own message, not the frontend's).
+    dropped = [r for r in down if r.status == -1 or dropped_by_torchserve(r)]
+    assert all(r.status == 200 for r in down if r not in dropped), statuses
+    assert len(dropped) <= 3 * BATCH_SIZE, statuses
     assert [r.status for r in parallel(server, images, name)] == [200] * 24
     assert server.unregister(name).status == 200
 
