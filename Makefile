@@ -19,7 +19,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv kserve-venv test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-photos bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv kserve-venv test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-compare bench-photos bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -31,6 +31,7 @@ help:
 	@echo "make mar     build $(MAR)"
 	@echo "make bert-mar    build $(BERT_MAR)"
 	@echo "make bench   run the default benchmark comparison"
+	@echo "make bench-compare BASE=<commit>  the working tree against a commit and upstream, interleaved (~45 min)"
 	@echo "make bench-photos    upstream vs ours, same stages and best decoder, photo bodies (~17 min)"
 	@echo "make bench-compiled  eager vs torch.compile under the pipeline (~12 min)"
 	@echo "make bench-text  BERT: ours vs upstream vs plain on text of variable length (~30 min)"
@@ -128,6 +129,16 @@ ab:
 # The default comparison (results in benchmarks/runs/<time>/); under 10 minutes here.
 bench: $(STAMP) ab
 	$(PY) benchmarks/benchmark-ab.py --config benchmarks/config.json $(if $(WEIGHTS),--weights $(WEIGHTS))
+
+# The gate for every change that can move speed: the working tree (or HEAD=<commit>) against
+# BASE=<commit> and upstream, in one run, interleaved, on three workloads and two layouts.
+BASE ?=
+ROUNDS ?= 3
+COMPARE_ARGS ?=
+bench-compare: $(STAMP) ab
+	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<commit> [HEAD=<commit>] [ROUNDS=3] [COMPARE_ARGS=...]"; exit 2; }
+	$(PY) benchmarks/compare.py --base $(BASE) $(if $(HEAD),--head $(HEAD)) --rounds $(ROUNDS) \
+	  --out benchmarks/runs/compare-$$(date +%Y%m%d-%H%M%S) $(COMPARE_ARGS)
 
 # Upstream vs ours on the same stages and with pil-draft, for 720px, 12 MP and the corpus mix.
 bench-photos: $(STAMP) ab

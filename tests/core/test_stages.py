@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,6 +89,40 @@ def test_threads_are_named_per_stage_and_serve_their_own_queue(
         ("x", "ts-microbatch-b-0")
     ]
     assert all(name.startswith("ts-microbatch-a-") for s, _, name in served.served if s == 0)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux: /proc/self/task")
+def test_the_os_sees_each_stage_threads_name_and_so_can_its_tools(
+    queues: list[StageQueue[_MicroBatch]],
+) -> None:
+    """``top -H``, py-spy and benchmarks/compare.py read a thread's name from the OS: 15
+    bytes, so ``ts-microbatch-preprocess-1`` is ``tsmb-prepr-1`` there."""
+    comms: dict[str, str] = {}
+    seen = threading.Condition()
+
+    def serve(stage: int, mb: _MicroBatch) -> None:
+        comm = Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
+        with seen:
+            comms[threading.current_thread().name] = comm
+            seen.notify_all()
+
+    workers = StageWorkers(("preprocess", "b"), queues, serve)
+    try:
+        workers.resize({"preprocess": 2, "b": 1})
+        for item in range(8):
+            queues[0].put(micro_batch(item))
+        queues[1].put(micro_batch("x"))
+        with seen:
+            assert seen.wait_for(lambda: "ts-microbatch-b-0" in comms and len(comms) >= 2, WAIT_S)
+    finally:
+        workers.stop(time.monotonic(), WAIT_S)
+    assert comms["ts-microbatch-b-0"] == "tsmb-b-0"
+    assert {comms.get(f"ts-microbatch-preprocess-{i}") for i in (0, 1)} <= {
+        "tsmb-prepr-0",
+        "tsmb-prepr-1",
+        None,  # one thread may have taken every micro-batch
+    }
+    assert any(name.startswith("ts-microbatch-preprocess-") for name in comms)
 
 
 def test_scale_down_retires_threads_and_scale_up_starts_new_ones(workers: StageWorkers) -> None:
