@@ -140,3 +140,49 @@ def test_the_runtime_torch_loaded_is_found_among_the_loaded_ones() -> None:
     torch.ones(1 << 16).sum()  # a parallel operation: the OpenMP runtime is in use
     names = [Path(p).name for p in intra_op._loaded_openmp_runtimes()]
     assert any(name.startswith(("libgomp", "libiomp5", "libomp")) for name in names), names
+
+
+def _tasks() -> set[str]:
+    return set(Path("/proc/self/task").iterdir()) if Path("/proc/self/task").exists() else set()
+
+
+def _libgomp_loaded() -> bool:
+    return any(Path(p).name.startswith("libgomp") for p in intra_op._loaded_openmp_runtimes())
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux: /proc/self/task")
+def test_a_limited_thread_keeps_a_team_of_the_default_width_asleep(
+    default_threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one region at the default width before the limit leaves the thread's OpenMP team
+    in the process for the thread's life: libgomp counts its threads, and so finds more
+    threads of its own than cores and stops its idle threads spinning (the module's
+    docstring); with the wait settings in the environment it is not done."""
+    if not _libgomp_loaded():
+        pytest.skip("the OpenMP runtime is not libgomp")
+    for name in intra_op._WAIT_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    release = threading.Event()
+    limited = threading.Event()
+
+    def stage_thread() -> None:
+        intra_op.limit_intra_op_threads(1)
+        limited.set()
+        release.wait(WAIT_S)
+
+    def started_threads() -> int:
+        before = _tasks()
+        limited.clear()
+        release.clear()
+        thread = threading.Thread(target=stage_thread)
+        thread.start()
+        try:
+            assert limited.wait(WAIT_S)
+            return len(_tasks() - before) - 1  # less the stage thread itself
+        finally:
+            release.set()
+            thread.join(WAIT_S)
+
+    assert started_threads() == default_threads - 1
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")  # the user chose how teams wait
+    assert started_threads() == 0

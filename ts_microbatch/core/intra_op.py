@@ -5,13 +5,28 @@ runs torch operations on an OpenMP team as wide as the machine (torch's default)
 are oversubscribed, and the team's threads spin between the many small parallel regions of
 per-item work (a decode, a resize, a normalize per image) on cores the other stage threads,
 the frontend and other workers need. Measured on this project's 2-core machine
-(``benchmarks/intra_op.py``, ``benchmarks/results/intra_op/``), TorchServe's ImageClassifier
-preprocess of a 720px JPEG: on one thread, one image a call, 10.5 ms of CPU with torch's
-default 2 intra-op threads against 5.3 with 1, and no faster (5.4 against 5.3 ms); on two
-threads, four images a call, 8% less time and 6% less CPU with 1. So by default the
-preprocess and postprocess threads run their torch operations on one thread each, and
-inference keeps the process's setting (one inference thread running a model on a CPU is
-what intra-op threads are for).
+(``benchmarks/results/intra_op/``), TorchServe's ImageClassifier preprocess of a 720px JPEG:
+on one thread, one image a call, 10.5 ms of CPU with torch's default 2 intra-op threads
+against 5.3 with 1, and no faster (5.4 against 5.3 ms). So by default the preprocess and
+postprocess threads run their torch operations on one thread each, and inference keeps the
+process's setting (one inference thread running a model on a CPU is what intra-op threads
+are for).
+
+One team less changes how the teams left behave. GNU OpenMP (libgomp, which torch's pip
+wheels bundle) lets a team's idle threads spin for about 300,000 iterations (a few ms)
+after each parallel region, waiting for the next, unless it counts more threads of its own
+than the machine has cores; then it spins 100 times and sleeps. It does not count the stage
+threads, the frontend or other workers. With every stage thread at torch's default, the
+preprocess teams push its count over the cores, so the inference team sleeps between its
+regions; with those teams gone, the inference team's idle thread spins after each region,
+through the whole accelerator wait, on a core the preprocess threads need (a 4 ms wait after
+a mean over a micro-batch: 4.3 ms of CPU per call instead of 0.2). An inference that runs no
+torch operation on the CPU opens no region and shows none of it. So a thread given fewer
+intra-op threads than torch's default first runs one region at the default width: that
+team then sleeps for the thread's life, and libgomp counts as many of its threads as when
+every stage thread ran torch's default, and keeps its idle threads from spinning. Not done
+when ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set (the user chose how teams wait) or
+when the OpenMP runtime is not libgomp.
 
 ``torch.set_num_threads`` cannot set this for one thread: besides the calling thread's
 OpenMP setting it sets the process default, which every thread that first uses torch later
@@ -100,8 +115,11 @@ def limit_intra_op_threads(threads: int) -> bool:
     torch = sys.modules.get("torch")
     if torch is None:
         return True
-    if torch.get_num_threads() == threads:  # this call also runs torch's per-thread init
+    current = torch.get_num_threads()  # this call also runs torch's per-thread init
+    if current == threads:
         return True
+    if current > threads:
+        _dock_team(torch, current)
     with _lock:
         if _setter is None and not _searched:
             _searched = True
@@ -113,6 +131,25 @@ def limit_intra_op_threads(threads: int) -> bool:
             return True
     _warn_once(threads)
     return False
+
+
+# Items per thread of the docking region: twice torch's grain size (at::internal::GRAIN_SIZE),
+# so that torch splits it over every thread of the team.
+_DOCK_ITEMS_PER_THREAD = 2 * 32768
+# Environment variables by which a user chose how OpenMP teams wait.
+_WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def _dock_team(torch: Any, width: int) -> None:
+    """Runs one parallel region of ``width`` threads on the calling thread, so that its
+    libgomp team exists and sleeps for the thread's life (the module's docstring says why).
+    Only with libgomp loaded and no wait setting in the environment; a failure is logged
+    with the rest (the thread keeps serving)."""
+    if any(name in os.environ for name in _WAIT_SETTINGS):
+        return
+    if not any(os.path.basename(p).startswith("libgomp") for p in _loaded_openmp_runtimes()):
+        return
+    torch.empty(width * _DOCK_ITEMS_PER_THREAD).fill_(0.0)
 
 
 def _find_setter(torch: Any, threads: int) -> Callable[[int], None] | None:
