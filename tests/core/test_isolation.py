@@ -27,11 +27,22 @@ class Boom(Exception):
 class Run:
     """One batch through one failing stage, the isolator deciding."""
 
-    def __init__(self, sizes: list[int], micro_batch_size: int, bad_items: set[int]) -> None:
+    def __init__(
+        self,
+        sizes: list[int],
+        micro_batch_size: int,
+        bad_items: set[int],
+        *,
+        mixed_fails: bool = False,
+        first_stage_served: bool = False,
+    ) -> None:
         self.owners = [request for request, n in enumerate(sizes) for _ in range(n)]
         self.bad_items = bad_items
+        # Items of both parities in one call fail it (as stacking images of two sizes does)
+        self.mixed_fails = mixed_fails
         self.batch = Batch(len(self.owners), owners=self.owners)
         self.isolator = Isolator()
+        self.isolator.first_stage_served = first_stage_served
         self.queue = cut(self.batch, list(range(len(self.owners))), micro_batch_size)
         self.isolator.track(self.batch, self.queue)
         self.first_runs = len(self.queue)
@@ -46,7 +57,8 @@ class Run:
                 self.apply(self.isolator.dropped(mb))
                 continue
             self.calls.append(list(mb.items))
-            if self.bad_items.intersection(mb.items):
+            mixed = self.mixed_fails and len({item % 2 for item in mb.items}) > 1
+            if self.bad_items.intersection(mb.items) or mixed:
                 self.apply(self.isolator.failed(mb, 0, Boom(f"bad items in {mb.items}")))
             else:
                 self.apply(self.isolator.passed(mb, 0))
@@ -60,6 +72,7 @@ class Run:
         if outcome.fail_batch is not None:
             failure = RequestFailure("stage", 0, False)
             self.finish(range(len(self.batch)), Boom("systemic"), failure)
+        self.queue[:0] = outcome.first  # a lone probe runs next, as the pipeline queues it
         self.queue.extend(outcome.rerun)
 
     def finish(
@@ -157,8 +170,10 @@ def test_systemic_verdicts_count_requests() -> None:
     # Four micro-batches failing their first run alike: with eight requests to blame, a
     # broken stage (the batch fails at once, 4 calls); with one request spanning all four,
     # that request's failure (bisected within it, 3 calls a micro-batch, no verdict).
+    # (The verdict waits for one request run alone, ahead of the queue: one call more.)
     eight = Run([1] * 8, 2, set(range(8))).run()
-    assert len(eight.calls) == 4 and all(not f.isolated for f in _failures(eight))
+    assert eight.calls[4] == [6]  # the lone probe, run next
+    assert len(eight.calls) == 5 and all(not f.isolated for f in _failures(eight))
     one = Run([8], 2, set(range(8))).run()
     assert len(one.calls) == 12 and all(f.isolated for f in _failures(one))
     assert len(_failures(eight)) == len(_failures(one)) == 8
@@ -208,3 +223,39 @@ def test_owners_are_checked_when_submitted(owners: list[Any], message: str) -> N
         pytest.raises(ValueError, match=message),
     ):
         pipeline.submit_batch([1, 2, 3], owners=owners)
+
+
+def test_defect_a_failure_only_in_company_is_judged_systemic() -> None:
+    # Every micro-batch mixes sizes and fails its first run alike (VisionHandler stacking
+    # 640x480 with 480x640), each request alone passes: the lone probe passes, no verdict,
+    # and every request is answered as alone.
+    run = Run([1] * 8, 2, set(), mixed_fails=True).run()
+    assert run.calls[:5] == [[0, 1], [2, 3], [4, 5], [6, 7], [6]]  # the scenario: the probe
+    assert not any(run.failed(item) for item in range(8))
+    assert run.answers == dict.fromkeys(range(8), 1)
+
+
+@given(batches(max_bad_requests=None), st.randoms(use_true_random=False))
+def test_in_a_first_stage_that_has_served_each_request_gets_what_it_gets_alone(
+    case: tuple[list[int], int, set[int]], rng: random.Random
+) -> None:
+    # Once the first stage has served, no verdict is given there: a request fails if and
+    # only if it has a bad item, as alone, and then as its own failure (400 at the boundary).
+    sizes, micro_batch_size, bad_items = case
+    run = Run(sizes, micro_batch_size, bad_items, first_stage_served=True).run(rng)
+    bad_requests = run.bad_requests()
+    for item, owner in enumerate(run.owners):
+        assert run.failed(item) == (item in bad_items) or owner in bad_requests
+        failure = run.batch.failure(item)
+        if failure is not None:
+            assert failure.isolated
+
+
+@given(batches(max_bad_requests=None), st.randoms(use_true_random=False))
+def test_a_company_failure_ends_with_every_request_answered_as_alone(
+    case: tuple[list[int], int, set[int]], rng: random.Random
+) -> None:
+    sizes, micro_batch_size, _ = case
+    one_item_requests = [1] * len(sizes)  # parity is per item: one item per request
+    run = Run(one_item_requests, micro_batch_size, set(), mixed_fails=True).run(rng)
+    assert not any(run.failed(item) for item in range(len(run.owners)))

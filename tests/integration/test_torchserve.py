@@ -99,6 +99,37 @@ def test_bad_requests_get_their_own_4xx_and_the_worker_survives(
     assert worker_pids(server, model) == pids, "the worker restarted"
 
 
+def test_a_bad_body_gets_the_same_status_alone_and_in_any_parallel_mix(
+    server: TorchServe, model: str
+) -> None:
+    """One request, one status: each bad body sent alone (a frontend batch of one, as at
+    night), then in parallel mixes with good photos and other bad bodies."""
+    good = [make_jpeg(200 + i, size=(320, 240)) for i in range(8)]
+    bad = [
+        good[0][: len(good[0]) // 3],  # truncated: a plain OSError in preprocess
+        good[1][:300],  # a JPEG header without data
+        b"",  # empty
+        b"%PDF-1.4 not an image at all" * 8,
+        bomb_png(),
+    ]
+    assert server.predict(model, good[0]).status == 200  # the first stage has served
+    alone = [server.predict(model, body) for body in bad]
+    assert [r.status for r in alone] == [400, 400, 400, 400, 413]
+    mixes = [bad + good, bad[::-1] + good[:3], bad * 2]
+    for mix in mixes:
+        responses = parallel(server, mix)
+        for body, resp in zip(mix, responses):
+            if body in bad:
+                want = alone[bad.index(body)]
+                assert resp.status == want.status, (bad.index(body), resp.body, want.body)
+                got_error, want_error = json.loads(resp.body), json.loads(want.body)
+                for error in (got_error, want_error):
+                    error.pop("request_id", None)
+                assert got_error == want_error
+            else:
+                assert resp.status == 200, resp.body
+
+
 def test_invalid_micro_batching_config_fails_registration_naming_the_key(
     server: TorchServe,
 ) -> None:

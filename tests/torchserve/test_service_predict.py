@@ -103,13 +103,16 @@ def test_hang_stock_handler_bad_inputs_got_500_instead_of_400(service: Any) -> N
     assert all(len(json.loads(body)) == 5 for _, _, body in answers[:5])  # top-5 classes
 
 
-def test_stock_handler_failing_every_request_alike_is_a_500(service: Any) -> None:
-    # Nothing in the batch got through preprocess: the handler, not the input, is at fault.
-    # (Truncated JPEGs raise a plain OSError; an error type known to mean bad input, such
-    # as PIL's UnidentifiedImageError, is a 400 whatever the rest of the batch did.)
+def test_stock_handler_a_batch_of_bad_bodies_gets_what_each_gets_alone(service: Any) -> None:
+    # Truncated JPEGs raise a plain OSError. Once the first stage has served a request
+    # (the tests above), a request failing there alone has met a bad input: 400, whatever
+    # shares its batch (a model whose first stage never served answers 500 alike:
+    # test_one_status.py).
     jpeg = good_jpegs(1)[0]
+    assert [a[1] for a in decode(service.predict([request(0, good_jpegs(1)[0])]))[1]] == [200]
     code, answers = decode(service.predict([request(i, jpeg[:-300]) for i in range(3)]))
-    assert code == 200 and [a[1] for a in answers] == [500, 500, 500]
+    (alone,) = decode(service.predict([request(0, jpeg[:-300])]))[1]
+    assert code == 200 and [a[1] for a in answers] == [400, 400, 400] == [alone[1]] * 3
 
 
 def test_hang_json_envelope_status_landed_on_another_request(extracted_mar: Path) -> None:

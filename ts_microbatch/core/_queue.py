@@ -36,8 +36,8 @@ class StageQueue(Generic[T]):
         self._not_empty = threading.Condition(lock)
         self._not_full = threading.Condition(lock)
 
-    def put(self, item: T) -> None:
-        """Appends ``item``, waiting while the queue is full.
+    def put(self, item: T, *, front: bool = False) -> None:
+        """Appends ``item`` (or puts it first, with ``front``), waiting while the queue is full.
 
         Raises:
             PipelineClosedError: the queue is closed, before or while waiting.
@@ -49,7 +49,10 @@ class StageQueue(Generic[T]):
                 self._not_full.wait()
             if self._closed:
                 raise PipelineClosedError("the micro-batching pipeline is shut down")
-            self._items.append(item)
+            if front:
+                self._items.appendleft(item)
+            else:
+                self._items.append(item)
             self._not_empty.notify()
 
     def get(self) -> T | Signal:

@@ -26,13 +26,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from ._results import Outcome, Results
 from .errors import RequestTimeoutError
-
-if TYPE_CHECKING:
-    from .isolation import _Split
 
 logger = logging.getLogger(__name__)
 
@@ -171,9 +168,10 @@ class Batch:
         self._on_timeout = on_timeout
         self._lock = threading.Lock()  # guards _when_answered
         self._failures: dict[int, RequestFailure] = {}  # written under the results' lock
-        # True once any item of the batch got through the first stage: a request that then
-        # fails there alone is evidently failing because of its own input.
-        self.first_stage_passed = False
+        # True once the first stage served any request, of this batch or (set when the
+        # isolator tracks it) of one before: a request that fails there alone has then met
+        # a bad input of its own (ts_microbatch.core.isolation).
+        self.first_stage_served = False
         self.timed_out = False  # set once its late items were failed with a timeout
         # None once every item is answered (from the start for a batch of none).
         self._when_answered: list[Callable[[Batch], None]] | None = [] if size else None
@@ -320,7 +318,9 @@ class _MicroBatch:
         self.payload: Any = list(items)
         self.attempt = attempt
         self.enqueued_at = time.monotonic()
-        self.split: _Split | None = None  # the bisection step waiting for this half's outcome
+        # The isolator's step waiting for this micro-batch's outcome (a bisection step, or
+        # a verdict waiting for a lone probe); only ts_microbatch.core.isolation reads it.
+        self.split: Any = None
 
     def __len__(self) -> int:
         return len(self.items)
@@ -355,6 +355,19 @@ class _MicroBatch:
     def answered(self) -> bool:
         """True when every item is answered already (timed out or cancelled): stale work."""
         return self.batch.answered_at(self.indices)
+
+    def first_request(self) -> tuple[_MicroBatch, _MicroBatch | None]:
+        """Its first request's items alone, and the rest (None when it is one request's),
+        to run again."""
+        owners = self.owners
+        end = next((i for i in range(1, len(owners)) if owners[i] != owners[0]), len(owners))
+        alone = _MicroBatch(self.batch, self.index, self.offset, self.items[:end], self.attempt + 1)
+        if end == len(owners):
+            return alone, None
+        rest = _MicroBatch(
+            self.batch, self.index, self.offset + end, self.items[end:], self.attempt + 1
+        )
+        return alone, rest
 
     def halves(self) -> tuple[_MicroBatch, _MicroBatch]:
         """Two halves that split no request: cut at the request boundary nearest the middle

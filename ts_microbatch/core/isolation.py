@@ -16,18 +16,35 @@ stage. What happens next depends on both halves' outcomes in that stage:
   among n costs about 2*log2(n) extra stage calls;
 * every micro-batch of the batch fails its first run in the same stage with the same
   exception type, and it takes at least four requests to explain that (a request whose
-  items are in several micro-batches counts once): the failure is judged **systemic** at
-  once, and every request of the batch not yet answered fails with that error. A broken
-  stage so costs one call per micro-batch, plus the few halves already running;
+  items are in several micro-batches counts once): the evidence points at a broken stage,
+  and the whole batch is judged **systemic** (every request not answered yet fails with
+  that error) once a run of one request alone has failed alike (below);
 * both halves fail there with the same exception type: that is evidence of a failure that
   is not one request's (a broken model fails every input). One more level is tried on
   one half, the *probe*, while the other half is held back. If both halves of the probe
-  fail the same way as well, three parts that share no request failed alike, and the
-  failure is judged **systemic**: every request of the micro-batch fails with its error,
-  and for the rest of the batch a micro-batch failing in that stage with that type is
-  failed whole, without bisection. So a broken stage costs about one call per micro-batch
-  plus four for the first one, instead of 2n - 1. Otherwise bisection goes on in the probe
-  and in the held half as usual.
+  fail the same way as well, three parts that share no request failed alike: the
+  micro-batch is judged **systemic** (every request of it fails with its error, and for
+  the rest of the batch a micro-batch failing in that stage with that type is failed
+  whole, without bisection), again once a run of one request alone has failed alike.
+  Otherwise bisection goes on in the probe and in the held half as usual.
+
+**A verdict needs a request failing alone.** Parts failing alike in company can be a
+failure of the company: a preprocess that stacks images of different sizes fails every
+micro-batch that mixes sizes, and each image alone passes. So before a verdict is given,
+unless a run of one request has already failed that way in the batch, one request of the
+failed parts runs alone, ahead of the queue (the *lone probe*), while the parts wait. If
+it fails alike, the verdict is given: a broken stage still costs about one call per
+micro-batch, plus one. If it passes, the failure is the company's: no verdict is given
+for that stage and error type in the batch, and every part is bisected down to the
+requests, which then get the answers they get alone.
+
+**The first stage's record.** Once the first stage has served a request since the
+pipeline started (any batch, warm-up included: ``Isolator.first_stage_served``), a request
+failing there alone has met a bad input of its own (the adapter answers it 400), so no
+verdict is given in the first stage any more: its failures are bisected down to the
+requests, and each gets what it gets alone. A model whose first stage never served one
+request can still be judged systemic there: its failure is its own (500), alone as in a
+batch.
 
 A ``BaseException`` that is not an ``Exception`` (KeyboardInterrupt, SystemExit) is a
 request to stop, not a failure of any input: its micro-batch fails whole, unbisected, and
@@ -106,22 +123,47 @@ class Outcome(NamedTuple):
     fail: list[Fail]
     # Set when a whole batch is judged systemic: fail every item of it not yet answered.
     fail_batch: Fail | None = None
+    # To queue at the front of the first stage: a lone probe others wait for.
+    first: tuple[_MicroBatch, ...] = ()
 
 
 _NOTHING = Outcome([], [])
+Key = tuple[int, type[BaseException]]  # (stage index, exception type)
+Parts = list[tuple[_MicroBatch, BaseException]]
+
+
+class _Pending:
+    """A verdict waiting for a lone probe: the failed parts held back, the rest of the
+    probe's part (not run since), and whether the whole batch goes with them (the batch
+    rule)."""
+
+    __slots__ = ("held", "unrun", "whole")
+
+    def __init__(self, held: Parts, unrun: Parts, whole: bool) -> None:
+        self.held = held
+        self.unrun = unrun
+        self.whole = whole
+
+    def parts(self) -> Parts:
+        return [*self.held, *self.unrun]
 
 
 class _Ledger:
     """The isolator's bookkeeping for one batch."""
 
-    __slots__ = ("spans", "systemic", "first_run_failures")
+    __slots__ = ("spans", "systemic", "first_run_failures", "alone_failed", "company", "pending")
 
     def __init__(self, spans: list[range]) -> None:
         self.spans = spans  # the item ranges of its micro-batches' first runs
         # The stage index -> exception type judged systemic for the batch.
         self.systemic: dict[int, type[BaseException]] = {}
         # How many first runs failed, by (stage index, exception type).
-        self.first_run_failures: dict[tuple[int, type[BaseException]], int] = {}
+        self.first_run_failures: dict[Key, int] = {}
+        # Failed in a run of one request alone: a verdict may be given.
+        self.alone_failed: set[Key] = set()
+        # A lone probe passed where its company failed: no verdict in this batch.
+        self.company: set[Key] = set()
+        self.pending: dict[Key, _Pending] = {}
 
 
 class _Split:
@@ -146,7 +188,19 @@ class _Split:
         # Set on a probe: its sibling half and that half's error, waiting for the verdict.
         self.held = held
         self.outcomes = 0
-        self.failed: list[tuple[_MicroBatch, BaseException]] = []
+        self.failed: Parts = []
+
+
+class _Alone:
+    """On a lone probe: the verdict (``ledger.pending[key]``) its outcome in ``stage``
+    gives or takes away."""
+
+    __slots__ = ("ledger", "key", "stage")
+
+    def __init__(self, ledger: _Ledger, key: Key) -> None:
+        self.ledger = ledger
+        self.key = key
+        self.stage = key[0]
 
 
 def _requests(mb: _MicroBatch) -> int:
@@ -173,10 +227,14 @@ class Isolator:
         # A batch's bookkeeping lives as long as the batch: stale micro-batches of a batch
         # that timed out still report to it, and nothing has to remember to drop it.
         self._ledgers: weakref.WeakKeyDictionary[Batch, _Ledger] = weakref.WeakKeyDictionary()
+        # The first stage has served a request since the pipeline started (only ever set).
+        self.first_stage_served = False
 
     def track(self, batch: Batch, micro_batches: Sequence[_MicroBatch]) -> None:
         """Starts the bookkeeping of ``batch``, cut into ``micro_batches`` for their first
         runs. A batch not tracked is never judged by the batch rule."""
+        if self.first_stage_served:
+            batch.first_stage_served = True
         with self._lock:
             self._ledgers[batch] = _Ledger([mb.indices for mb in micro_batches])
 
@@ -189,15 +247,22 @@ class Isolator:
     def passed(self, mb: _MicroBatch, stage: int) -> Outcome:
         """``mb`` got through ``stage``."""
         if stage == 0:
-            mb.batch.first_stage_passed = True  # only ever set, never cleared: no lock
+            # Only ever set, never cleared: no lock.
+            mb.batch.first_stage_served = self.first_stage_served = True
         if mb.split is None:
             # A first run (the common case, every stage call of a healthy batch) waits on no
             # bisection step. ``split`` is set before a half is queued and cleared only by
             # the thread running it, so this thread reads it without the shared lock.
             return _NOTHING
         with self._lock:
-            if mb.split is None or mb.split.stage != stage:
+            split = mb.split
+            if split is None or split.stage != stage:
                 return _NOTHING
+            if isinstance(split, _Alone):
+                # Alone it passes where its company failed: the company's failure.
+                mb.split = None
+                split.ledger.company.add(split.key)
+                return self._release(split)
             return self._report(mb, None)
 
     def dropped(self, mb: _MicroBatch) -> Outcome:
@@ -217,6 +282,7 @@ class Isolator:
                 stopped = Outcome([], [Fail(mb, error, stage, isolated=False)])
                 return _merge(stopped, self._report(mb, None))
             ledger = self._ledger(mb.batch)
+            key: Key = (stage, type(error))
             verdict = ledger.systemic.get(stage)
             if not self.enabled or (verdict is not None and type(error) is verdict):
                 isolated = mb.one_request() and verdict is None
@@ -224,17 +290,36 @@ class Isolator:
                 return _merge(
                     Outcome([], [Fail(mb, error, stage, isolated)]), self._report(mb, None)
                 )
+            if mb.one_request() and self._may_be_systemic(stage, error):
+                # A run of one request alone failed: the evidence a verdict waits for.
+                ledger.alone_failed.add(key)
+                pending = ledger.pending.pop(key, None)
+                if pending is not None:
+                    if isinstance(mb.split, _Alone) and mb.split.key == key:
+                        mb.split = None  # the lone probe itself
+                    return _merge(
+                        self._conclude(ledger, key, [*pending.parts(), (mb, error)], pending.whole),
+                        self._report(mb, None),
+                    )
             if self._is_input_error(error):
                 return _merge(self._bisect(mb, stage, error), self._report(mb, None))
             if mb.attempt == 0 and self._every_first_run_failed(mb.batch, ledger, stage, error):
-                ledger.systemic[stage] = type(error)
-                whole = Fail(mb, error, stage, isolated=False)
-                return _merge(Outcome([], [whole], whole), self._report(mb, None))
+                return self._judge(ledger, key, [(mb, error)], whole=True)
             split = mb.split
-            if split is not None and split.stage == stage and type(error) is split.error_type:
+            if (
+                isinstance(split, _Split)
+                and split.stage == stage
+                and type(error) is split.error_type
+            ):
                 return self._report(mb, error)
             # A failure unlike its parent's: bisected on its own, and an outcome for the split.
             return _merge(self._bisect(mb, stage, error), self._report(mb, None))
+
+    def _may_be_systemic(self, stage: int, error: BaseException) -> bool:
+        """Whether a failure in ``stage`` with ``error`` can lead to a verdict: never for a
+        bad input, nor in a first stage that has served (a request failing there alone has
+        met a bad input: the module's docstring)."""
+        return not self._is_input_error(error) and not (stage == 0 and self.first_stage_served)
 
     @staticmethod
     def _every_first_run_failed(
@@ -247,11 +332,52 @@ class Isolator:
             and fewest_requests(batch.groups, ledger.spans) >= MIN_REQUESTS_FOR_BATCH_VERDICT
         )
 
+    def _judge(self, ledger: _Ledger, key: Key, parts: Parts, *, whole: bool) -> Outcome:
+        """Parts that failed alike with ``key`` point at a broken stage: the verdict when a
+        lone run failed alike, else a lone probe first; bisection when no verdict may be
+        given (a company's failure, a first stage that has served, a bad input)."""
+        stage, error_type = key
+        if key in ledger.company or not self._may_be_systemic(stage, parts[0][1]):
+            return _bisect_all(self, parts, stage)
+        if key in ledger.alone_failed:
+            return self._conclude(ledger, key, parts, whole)
+        pending = ledger.pending.get(key)
+        if pending is not None:  # a lone probe is already out for this verdict
+            pending.held.extend(parts)
+            pending.whole = pending.whole or whole
+            return _NOTHING
+        (first, error), rest = parts[0], parts[1:]
+        probe, remainder = first.first_request()
+        unrun = [(remainder, error)] if remainder is not None else []
+        ledger.pending[key] = _Pending(rest, unrun, whole)
+        probe.split = _Alone(ledger, key)
+        return Outcome([], [], first=(probe,))
+
+    @staticmethod
+    def _conclude(ledger: _Ledger, key: Key, parts: Parts, whole: bool) -> Outcome:
+        """The verdict: ``parts`` fail with their errors, and with ``whole`` every request
+        of the batch not answered yet."""
+        stage, error_type = key
+        ledger.systemic[stage] = error_type
+        fails = [Fail(mb, error, stage, isolated=False) for mb, error in parts]
+        return Outcome([], fails, fails[0] if whole else None)
+
+    def _release(self, alone: _Alone) -> Outcome:
+        """No verdict from ``alone``'s probe: the parts held for it are bisected, and the
+        rest of its own part runs again."""
+        pending = alone.ledger.pending.pop(alone.key, None)
+        if pending is None:
+            return _NOTHING
+        again = Outcome([mb for mb, _ in pending.unrun], [])
+        return _merge(again, _bisect_all(self, pending.held, alone.stage))
+
     def _report(self, mb: _MicroBatch, error: BaseException | None) -> Outcome:
         """Gives ``mb``'s split its outcome: failed alike (``error``) or anything else."""
         split, mb.split = mb.split, None
         if split is None:
             return _NOTHING
+        if isinstance(split, _Alone):  # dropped, or failed otherwise: no verdict from it
+            return self._release(split)
         split.outcomes += 1
         if error is not None:
             split.failed.append((mb, error))
@@ -276,11 +402,13 @@ class Isolator:
     def _resolve(self, split: _Split) -> Outcome:
         """Both halves of ``split`` have an outcome in its stage."""
         waiting = [split.held] if split.held is not None else []
-        verdict_given = split.ledger.systemic.get(split.stage) is split.error_type
-        if (len(split.failed) == 2 and waiting) or verdict_given:
+        key: Key = (split.stage, split.error_type)
+        if split.ledger.systemic.get(split.stage) is split.error_type:
+            return self._conclude(split.ledger, key, [*split.failed, *waiting], whole=False)
+        if len(split.failed) == 2 and waiting:
             # Halves share no request: a probe and its held sibling failing alike are three
             # requests at least.
-            return self._systemic(split, [*split.failed, *waiting])
+            return self._judge(split.ledger, key, [*split.failed, *waiting], whole=False)
         if split.within and len(split.failed) == 2:
             # One request's halves both failed: its failure, whichever instance is to blame.
             return Outcome([], [Fail(mb, error, split.stage, True) for mb, error in split.failed])
@@ -301,10 +429,12 @@ class Isolator:
             outcome = _merge(outcome, self._bisect(held_mb, split.stage, held_error))
         return outcome
 
-    @staticmethod
-    def _systemic(split: _Split, failed: list[tuple[_MicroBatch, BaseException]]) -> Outcome:
-        split.ledger.systemic[split.stage] = split.error_type
-        return Outcome([], [Fail(mb, error, split.stage, False) for mb, error in failed])
+
+def _bisect_all(isolator: Isolator, parts: Parts, stage: int) -> Outcome:
+    outcome = _NOTHING
+    for mb, error in parts:
+        outcome = _merge(outcome, isolator._bisect(mb, stage, error))
+    return outcome
 
 
 def _merge(a: Outcome, b: Outcome) -> Outcome:
@@ -312,4 +442,6 @@ def _merge(a: Outcome, b: Outcome) -> Outcome:
         return a
     if a is _NOTHING:
         return b
-    return Outcome(a.rerun + b.rerun, a.fail + b.fail, a.fail_batch or b.fail_batch)
+    return Outcome(
+        a.rerun + b.rerun, a.fail + b.fail, a.fail_batch or b.fail_batch, a.first + b.first
+    )

@@ -32,14 +32,15 @@ class Outcomes:
     """Carries out the isolator's outcomes for the stages ``names``.
 
     Args:
-        enqueue: puts a micro-batch in a stage's queue (re-runs go to stage 0).
+        enqueue: puts a micro-batch in a stage's queue, at its front when the last argument
+            is True (re-runs go to stage 0, a lone probe at the front).
     """
 
     def __init__(
         self,
         names: Sequence[str],
         isolator: Isolator,
-        enqueue: Callable[[int, _MicroBatch], None],
+        enqueue: Callable[[int, _MicroBatch, bool], None],
     ) -> None:
         self._names = names
         self._isolator = isolator
@@ -83,8 +84,10 @@ class Outcomes:
             self.finish(
                 batch, range(batch.positions), error=whole.error, failure=self._failure(whole)
             )
+        for mb in outcome.first:
+            self._enqueue(0, mb, True)
         for mb in outcome.rerun:
-            self._enqueue(0, mb)
+            self._enqueue(0, mb, False)
 
     def _failure(self, fail: Fail) -> RequestFailure:
         return RequestFailure(self._names[fail.stage], fail.stage, fail.isolated)

@@ -260,8 +260,10 @@ class Pipeline:
         auto = None if quiet or micro_batch_size is not None else self._auto
         if micro_batch_size is not None:
             size = _positive_int(micro_batch_size, "micro_batch_size")
+        elif auto is not None:
+            size = self._auto_size(auto, len(items))
         else:
-            size = auto.choose(len(items), self.parallelism) if auto else self._micro_batch_size
+            size = self._micro_batch_size
         exact = micro_batch_size is not None
         batch, micro_batches = self._cut(items, context, owners, size, quiet, exact)
         self._isolator.track(batch, micro_batches)
@@ -281,6 +283,17 @@ class Pipeline:
         for mb in micro_batches:
             self._enqueue(0, mb)
         return batch
+
+    def _auto_size(self, auto: AutoMicroBatchSize, count: int) -> int:
+        """The size ``auto`` chooses for a batch of ``count``; its last one if choosing
+        fails (planning never fails a batch)."""
+        try:
+            return _positive_int(auto.choose(count, self.parallelism), "micro_batch_size")
+        except Exception:
+            logger.exception(
+                "choosing a micro-batch size failed; the batch is cut at %d", auto.last_size
+            )
+            return max(1, auto.last_size)
 
     def _cut(
         self,
@@ -337,14 +350,14 @@ class Pipeline:
             abandoned_threads=self._workers.abandoned(),
         )
 
-    def _enqueue(self, stage: int, mb: _MicroBatch) -> None:
+    def _enqueue(self, stage: int, mb: _MicroBatch, front: bool = False) -> None:
         mb.enqueued_at = time.monotonic()
         try:
             if self._cancelling:
                 raise PipelineClosedError(
                     "the pipeline shut down before this request was processed"
                 )
-            self._queues[stage].put(mb)
+            self._queues[stage].put(mb, front=front)
         except PipelineClosedError as closed:
             self._outcomes.fail_unrun(mb, closed)
 

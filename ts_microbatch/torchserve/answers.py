@@ -8,10 +8,11 @@ several instances per request: an index would then name another request).
 
 Which status (``ts_microbatch.torchserve.status`` maps the exception): a ``RequestError`` or
 ``PredictionException`` carries its own; any other error is a 500, except that an error in
-the first stage that bisection pinned on one request alone, while other requests of the
-same batch got through that stage, is that request's input: 400 with the message. An
-error every request hits alike (a broken handler) stays a 500. A body that could not be
-read (``kserve.unpack``) is a 400 and never enters the pipeline.
+the first stage that bisection pinned on one request alone, once that stage has served a
+request since load, is that request's input: 400 with a message that says what the client
+sent. So a request gets the same status alone and in any batch (the rule is
+``ts_microbatch.core.isolation``'s). A body that could not be read (``kserve.unpack``) is a
+400 and never enters the pipeline.
 
 What a handler returned is read here too, one guard per request: each answer is turned
 into the bytes TorchServe's own serializer would send (``ts_microbatch.torchserve._wire``), and an
@@ -70,7 +71,8 @@ def _unread_answer(
     submitted: SubmittedBatch, idx: int, error: BaseException, observer: PipelineObserver
 ) -> Any:
     """A plain body that could not be read (``kserve.unpack``): it has no item."""
-    status = error_status(error, _request_id(submitted, idx))
+    body_size = submitted.requests[idx].body_size
+    status = error_status(error, _request_id(submitted, idx), body_size=body_size)
     _report_status(submitted, idx, status.code, status.phrase, observer)
     return _sendable(submitted, status.body)
 
@@ -93,7 +95,9 @@ def _outcome(submitted: SubmittedBatch, item: int) -> tuple[Any, BaseException |
 
 def _status(submitted: SubmittedBatch, idx: int, item: int, exc: BaseException) -> Any:
     request_id = _request_id(submitted, idx)
-    return error_status(exc, request_id, bad_input=_is_bad_input(submitted.batch, item))
+    bad_input = _is_bad_input(submitted.batch, item)
+    body_size = submitted.requests[idx].body_size
+    return error_status(exc, request_id, bad_input=bad_input, body_size=body_size)
 
 
 def _plain_answer(
@@ -166,7 +170,8 @@ def _report_status(
 
 
 def _is_bad_input(batch: Batch | None, idx: int) -> bool:
-    """Failed alone in the first stage while others got through it: its own input."""
+    """Failed alone in a first stage that has served requests since load: its own input
+    (``ts_microbatch.core.isolation``, "The first stage's record"), in any batch as alone."""
     if batch is None:
         return False
     failure = batch.failure(idx)
@@ -174,5 +179,5 @@ def _is_bad_input(batch: Batch | None, idx: int) -> bool:
         failure is not None
         and failure.isolated
         and failure.stage_index == 0
-        and batch.first_stage_passed
+        and batch.first_stage_served
     )

@@ -89,6 +89,7 @@ class Request:
     count: int
     error: RequestError | None = None  # unreadable or malformed: no items, answered with it
     request_id: str | None = None  # v2 "id"
+    body_size: int | None = None  # bytes or characters of a plain body, for error messages
 
 
 def unpack(
@@ -151,9 +152,11 @@ def _headers(context: Any, index: int) -> dict[str, str]:
 
 def _read(row: Any, kserve: bool | str, context: Any, index: int, request: Request) -> list[Any]:
     """The items of one request; sets ``request``'s protocol (and v2 id) as it finds them."""
+    raw = _body(row)
+    if isinstance(raw, (bytes, bytearray, str)):
+        request.body_size = len(raw)
     if kserve is False:
         return [row]
-    raw = _body(row)
     # A binary-extension body opens with its JSON header; a photo's bytes cannot be one, so
     # the headers are not read for them (the per-request path of every image request).
     if not _raw_non_json(raw) and BINARY_HEADER in _headers(context, index):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import binascii
 import http
 import json
+import re
 from typing import Any, NamedTuple
 
 from ..core.errors import (
@@ -29,6 +30,8 @@ _INPUT_ERROR_TYPES: tuple[type[BaseException], ...] = (
     json.JSONDecodeError,
 )
 _OOM_NAMES = {"torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError"}
+# "<_io.BytesIO object at 0x7ff3...>": what PIL names the body it could not read.
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
 class ErrorStatus(NamedTuple):
@@ -82,6 +85,7 @@ def error_status(
     *,
     bad_input: bool = False,
     about: str | None = None,
+    body_size: int | None = None,
 ) -> ErrorStatus:
     """The status, reason phrase and JSON body for a request that failed with ``exc``.
 
@@ -91,6 +95,8 @@ def error_status(
         about: what failed, when it is the server's doing whatever the type of ``exc``
             (a UnicodeDecodeError sending the handler's output is no bad input): a 500,
             with the message "<about>: <type>: <message>".
+        body_size: the request body's size, when known: a 4xx message says what the
+            client sent (``client_message``).
     """
     code = 500 if about is not None else status_code_for(exc)
     if bad_input and code == 500:
@@ -98,10 +104,27 @@ def error_status(
     message = exception_text(exc) or type(exc).__name__
     if about is not None:
         message = f"{about}: {type(exc).__name__}: {message}"
+    elif 400 <= code < 500:
+        message = client_message(exc, message, body_size)
     body: dict[str, Any] = {"code": code, "type": type(exc).__name__, "message": message}
     if request_id is not None:
         body["request_id"] = request_id
     return ErrorStatus(code, reason_phrase(code), body)
+
+
+def client_message(exc: BaseException, message: str, body_size: int | None) -> str:
+    """A 4xx message that says what the client sent: a decoder's errors name the body it
+    could not read by an object's repr ("cannot identify image file <_io.BytesIO object at
+    0x7ff3...>"), which tells the client nothing and differs on every call."""
+    names = _qualified_names(exc)
+    size = f" ({body_size} bytes)" if body_size is not None else ""
+    if body_size == 0 and (names & set(_INPUT_ERRORS_BY_NAME) or isinstance(exc, OSError)):
+        return "the request body is empty: send an image"
+    if "PIL.UnidentifiedImageError" in names:
+        return f"the request body{size} is not an image in a format the server can read"
+    if isinstance(exc, OSError) and "truncated" in message:
+        return f"the image{size} is truncated: {_OBJECT_REPR.sub('the request body', message)}"
+    return _OBJECT_REPR.sub("the request body", message)
 
 
 def reason_phrase(code: int) -> str:
