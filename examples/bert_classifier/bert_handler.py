@@ -32,6 +32,9 @@ from ts_microbatch import InvalidInputError, MicroBatchingMixin, PayloadTooLarge
 
 logger = logging.getLogger(__name__)
 
+# Where item_length leaves a row's token ids for preprocess (a key of the row's dict).
+TOKEN_IDS = "_ts_microbatch_token_ids"
+
 
 class BertClassifierHandler(MicroBatchingMixin, BaseHandler):  # type: ignore[misc]
     def initialize(self, context: Any) -> None:
@@ -58,12 +61,15 @@ class BertClassifierHandler(MicroBatchingMixin, BaseHandler):  # type: ignore[mi
 
     def limits(self) -> tuple[bool, int]:
         """Whether longer inputs are truncated (else refused), and the longest input
-        accepted: the config's ``max_tokens`` within the model's own limit. Read once per
-        config (``item_length`` runs for every request, before any stage)."""
+        accepted: the config's ``max_tokens`` and largest ``allowed_sequence_lengths``
+        within the model's own limit (the pipeline pads every row to a bucket, so a row
+        longer than the largest cannot be served). Read once per config (``item_length``
+        runs for every request, before any stage)."""
         config = self.micro_batching.base_config if self.micro_batching else None
         if config is None or getattr(self, "_limits_of", None) is not config:
-            configured = getattr(config, "max_tokens", None)
-            limit = min(configured or self.model_max_tokens, self.model_max_tokens)
+            buckets = getattr(config, "allowed_sequence_lengths", None) or ()
+            configured = [getattr(config, "max_tokens", None), *buckets[-1:]]
+            limit = min([n for n in configured if n is not None] + [self.model_max_tokens])
             self._limits = (bool(getattr(config, "truncate", False)), limit)
             self._limits_of = config
         return self._limits
@@ -82,8 +88,21 @@ class BertClassifierHandler(MicroBatchingMixin, BaseHandler):  # type: ignore[mi
     def item_length(self, item: Any) -> int:
         """The token count of one row as preprocess receives it, [CLS] and [SEP] included:
         after truncation when the config truncates, else at most one past the limit (the
-        row is refused: 413)."""
-        return len(self._token_ids([read_text(item)])[0])
+        row is refused: 413). The ids are kept in the row for preprocess: a text is
+        tokenized once, not once to be measured and again to be padded."""
+        ids = self._token_ids([read_text(item)])[0]
+        if isinstance(item, dict):
+            item[TOKEN_IDS] = ids
+        return len(ids)
+
+    def _ids_of(self, data: list[Any]) -> list[list[int]]:
+        """Each row's token ids: measured already (``item_length``), else tokenized now."""
+        ids: list[Any] = [row.get(TOKEN_IDS) if isinstance(row, dict) else None for row in data]
+        missing = [i for i, row_ids in enumerate(ids) if row_ids is None]
+        if missing:
+            for i, row_ids in zip(missing, self._token_ids([read_text(data[i]) for i in missing])):
+                ids[i] = row_ids
+        return ids
 
     def warmup_input(self, length: int | None = None) -> Any:
         """A request body of about ``length`` tokens (32 words when None), from texts.py."""
@@ -102,7 +121,7 @@ class BertClassifierHandler(MicroBatchingMixin, BaseHandler):  # type: ignore[mi
     # -- stages --------------------------------------------------------------------
 
     def preprocess(self, data: list[Any]) -> dict[str, torch.Tensor]:
-        ids = self._token_ids([read_text(row) for row in data])
+        ids = self._ids_of(data)
         _, limit = self.limits()
         if any(len(row_ids) > limit for row_ids in ids):
             raise PayloadTooLargeError(

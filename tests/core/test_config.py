@@ -209,8 +209,9 @@ def test_pipeline_takes_an_automatic_size_at_construction_not_a_string() -> None
 
 
 def test_warmup_sizes_per_bucket_are_those_a_token_budget_can_cut() -> None:
-    # Under a budget of 2048 a micro-batch holds at most 8 texts of 256 tokens and 4 of 512
-    # (padded to 8): warm-up compiling (32, 256) or (32, 512) would be graphs never used.
+    # Under a budget of 2048 a micro-batch holds at most 8 texts of 256 tokens and 2 of 512
+    # (3 or 4 would be padded to 8 rows: 4096 tokens, over the budget): warm-up compiling
+    # (32, 256) or (8, 512) would be graphs never used.
     config = MicroBatchingConfig.from_mapping(
         {
             "micro_batch_size": 32,
@@ -221,7 +222,7 @@ def test_warmup_sizes_per_bucket_are_those_a_token_budget_can_cut() -> None:
         }
     )
     assert config.warmup_sizes() == (2, 8, 32)
-    assert [config.warmup_sizes(n) for n in (64, 256, 512)] == [(2, 8, 32), (2, 8), (2, 8)]
+    assert [config.warmup_sizes(n) for n in (64, 256, 512)] == [(2, 8, 32), (2, 8), (2,)]
     unbudgeted = replace(config, max_micro_batch_tokens=None)
     assert unbudgeted.warmup_sizes(512) == (2, 8, 32)
     automatic = replace(config, micro_batch_size="auto", min_micro_batch_size=1)

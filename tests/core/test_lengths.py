@@ -265,3 +265,128 @@ def test_plan_keeps_a_requests_items_together_when_sorting() -> None:
 
 def test_cut_sizes_without_a_budget_are_the_fixed_size() -> None:
     assert cut_sizes(LengthRule(len), [1] * 7, 3) == (3, 3, 1)
+
+
+@pytest.mark.parametrize("length", ["12", 3.9, 3.0, True, False, -5])
+def test_defect_item_length_true_float_or_str_was_accepted(length: Any) -> None:
+    # 3.9 was counted as 3 and "12" as 12 by the adapter's int() before the core's check.
+    answers, recorder = run(["x", "y"], LengthRule(lambda item: length if item == "y" else 1))
+    assert [rows for rows, _ in recorder.calls] == [["x"]]  # the scenario: y never ran
+    assert isinstance(answers[1], InvalidInputError) and answers[0] == "X"
+    assert "item_length returned" in str(answers[1])
+
+
+def test_integer_types_of_numpy_and_torch_are_lengths() -> None:
+    numpy = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    lengths = {"x": numpy.int64(3), "y": torch.tensor(5)}
+    answers, recorder = run(["x", "y"], LengthRule(lambda item: lengths[item], order="length"))
+    assert answers == ["X", "Y"]
+    assert recorder.calls[0][1] is not None and recorder.calls[0][1].lengths == (3, 5)
+
+
+def test_a_length_no_model_takes_is_its_requests_413() -> None:
+    answers, recorder = run(["x", "y"], LengthRule(lambda item: 10**170 if item == "y" else 1))
+    assert isinstance(answers[1], PayloadTooLargeError) and answers[0] == "X"
+    assert [rows for rows, _ in recorder.calls] == [["x"]]
+
+
+def test_defect_padding_to_allowed_sizes_exceeded_the_token_budget() -> None:
+    # 21 items of 96 tokens fit a budget of 2048 (2016), but padded to the allowed 32 the
+    # model saw 32 x 96 = 3072 tokens, 11 rows of them duplicates.
+    allowed = (1, 2, 4, 8, 16, 32)
+    rule = LengthRule(len, max_micro_batch_tokens=2048, allowed_sizes=allowed)
+    sizes = cut_sizes(rule, [96] * 21, 32)
+    assert sizes == (16, 5)
+    assert all(rule.tokens(n, 96) <= 2048 for n in sizes)
+    assert rule.most_items(96, 32) == 16  # warm-up's sizes: the same formula
+
+
+def test_defect_a_planning_failure_failed_the_batch_and_every_later_one() -> None:
+    calls: list[int] = []
+
+    def broken_choice(lengths: Sequence[int]) -> Sequence[int]:
+        calls.append(len(lengths))
+        raise OverflowError("cannot fit")
+
+    rule = LengthRule(len, order="length")
+    result = plan(rule, ["ccc", "a", "bb"], None, 2, choose=broken_choice)
+    assert calls == [3]  # the scenario: choosing raised
+    assert result.order == (0, 1, 2) and result.sizes == (2, 1)  # arrival order, fixed size
+    nonsense = plan(rule, ["ccc", "a", "bb"], None, 2, choose=lambda lengths: [5, -2])
+    assert nonsense.order == (0, 1, 2) and nonsense.sizes == (2, 1)
+
+
+LENGTH_RESULTS = st.one_of(
+    st.integers(0, 600),
+    st.integers(0, 10**400),
+    st.integers(-(10**6), -1),
+    st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.none(),
+    st.text(max_size=4),
+    st.just("raise"),
+)
+
+
+@given(
+    results=st.lists(LENGTH_RESULTS, min_size=1, max_size=20),
+    size=st.integers(1, 8),
+    budget=st.none() | st.integers(1, 3000),
+    buckets=st.none() | st.lists(st.integers(1, 600), min_size=1, max_size=4, unique=True),
+    allowed=st.none() | st.sampled_from([(1, 2, 4, 8), (2, 8), (1, 3)]),
+    auto=st.booleans(),
+)
+def test_whatever_item_length_returns_each_request_is_answered_and_the_next_batch_served(
+    results: list[Any],
+    size: int,
+    budget: int | None,
+    buckets: list[int] | None,
+    allowed: tuple[int, ...] | None,
+    auto: bool,
+) -> None:
+    """One request under "auto" with lengths once broke every later batch: its length
+    overflowed the token budget's cost fit, outside any per-request guard."""
+    from ts_microbatch.core.autobudget import AutoTokenBudget
+
+    items = [f"{i}:x" for i in range(len(results))]
+    by_item = dict(zip(items, results))
+
+    def measure(item: str) -> Any:
+        value = by_item.get(item, len(item))
+        if value == "raise":
+            raise ValueError("cannot measure")
+        return value
+
+    bucket_tuple = tuple(sorted(buckets)) if buckets else None
+    rule = LengthRule(
+        measure, "length", budget, bucket_tuple, truncate=False, allowed_sizes=allowed
+    )
+    recorder = Recorder()
+    size = allowed[-1] if allowed else size
+    token_budget = AutoTokenBudget(size, budget) if auto else None
+    with Pipeline(
+        recorder.stages(),
+        micro_batch_size=size,
+        lengths=rule,
+        allowed_sizes=allowed,
+        padded_stages=("preprocess", "inference", "postprocess") if allowed else None,
+        token_budget=token_budget,
+    ) as pipeline:
+        batch = pipeline.submit_batch(items)
+        assert batch.wait(30)
+        for item, outcome in zip(items, (batch.outcome(i) for i in range(len(items)))):
+            assert outcome is not None
+            if outcome.error is None:
+                assert outcome.value == item.upper()
+            else:
+                assert isinstance(outcome.error, (InvalidInputError, PayloadTooLargeError))
+        for round_no in range(3):  # later batches of good requests are served normally
+            good = [f"{round_no}:" + "y" * n for n in (3, 9, 1, 27, 5)]
+            cap = bucket_tuple[-1] if bucket_tuple else 600  # within every limit
+            by_item.update({item: len(item) % cap + 1 for item in good})
+            later = pipeline.submit_batch(good)
+            assert later.wait(30)
+            assert [later.outcome(i) for i in range(len(good))] == [
+                (item.upper(), None) for item in good
+            ]

@@ -471,3 +471,44 @@ def test_broken_metrics_change_no_answer_and_are_logged_once_per_hook(
     hooks = sorted(r.getMessage().split(".")[1].split(" ")[0] for r in first)
     assert hooks == ["on_batch", "on_stage"], [r.getMessage() for r in first]
     assert all(r.exc_info and r.name == "ts_microbatch.core.metrics" for r in first)
+
+
+@pytest.mark.parametrize("how", ["setter", "configure"])
+def test_defect_auto_set_at_run_time_kept_the_old_size_as_its_ceiling(how: str) -> None:
+    # With lengths on and a fixed size of 2 in force, "auto" set at run time got a token
+    # budget whose most items were 2, where a fresh "auto" config gets max_micro_batch_size.
+    handler = FakeTorchServeHandler()
+    config = MicroBatchingConfig(micro_batch_size=2, order="length")
+    with MicroBatching(handler, config=config) as mb:
+        assert mb._pipeline.token_budget is None  # the scenario: a fixed size in force
+        if how == "setter":
+            mb.micro_batch_size = "auto"
+        else:
+            mb.configure(MicroBatchingConfig.from_mapping({"micro_batch_size": "auto"}, config))
+        budget = mb._pipeline.token_budget
+        assert budget is not None and budget.max_items == config.max_micro_batch_size == 32
+        fresh = MicroBatching(
+            handler, config=MicroBatchingConfig(micro_batch_size="auto", order="length")
+        )
+        try:
+            assert fresh._pipeline.token_budget is not None
+            assert fresh._pipeline.token_budget.max_items == budget.max_items
+        finally:
+            fresh.shutdown()
+        assert [o for o in mb.handle(list(range(16)))] == expected(list(range(16)))
+
+
+@pytest.mark.parametrize("length", [True, 3.9, "12", None])
+def test_defect_item_length_true_float_or_str_was_accepted(length: Any) -> None:
+    # The adapter ran int() on item_length's result before the core's check: True, 3.9 and
+    # "12" were counted as 1, 3 and 12 instead of failing that request with 400.
+    class Measured(FakeTorchServeHandler):
+        def item_length(self, item: int) -> Any:
+            return length if item == 1 else 4
+
+    context = FakeContext(3)
+    with MicroBatching(Measured(), config=MicroBatchingConfig(order="length")) as mb:
+        out = mb(list(range(3)), context)
+    assert out[0] == expected([0])[0] and out[2] == expected([2])[0]
+    assert out[1]["code"] == 400 and "item_length returned" in out[1]["message"]
+    assert context.statuses[1][0] == 400 and set(context.statuses) == {1}

@@ -31,6 +31,8 @@ fit keeps seeing both sides of what it chose.
 from __future__ import annotations
 
 import heapq
+import logging
+import math
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -41,6 +43,8 @@ import numpy as np
 
 from .autosize import TOLERANCE
 from .lengths import LengthRule, cut_sizes
+
+logger = logging.getLogger(__name__)
 
 _L_SCALE = 512.0  # keeps n * L**2 of the order of n * L in the fit
 _MEMORY = 256  # runs kept per stage
@@ -115,6 +119,8 @@ class AutoTokenBudget:
     def observe(self, stage: str, items: int, padded_length: int, run_s: float) -> None:
         """Records that ``stage`` took ``run_s`` seconds for ``items`` rows padded to
         ``padded_length``."""
+        if not (math.isfinite(run_s) and run_s >= 0 and items >= 1 and padded_length >= 1):
+            return  # nothing a fit can use
         with self._lock:
             runs = self._runs.setdefault(stage, deque(maxlen=_MEMORY))
             runs.append((items, padded_length, run_s))
@@ -125,7 +131,13 @@ class AutoTokenBudget:
             runs = {stage: list(r) for stage, r in self._runs.items()}
         if not runs:
             return None
-        fits = {stage: fit_shape_cost(r) for stage, r in runs.items()}
+        try:
+            fits = {stage: fit_shape_cost(r) for stage, r in runs.items()}
+        except Exception:  # a fit that cannot be solved: run the start budget meanwhile
+            logger.warning(
+                "the token budget's cost fit failed; using the start budget", exc_info=True
+            )
+            return None
         if any(fit is None for fit in fits.values()):
             return None
         return {s: f for s, f in fits.items() if f is not None}

@@ -248,6 +248,7 @@ class MicroBatchingConfig:
             self.max_tokens,
             self.truncate,
             self.min_micro_batch_size,
+            self.allowed_micro_batch_sizes,
         )
 
     def _check_allowed_sizes(self) -> None:
@@ -307,9 +308,9 @@ class MicroBatchingConfig:
         if self.warmup is not None and self.warmup.sizes is not None:
             return self.warmup.sizes
         largest = self.largest_micro_batch()
-        budget = self.max_micro_batch_tokens
-        if length is not None and budget is not None and self.micro_batch_size != "auto":
-            largest = min(largest, max(self.min_micro_batch_size, budget // length, 1))
+        rule = self.length_rule(lambda item: 0)  # measures nothing: only its formulas
+        if length is not None and rule is not None and self.micro_batch_size != "auto":
+            largest = rule.most_items(length, largest)  # the cut's own formula
         if self.allowed_micro_batch_sizes is None:
             return (largest,)
         # A batch of one request is a micro-batch of one, whatever the size in force.

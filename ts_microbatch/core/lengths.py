@@ -12,9 +12,10 @@ document with a few short queries, and all of them pay for its length. With leng
 - fails alone a request whose length cannot be measured (its body is unreadable);
 - orders the rest by length (``order: length``), a request's items kept together, so
   micro-batches hold items of similar lengths and padding is small;
-- cuts by a budget (``max_micro_batch_tokens``): a micro-batch takes items while items x
-  padded length stays within it, so a run of short queries rides together and a long
-  document goes with few others;
+- cuts by a budget (``max_micro_batch_tokens``): a micro-batch takes items while the rows
+  the model sees x padded length stays within it (the rows: its items, or the allowed
+  micro-batch size they are padded to), so a run of short queries rides together and a
+  long document goes with few others;
 - pads lengths to ``allowed_sequence_lengths`` (buckets), so a compiled or fixed-shape model
   sees a few shapes only: a micro-batch's ``padded_length`` is the bucket over its longest.
 
@@ -26,16 +27,21 @@ from __future__ import annotations
 
 import bisect
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ._padding import padded_size
 from .batch import Batch, _MicroBatch, cut
 from .errors import ConfigError, InvalidInputError, PayloadTooLargeError, RequestError
 
 logger = logging.getLogger(__name__)
 
 ORDERS = ("arrival", "length")
+# Longer than any model takes (torch indexes sequences with int32): a length over it is its
+# request's 413 whatever the settings, so no measured length can overflow a cost fit.
+MAX_LENGTH = 2**31 - 1
 
 
 def check_order(value: Any, key: str) -> str:
@@ -57,6 +63,8 @@ class LengthRule:
         truncate: count a longer item at the limit (the handler cuts it) instead of
             refusing it.
         min_items: the fewest items a budget cut puts in a micro-batch.
+        allowed_sizes: the micro-batch sizes inference sees (sorted); a budget counts the
+            rows a micro-batch is padded to, not its items.
     """
 
     measure: Callable[[Any], int]
@@ -66,6 +74,7 @@ class LengthRule:
     max_tokens: int | None = None
     truncate: bool = False
     min_items: int = 1
+    allowed_sizes: tuple[int, ...] | None = None
 
     @property
     def limit(self) -> int | None:
@@ -85,24 +94,42 @@ class LengthRule:
         index = bisect.bisect_left(allowed, longest)
         return allowed[min(index, len(allowed) - 1)]
 
+    def tokens(self, count: int, longest: int) -> int:
+        """What a micro-batch of ``count`` items whose longest is ``longest`` costs against
+        a budget: the rows the model sees (padded to an allowed size) x the padded length.
+        The one formula of the cut (``cut_sizes``) and of warm-up (``most_items``)."""
+        return padded_size(self.allowed_sizes, count) * self.padded(max(longest, 1))
+
+    def most_items(self, length: int, ceiling: int) -> int:
+        """The most items of ``length`` a micro-batch holds under the budget, at most
+        ``ceiling`` and at least ``min_items`` (or ``ceiling`` without a budget)."""
+        budget = self.max_micro_batch_tokens
+        if budget is None:
+            return ceiling
+        count = 1
+        while count < ceiling and self.tokens(count + 1, length) <= budget:
+            count += 1
+        return max(min(self.min_items, ceiling), count)
+
     def length_of(self, item: Any) -> int:
         """The length ``item`` is counted at; raises its request's error when it is refused.
+        The one check of what ``measure`` returned.
 
         Raises:
-            PayloadTooLargeError: longer than ``limit`` without ``truncate``.
+            PayloadTooLargeError: longer than ``limit`` without ``truncate``, or than
+                ``MAX_LENGTH``.
             RequestError: ``measure`` raised one, or another exception (the item cannot be
-                read), or returned something that is not an integer >= 0.
+                read), or returned something that is not an integer >= 0 (a bool, a float,
+                a str: integer types such as numpy's and torch's are integers).
         """
         try:
-            length = self.measure(item)
+            length = _integer(self.measure(item))
         except RequestError:
             raise
         except Exception as exc:  # the per-item boundary: whatever reading its body raised
             raise InvalidInputError(
                 f"its length cannot be measured: {type(exc).__name__}: {exc}"
             ) from exc
-        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-            raise InvalidInputError(f"item_length returned {length!r}, expected an integer >= 0")
         limit = self.limit
         if limit is not None and length > limit:
             if self.truncate:
@@ -111,7 +138,22 @@ class LengthRule:
                 f"the input is {length} tokens long, over the longest accepted ({limit}: "
                 f"{_limit_source(self)})"
             )
+        if length > MAX_LENGTH:
+            raise PayloadTooLargeError(
+                f"the input is {length} tokens long, over the longest any model takes "
+                f"({MAX_LENGTH})"
+            )
         return length
+
+
+def _integer(value: Any) -> int:
+    """``value`` as an int >= 0; raises InvalidInputError for anything else."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise InvalidInputError(f"item_length returned {value!r}, expected an integer >= 0")
+    length = operator.index(value)
+    if length < 0:
+        raise InvalidInputError(f"item_length returned {value!r}, expected an integer >= 0")
+    return length
 
 
 def _limit_source(rule: LengthRule) -> str:
@@ -168,22 +210,51 @@ def plan(
             budget (``ts_microbatch.core.autobudget``).
     """
     owners = list(range(len(items))) if owners is None else list(owners)
-    lengths, refused = measure(rule, items, owners)
+    lengths, refused = measure(rule, items, owners)  # never raises: a guard per item
     requests: dict[int, list[int]] = {}
     for index, owner in enumerate(owners):
         if index not in refused:
             requests.setdefault(owner, []).append(index)
     groups = list(requests.values())
+    arrival = tuple(i for group in groups for i in group)
+    try:
+        # Planning never fails a batch: whatever goes wrong ordering or choosing (a cost
+        # fit that cannot be solved, a policy's bug), the batch is cut the plain way.
+        order, sizes = _order_and_sizes(rule, groups, lengths, size, exact, choose)
+    except Exception:
+        logger.exception(
+            "planning the cut of a batch of %d items failed; cutting it in arrival order, "
+            "%d items at a time",
+            len(arrival),
+            size,
+        )
+        order = arrival
+        sizes = cut_sizes(rule, [lengths[i] for i in order], size, exact=True)
+    return Plan(order, sizes, tuple(lengths[i] for i in order), refused)
+
+
+def _order_and_sizes(
+    rule: LengthRule,
+    groups: list[list[int]],
+    lengths: Sequence[int],
+    size: int,
+    exact: bool,
+    choose: Callable[[Sequence[int]], Sequence[int]] | None,
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if rule.order == "length" and not exact:
         # Stable: requests of equal length keep their arrival order.
-        groups.sort(key=lambda group: max(lengths[i] for i in group))
+        groups = sorted(groups, key=lambda group: max(lengths[i] for i in group))
     order = tuple(i for group in groups for i in group)
     ordered = tuple(lengths[i] for i in order)
     if choose is not None and not exact:
         sizes = tuple(choose(ordered))
     else:
         sizes = cut_sizes(rule, ordered, size, exact=exact)
-    return Plan(order, sizes, ordered, refused)
+    if sum(sizes) != len(order) or any(
+        isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes
+    ):
+        raise ValueError(f"the cut {list(sizes)} does not cut {len(order)} items")
+    return order, sizes
 
 
 def cut_batch(
@@ -216,8 +287,7 @@ def cut_sizes(
     rule: LengthRule, lengths: Sequence[int], size: int, *, exact: bool = False
 ) -> tuple[int, ...]:
     """Micro-batch sizes over ``lengths`` (in cut order): ``size`` at a time, or, with a
-    budget, as many as keep items x padded length within it, between ``min_items`` and
-    ``size``."""
+    budget, as many as keep ``rule.tokens`` within it, between ``min_items`` and ``size``."""
     budget = rule.max_micro_batch_tokens
     if budget is None or exact:
         full, rest = divmod(len(lengths), size)
@@ -226,7 +296,7 @@ def cut_sizes(
     count = longest = 0
     for length in lengths:
         grown = max(longest, length)
-        fits = (count + 1) * rule.padded(max(grown, 1)) <= budget
+        fits = rule.tokens(count + 1, grown) <= budget
         if count and (count >= size or (count >= rule.min_items and not fits)):
             sizes.append(count)
             count, grown = 0, length

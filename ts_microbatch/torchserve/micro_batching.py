@@ -177,18 +177,21 @@ class MicroBatching:
         budget when items are measured (``ts_microbatch.core.autobudget``), by count else."""
         checked = check_micro_batch_size(size, config.allowed_micro_batch_sizes)
         if checked == "auto" and config.length_rule(body_length) is not None:
-            largest = config.largest_micro_batch()
+            # Within min/max_micro_batch_size, as a config that says "auto" from the start:
+            # never the fixed size in force before (set at run time, configure()).
+            largest = replace(config, micro_batch_size="auto").largest_micro_batch()
             pipeline.micro_batch_size = largest
             pipeline.token_budget = AutoTokenBudget(largest, config.max_micro_batch_tokens)
             return
         pipeline.token_budget = None
         pipeline.micro_batch_size = _size_for_pipeline(checked, config)
 
-    def item_length(self, item: Any) -> int:
-        """One item's length: the handler's ``item_length(item)`` (a tokenizer's count),
-        else the size of its body (``body_length``)."""
+    def item_length(self, item: Any) -> Any:
+        """One item's length: what the handler's ``item_length(item)`` returns (a
+        tokenizer's count), else the size of its body (``body_length``). Checked in one
+        place, the core's ``LengthRule.length_of``: an integer >= 0, else that request's 400."""
         measure = getattr(self.handler, "item_length", None)
-        return int(measure(item)) if measure is not None else body_length(item)
+        return measure(item) if measure is not None else body_length(item)
 
     # -- configuration ---------------------------------------------------------------
 
