@@ -94,6 +94,7 @@ RATIOS = (
     ("base-example", "upstream"),
 )
 CORES = os.cpu_count() or 1
+ALONE_WARMUP = 1000  # requests before a model alone on a fresh server is measured
 
 
 # -- the two trees ------------------------------------------------------------------------
@@ -223,10 +224,12 @@ def package(store: Path, work: Path, model: str, workload: str, sides: dict[str,
 # -- measuring ----------------------------------------------------------------------------
 
 
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) of each thread name of process ``pid``, summed."""
+def thread_cpu(pid: int) -> dict[str, tuple[float, int]]:
+    """For each thread name of process ``pid``: CPU seconds (user + system) and the times
+    its threads went to sleep (voluntary context switches: each is a wake-up later), summed
+    over the threads of that name."""
     ticks = os.sysconf("SC_CLK_TCK")
-    used: dict[str, float] = {}
+    used: dict[str, tuple[float, int]] = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -234,11 +237,18 @@ def thread_cpu(pid: int) -> dict[str, float]:
     for tid in tasks:
         try:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
         except OSError:
             continue  # the thread ended in between
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
-        used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+        seconds = (int(fields[11]) + int(fields[12])) / ticks
+        sleeps = next(
+            (int(line.split()[1]) for line in status.splitlines() if line.startswith("voluntary_")),
+            0,
+        )
+        before = used.get(name, (0.0, 0))
+        used[name] = (before[0] + seconds, before[1] + sleeps)
     return used
 
 
@@ -324,9 +334,12 @@ def ab_run(
     latencies = parse_gnuplot(times.read_text())
     times.unlink()
     threads: dict[str, float] = {}
-    for name, seconds in worker1.items():
+    wakeups: dict[str, int] = {}
+    for name, (seconds, sleeps) in worker1.items():
         group = thread_group(name)
-        threads[group] = threads.get(group, 0.0) + seconds - worker0.get(name, 0.0)
+        seconds0, sleeps0 = worker0.get(name, (0.0, 0))
+        threads[group] = threads.get(group, 0.0) + seconds - seconds0
+        wakeups[group] = wakeups.get(group, 0) + sleeps - sleeps0
     per_request = {group: 1000 * s / done for group, s in sorted(threads.items())}
     frontend_ms = 1000 * (frontend1 - frontend0) / done
     worker_ms = sum(per_request.values())
@@ -337,6 +350,7 @@ def ab_run(
         "p99_ms": percentile(latencies, 99),
         "cpu_ms_per_request": {"frontend": frontend_ms, "worker": worker_ms},
         "worker_threads_ms_per_request": per_request,
+        "worker_threads_wakeups_per_request": {g: n / done for g, n in sorted(wakeups.items())},
         # Two busy cores allow at most this many requests a second at this CPU cost.
         "bound_requests_per_s": 1000 * CORES / (frontend_ms + worker_ms),
     }
@@ -396,7 +410,9 @@ def run_round(
                 target = register(
                     server, f"{model}-{workload}", model, path, content_type, frontend_pid(server)
                 )
-                warm_up(target, path, content_type, concurrency)
+                # A fresh frontend JIT-compiles its request path over the first thousand
+                # requests or so (1.5 ms of frontend CPU a request at 200, 0.3 warm).
+                warm_up(target, path, content_type, concurrency, min(ALONE_WARMUP, requests // 2))
                 result = ab_run(target, path, content_type, requests, concurrency, plan.work)
         else:
             result = ab_run(targets[model], path, content_type, requests, concurrency, plan.work)
@@ -410,8 +426,12 @@ def run_round(
         )
 
 
-def warm_up(target: Target, body: Path, content_type: str, concurrency: int) -> None:
-    ab_run(target, body, content_type, 200, concurrency, Path(os.environ.get("TMPDIR", "/tmp")))
+def warm_up(
+    target: Target, body: Path, content_type: str, concurrency: int, requests: int = 200
+) -> None:
+    ab_run(
+        target, body, content_type, requests, concurrency, Path(os.environ.get("TMPDIR", "/tmp"))
+    )
 
 
 _BODIES: dict[str, tuple[Path, str]] = {}
@@ -494,9 +514,12 @@ def model_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (layout, workload, body, model), runs in groups.items():
         threads: dict[str, list[float]] = {}
+        wakeups: dict[str, list[float]] = {}
         for run_ in runs:
             for group, ms in run_["worker_threads_ms_per_request"].items():
                 threads.setdefault(group, []).append(ms)
+            for group, n in run_.get("worker_threads_wakeups_per_request", {}).items():
+                wakeups.setdefault(group, []).append(n)
         rows.append(
             {
                 "layout": layout,
@@ -508,6 +531,7 @@ def model_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "frontend_ms": statistics.median(r["cpu_ms_per_request"]["frontend"] for r in runs),
                 "worker_ms": statistics.median(r["cpu_ms_per_request"]["worker"] for r in runs),
                 "threads_ms": {g: statistics.median(v) for g, v in sorted(threads.items())},
+                "threads_wakeups": {g: statistics.median(v) for g, v in sorted(wakeups.items())},
                 "bound_requests_per_s": statistics.median(r["bound_requests_per_s"] for r in runs),
             }
         )
@@ -534,11 +558,15 @@ def report(plan_info: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lines += [
         "",
         "| layout | workload | body | model | req/s | P99 ms | CPU ms/req frontend + worker "
-        "| worker threads ms/req | bound req/s |",
+        "| worker threads: CPU ms (wake-ups) per request | bound req/s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in model_rows(results):
-        threads = ", ".join(f"{g} {ms:.2f}" for g, ms in row["threads_ms"].items())
+        wakeups = row["threads_wakeups"]
+        threads = ", ".join(
+            f"{g} {ms:.2f}" + (f" ({wakeups[g]:.1f})" if g in wakeups else "")
+            for g, ms in row["threads_ms"].items()
+        )
         lines.append(
             f"| {row['layout']} | {row['workload']} | {row['body']} | {row['model']} | "
             f"{row['requests_per_s']:.1f} | {row['p99_ms']:.0f} | {row['frontend_ms']:.2f} + "
