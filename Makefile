@@ -19,7 +19,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv kserve-venv test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-compare bench-photos bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv kserve-venv test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-compare bench-photos bench-detect bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -33,6 +33,7 @@ help:
 	@echo "make bench   run the default benchmark comparison"
 	@echo "make bench-compare BASE=<commit>  the working tree against a commit and upstream, interleaved (~45 min)"
 	@echo "make bench-photos    upstream vs ours, same stages and best decoder, photo bodies (~17 min)"
+	@echo "make bench-detect    the detector on photos of 7 sizes: grouped, ungrouped, upstream, plain (~25 min)"
 	@echo "make bench-compiled  eager vs torch.compile under the pipeline (~12 min)"
 	@echo "make bench-text  BERT: ours vs upstream vs plain on text of variable length (~30 min)"
 	@echo "make soak    100,000 requests at concurrency 200, the worker's memory sampled (~8 min)"
@@ -143,6 +144,17 @@ bench-compare: $(STAMP) ab
 # Upstream vs ours on the same stages and with pil-draft, for 720px, 12 MP and the corpus mix.
 bench-photos: $(STAMP) ab
 	$(PY) benchmarks/benchmark-ab.py --config benchmarks/configs/photos.json --out benchmarks/results/photos
+
+# The detection example on a corpus of photos of 7 sizes: ours as packaged (shape_groups:
+# aspect), ours without grouping, upstream's MicroBatching on the same list-returning stages,
+# and the handler without micro-batching (benchmark-ab.py --mar's baseline).
+DETECT_BUILD := build/detector_mb
+bench-detect: $(STAMP) ab
+	$(PY) examples/object_detector/build_mar.py --export-path $(DETECT_BUILD) --corpus $(DETECT_BUILD)/corpus
+	$(PY) benchmarks/benchmark-ab.py --mar $(DETECT_BUILD)/detector_mb.mar --corpus $(DETECT_BUILD)/corpus \
+	  --variant nogroup='{"shape_groups": null}' \
+	  --handler-variant upstream=benchmarks/handlers/upstream_detector_handler.py \
+	  --rounds 3 --requests 240 --warmup-requests 40 --out benchmarks/results/detection
 
 # Eager vs torch.compile'd ResNet-18, with and without allowed sizes and warm-up.
 bench-compiled: $(STAMP) ab

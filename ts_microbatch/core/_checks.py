@@ -16,6 +16,7 @@ from typing import Any, Literal, Union
 from ._padding import PAD_MODES
 from .errors import ConfigError
 from .lengths import check_order
+from .shapes import check_groups
 
 # The section of model-config.yaml, and the first part of every key path in a message.
 YAML_SECTION = "micro_batching"
@@ -170,4 +171,6 @@ _FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "allowed_sequence_lengths": _sizes,
     "max_tokens": lambda v, k: None if v is None else _positive_int(v, k),
     "truncate": _boolean,
+    "shape_groups": check_groups,
+    "max_micro_batch_pixels": lambda v, k: None if v is None else _positive_int(v, k),
 }

@@ -61,6 +61,10 @@ class MicroBatchInfo(NamedTuple):
     # row is to be padded to (the bucket over the longest, or the longest); else None.
     lengths: tuple[int, ...] | None = None
     padded_length: int | None = None
+    # With shapes (ts_microbatch.core.shapes): each item's (width, height) (None: not
+    # readable), and the shape the micro-batch would be padded to (widest x tallest).
+    shapes: tuple[tuple[int, int] | None, ...] | None = None
+    padded_shape: tuple[int, int] | None = None
 
     @property
     def item_requests(self) -> tuple[int, ...]:
@@ -132,6 +136,7 @@ class Batch:
             items consecutive); None: every item, in item order.
         lengths: the length of the item at each position; None: lengths not measured.
         pad_length: the length a micro-batch whose longest item is n is padded to.
+        shapes: the (width, height) of the item at each position; None: not measured.
     """
 
     def __init__(
@@ -145,6 +150,7 @@ class Batch:
         order: Sequence[int] | None = None,
         lengths: Sequence[int] | None = None,
         pad_length: Callable[[int], int] | None = None,
+        shapes: Sequence[tuple[int, int] | None] | None = None,
     ) -> None:
         # One slot per item (``ts_microbatch.core._results``): a micro-batch's items are
         # answered under one lock, and nobody waits on a lock per item.
@@ -164,6 +170,7 @@ class Batch:
         # longest item is n is padded to (ts_microbatch.core.lengths); None without lengths.
         self.lengths = tuple(lengths) if lengths is not None else None
         self.pad_length = pad_length or (lambda longest: longest)
+        self.shapes = tuple(shapes) if shapes is not None else None
         self.created_at = time.monotonic()
         self._on_timeout = on_timeout
         self._lock = threading.Lock()  # guards _when_answered
@@ -346,6 +353,21 @@ class _MicroBatch:
         """The length its rows are padded to: the bucket over its longest item, or that."""
         lengths = self.lengths
         return self.batch.pad_length(max(lengths)) if lengths else None
+
+    @property
+    def shapes(self) -> tuple[tuple[int, int] | None, ...] | None:
+        """Its items' shapes, in order; None when the batch's were not measured."""
+        shapes = self.batch.shapes
+        return None if shapes is None else shapes[self.offset : self.offset + len(self.items)]
+
+    @property
+    def padded_shape(self) -> tuple[int, int] | None:
+        """The widest width by the tallest height of its items (what a model that pads
+        images to a batch's largest pads them to); None without shapes or none readable."""
+        known = [shape for shape in self.shapes or () if shape is not None]
+        if not known:
+            return None
+        return (max(w for w, _ in known), max(h for _, h in known))
 
     def one_request(self) -> bool:
         """True when its items all belong to one request (owners are non-decreasing)."""

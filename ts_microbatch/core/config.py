@@ -53,6 +53,15 @@ Schema (every key optional)::
                                      # the handler instead of refused
                                      # (lengths: the handler's item_length, default body size;
                                      # ts_microbatch.core.lengths)
+    shape_groups: null               # images of different sizes (ts_microbatch.core.shapes):
+                                     # "exact" micro-batches of one width and height (each
+                                     # image computed as alone by a model that pads a batch
+                                     # to its largest); "orientation" landscape, portrait or
+                                     # square; n (pixels) width and height rounded up to
+                                     # multiples of n. Shapes: the handler's item_shape, by
+                                     # default read from each image's header
+    max_micro_batch_pixels: null     # a micro-batch holds images while rows x widest width
+                                     # x tallest height stays within this
     metrics_interval_s: 1            # the pipeline's metric lines: one line per metric and
                                      # interval (a mean, or for counters a sum), so a busy
                                      # worker writes a few lines a second; 0: one line per
@@ -89,6 +98,7 @@ from ._padding import padded_size
 from .errors import ConfigError
 from .intra_op import IntraOpThreads
 from .lengths import LengthRule
+from .shapes import ShapeRule
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +198,8 @@ class MicroBatchingConfig:
     allowed_sequence_lengths: tuple[int, ...] | None = None
     max_tokens: int | None = None
     truncate: bool = False
+    shape_groups: str | int | None = None
+    max_micro_batch_pixels: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallelism, Parallelism):
@@ -229,6 +241,25 @@ class MicroBatchingConfig:
                 f"{YAML_SECTION}.truncate: got true without max_tokens or "
                 "allowed_sequence_lengths: there is no length to truncate to"
             )
+        if self.shape_rule(lambda item: None) is not None and self.length_rule(len) is not None:
+            raise ConfigError(
+                f"{YAML_SECTION}.shape_groups: set with a length setting (order: length, "
+                "max_micro_batch_tokens, allowed_sequence_lengths or max_tokens): lengths are "
+                "for text, shapes for images; set one"
+            )
+
+    def shape_rule(self, measure: Callable[[Any], Any]) -> ShapeRule | None:
+        """How images are grouped and cut, with ``measure`` giving one item's (width,
+        height); None when no shape setting is on."""
+        if self.shape_groups is None and self.max_micro_batch_pixels is None:
+            return None
+        return ShapeRule(
+            measure,
+            self.shape_groups,
+            self.max_micro_batch_pixels,
+            self.min_micro_batch_size,
+            self.allowed_micro_batch_sizes,
+        )
 
     def length_rule(self, measure: Callable[[Any], int]) -> LengthRule | None:
         """How items are measured, refused, ordered and cut, with ``measure`` giving one

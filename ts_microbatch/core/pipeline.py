@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
-from . import lengths
+from . import lengths, shapes
 from ._queue import StageQueue
 from .autobudget import AutoTokenBudget
 from .autosize import AutoMicroBatchSize
@@ -57,6 +57,7 @@ from .isolation import Isolator, declared_per_request
 from .lengths import LengthRule
 from .metrics import GuardedObserver, PipelineObserver
 from .outcomes import Outcomes
+from .shapes import ShapeRule
 from .stages import StageWorkers
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class Pipeline:
         intra_op_threads: torch intra-op threads for each named stage's threads, set on each
             thread alone before its first micro-batch (``ts_microbatch.core.intra_op``);
             stages not named, or named with None, keep the process's setting.
+        shape_rule: how images of different sizes are grouped and cut
+            (``ts_microbatch.core.shapes``); not with ``lengths``.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class Pipeline:
         lengths: LengthRule | None = None,
         token_budget: AutoTokenBudget | None = None,
         intra_op_threads: Mapping[str, int | None] | None = None,
+        shape_rule: ShapeRule | None = None,
     ) -> None:
         if not stages:
             raise ConfigError("stages: got none, expected at least one stage")
@@ -140,6 +144,12 @@ class Pipeline:
         self._outcomes = Outcomes(self._names, self._isolator, self._enqueue)
         self._join_timeout_s = join_timeout_s
         self._lengths = lengths
+        if lengths is not None and shape_rule is not None:
+            raise ConfigError(
+                "micro_batching.shape_groups: set with a length setting (order: length, token "
+                "budgets, buckets, max_tokens): lengths are for text, shapes for images; set one"
+            )
+        self._shapes = shape_rule
         self.token_budget = token_budget if lengths is not None else None
         self._observer = GuardedObserver.wrap(observer or PipelineObserver())
         self._lock = threading.Lock()  # guards the fields below
@@ -308,6 +318,18 @@ class Pipeline:
         order, or as the length rule measures, refuses, orders and cuts them."""
         on_timeout = self._check_stalled_quietly
         rule, budget = self._lengths, None if quiet else self.token_budget
+        if self._shapes is not None:
+            by_shape = shapes.plan(self._shapes, items, owners, size, exact=exact)
+            batch = Batch(
+                len(items),
+                context,
+                on_timeout,
+                quiet=quiet,
+                owners=owners,
+                order=by_shape.order,
+                shapes=by_shape.shapes,
+            )
+            return batch, cut(batch, [items[i] for i in by_shape.order], by_shape.sizes)
         if rule is None:
             batch = Batch(len(items), context, on_timeout, quiet=quiet, owners=owners)
             return batch, cut(batch, items, size)
@@ -400,6 +422,8 @@ class Pipeline:
                 size - len(mb),
                 mb.lengths,
                 mb.padded_length,
+                mb.shapes,
+                mb.padded_shape,
             )
         )
         error: BaseException | None = None

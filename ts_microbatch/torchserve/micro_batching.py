@@ -41,6 +41,7 @@ from . import kserve
 from .answers import SubmittedBatch, answer_batch
 from .compiled import CompiledInference, check_inference_threads
 from .context import BatchContext
+from .images import image_shape
 from .metrics import TorchServeMetricsObserver
 from .status import exception_text, is_input_error
 
@@ -167,6 +168,7 @@ class MicroBatching:
             is_input_error=is_input_error,
             lengths=config.length_rule(self.item_length),
             intra_op_threads=config.intra_op_threads.as_dict(),
+            shape_rule=config.shape_rule(self.item_shape),
         )
         self._set_size(pipeline, config.micro_batch_size, config)
         return pipeline
@@ -192,6 +194,12 @@ class MicroBatching:
         place, the core's ``LengthRule.length_of``: an integer >= 0, else that request's 400."""
         measure = getattr(self.handler, "item_length", None)
         return measure(item) if measure is not None else body_length(item)
+
+    def item_shape(self, item: Any) -> Any:
+        """One item's (width, height): the handler's ``item_shape(item)``, else read from
+        its image header (``ts_microbatch.torchserve.images``); None when unreadable."""
+        measure = getattr(self.handler, "item_shape", None)
+        return measure(item) if measure is not None else image_shape(item)
 
     # -- configuration ---------------------------------------------------------------
 

@@ -1,0 +1,135 @@
+"""The detection example (examples/object_detector) through TorchServe's loader and
+``Service.predict``: photos of different sizes, each answered as alone.
+
+The model is torchvision's Faster R-CNN with untrained weights (every box answered,
+threshold 0), so an answer is 100 boxes whose coordinates depend on every pixel the model
+saw: any padding a batch adds shows.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import load_module
+from tests.torchserve.images import make_jpeg
+from tests.torchserve.ts_machinery import decode, load_service, request
+
+build = load_module("examples/object_detector/build_mar.py", "ts_microbatch_detector_build_mar")
+SIZES = [(640, 480), (480, 640), (800, 600), (320, 320), (640, 480), (600, 800), (512, 384)]
+SIZES += [(480, 640)]
+PHOTOS = [make_jpeg(90 + i, size=size) for i, size in enumerate(SIZES)]
+JPEG = "image/jpeg"
+
+
+def extracted(tmp: Path, **overrides: Any) -> Path:
+    """The example's .mar, built as build_mar.py builds it, laid out as TorchServe
+    extracts it."""
+    mar = build.build_mar(tmp / "store", work_dir=tmp / "work", overrides=overrides)
+    directory = tmp / "model"
+    with zipfile.ZipFile(mar) as archive:
+        archive.extractall(directory)
+    return directory
+
+
+def start(directory: Path) -> Any:
+    return load_service(directory, model_name="detector_mb", handler="detector_handler.py")
+
+
+def handler_of(service: Any) -> Any:
+    return service._entry_point.__self__
+
+
+def predict(service: Any, bodies: list[tuple[Any, str]]) -> list[tuple[int, Any]]:
+    batch = [request(i, body, content_type) for i, (body, content_type) in enumerate(bodies)]
+    code, answers = decode(service.predict(batch))
+    assert code == 200
+    return [(status, json.loads(body)) for _, status, body in answers]
+
+
+def record_preprocess(service: Any) -> list[list[tuple[int, int]]]:
+    """Wraps the handler's preprocess: the (width, height) of each call's images."""
+    handler = handler_of(service)
+    preprocess, calls = handler.preprocess, []
+
+    def recording(data: list[Any]) -> Any:
+        images = preprocess(data)
+        calls.append([(int(image.shape[2]), int(image.shape[1])) for image in images])
+        return images
+
+    handler.preprocess = recording
+    return calls
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    service = start(extracted(tmp_path_factory.mktemp("detector")))
+    yield service
+    handler_of(service).micro_batching.shutdown()
+
+
+@pytest.fixture(scope="module")
+def alone(grouped: Any) -> list[Any]:
+    answers = [predict(grouped, [(photo, JPEG)])[0] for photo in PHOTOS]
+    assert all(status == 200 and len(boxes) == 100 for status, boxes in answers)
+    return [boxes for _, boxes in answers]
+
+
+def test_with_aspect_groups_every_photo_gets_exactly_its_answer_alone(
+    grouped: Any, alone: list[Any]
+) -> None:
+    calls = record_preprocess(grouped)
+    got = predict(grouped, [(photo, JPEG) for photo in PHOTOS])
+    # The scenario: photos of different sizes shared micro-batches (640x480 with 800x600:
+    # one aspect ratio, resized by the detector to one size), and no call mixed ratios.
+    assert any(len(set(call)) > 1 for call in calls), calls
+    assert all(len({w * 1000 // h for w, h in call}) == 1 for call in calls), calls
+    assert [status for status, _ in got] == [200] * len(PHOTOS)
+    assert [boxes for _, boxes in got] == alone  # exactly: nothing was padded
+
+
+def test_without_groups_a_photo_beside_another_size_is_padded_and_answered_otherwise(
+    tmp_path: Path, alone: list[Any]
+) -> None:
+    # What docs/images.md warns of: torchvision pads a micro-batch's images to its largest.
+    service = start(extracted(tmp_path, shape_groups=None))
+    try:
+        calls = record_preprocess(service)
+        got = predict(service, [(PHOTOS[0], JPEG), (PHOTOS[1], JPEG)])
+        assert calls == [[(640, 480), (480, 640)]]  # the scenario: one mixed micro-batch
+        assert [status for status, _ in got] == [200, 200]
+        assert got[1][1] != alone[1]
+    finally:
+        handler_of(service).micro_batching.shutdown()
+
+
+def test_kserve_v1_instances_of_different_sizes_each_get_their_boxes(
+    grouped: Any, alone: list[Any]
+) -> None:
+    import base64
+
+    body = {"instances": [{"b64": base64.b64encode(PHOTOS[i]).decode()} for i in (0, 1, 4)]}
+    ((status, answer),) = predict(grouped, [(json.dumps(body).encode(), "application/json")])
+    assert status == 200 and answer["predictions"] == [alone[0], alone[1], alone[4]]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "the request body is empty: send an image"),
+        (b"%PDF-1.4 not a photo", "the request body (20 bytes) is not an image"),
+        (PHOTOS[0][:3000], "the image (3000 bytes) is truncated"),
+    ],
+)
+def test_a_bad_body_gets_a_400_saying_what_was_sent(
+    grouped: Any, body: bytes, message: str
+) -> None:
+    got = predict(grouped, [(PHOTOS[3], JPEG), (body, JPEG), (PHOTOS[6], JPEG)])
+    assert [status for status, _ in got] == [200, 400, 200]
+    assert got[1][1]["message"].startswith(message), got[1][1]
+    assert "object at 0x" not in got[1][1]["message"]
