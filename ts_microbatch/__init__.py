@@ -16,7 +16,7 @@ Three wings:
 
 from __future__ import annotations
 
-from .core.batch import Batch, MicroBatchInfo, RequestFailure
+from .core.batch import Batch, RequestFailure
 from .core.config import MicroBatchingConfig, Parallelism, WarmupConfig, load_config
 from .core.errors import (
     ConfigError,
@@ -31,6 +31,7 @@ from .core.errors import (
     WarmupError,
 )
 from .core.metrics import PipelineObserver
+from .core.micro_batch import MicroBatchInfo
 from .core.pipeline import Pipeline, PipelineStats
 from .torchserve.context import BatchContext
 from .torchserve.metrics import TorchServeMetricsObserver

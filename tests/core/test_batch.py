@@ -1,4 +1,4 @@
-"""The cut: where a batch becomes micro-batches (``ts_microbatch.core.batch.cut``)."""
+"""The cut: where a batch becomes micro-batches (``ts_microbatch.core.micro_batch.cut``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ts_microbatch.core.batch import Batch, cut
+from ts_microbatch.core.batch import Batch
+from ts_microbatch.core.micro_batch import cut
 
 pytestmark = pytest.mark.generative
 

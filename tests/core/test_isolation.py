@@ -16,8 +16,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ts_microbatch import Pipeline
-from ts_microbatch.core.batch import Batch, RequestFailure, _MicroBatch, cut
+from ts_microbatch.core.batch import Batch, RequestFailure
 from ts_microbatch.core.isolation import Isolator, Outcome, fewest_requests
+from ts_microbatch.core.micro_batch import _MicroBatch, cut
 
 
 class Boom(Exception):

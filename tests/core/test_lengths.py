@@ -16,10 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ts_microbatch import InvalidInputError, Pipeline
-from ts_microbatch.core.batch import MicroBatchInfo, current_micro_batch
 from ts_microbatch.core.errors import PayloadTooLargeError
 from ts_microbatch.core.lengths import LengthRule, cut_sizes, plan
 from ts_microbatch.core.metrics import PipelineObserver
+from ts_microbatch.core.micro_batch import MicroBatchInfo, current_micro_batch
 
 
 class Recorder:

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ts_microbatch import ConfigError, MicroBatchingConfig, Pipeline
-from ts_microbatch.core.batch import MicroBatchInfo, current_micro_batch
+from ts_microbatch.core.micro_batch import MicroBatchInfo, current_micro_batch
 from ts_microbatch.core.shapes import ShapeRule, cut_sizes, plan
 
 Item = tuple[str, int, int]

@@ -13,7 +13,8 @@ import pytest
 
 from ts_microbatch import ConfigError, PipelineClosedError, PipelineStalledError
 from ts_microbatch.core._queue import StageQueue
-from ts_microbatch.core.batch import Batch, _MicroBatch
+from ts_microbatch.core.batch import Batch
+from ts_microbatch.core.micro_batch import _MicroBatch
 from ts_microbatch.core.stages import StageWorkers
 
 WAIT_S = 10.0  # bound on any wait; threads start and exit in milliseconds

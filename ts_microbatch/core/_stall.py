@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
-from .batch import _MicroBatch
 from .errors import PipelineStalledError
+from .micro_batch import _MicroBatch
 
 logger = logging.getLogger(__name__)
 

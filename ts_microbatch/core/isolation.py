@@ -1,7 +1,7 @@
 """Which requests of a failed micro-batch are to blame: bisection with a bounded cost.
 
 Bisection works on requests, not items. A KServe request of n instances is n consecutive
-items of one request (``Batch.owners``). A failed micro-batch of several requests is split
+items of one request (``Order.owners``). A failed micro-batch of several requests is split
 at a request boundary, and every verdict below counts requests, so the instances of one
 request failing alike never look like a broken stage. A failed micro-batch of one request
 is that request's own failure; it is split on only to name the failing instance in the
@@ -72,8 +72,9 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from .batch import Batch, _MicroBatch
+from .batch import Batch
 from .errors import RequestError
+from .micro_batch import _MicroBatch
 
 # Below this many requests to blame, "every micro-batch failed" is weak evidence (two
 # micro-batches with one bad request each fail both), so the probe decides instead.
@@ -93,7 +94,7 @@ def fewest_requests(owners: Sequence[int] | None, spans: Sequence[range]) -> int
 
     Args:
         owners: the request of each position of the cut, numbered non-decreasing
-            (``Batch.groups``); None: position p is request p.
+            (``Order.groups``); None: position p is request p.
         spans: the micro-batches' position ranges, disjoint and in order.
     """
     if owners is None:
@@ -329,7 +330,7 @@ class Isolator:
         failures = ledger.first_run_failures[key] = ledger.first_run_failures.get(key, 0) + 1
         return (
             failures == len(ledger.spans)
-            and fewest_requests(batch.groups, ledger.spans) >= MIN_REQUESTS_FOR_BATCH_VERDICT
+            and fewest_requests(batch.order.groups, ledger.spans) >= MIN_REQUESTS_FOR_BATCH_VERDICT
         )
 
     def _judge(self, ledger: _Ledger, key: Key, parts: Parts, *, whole: bool) -> Outcome:

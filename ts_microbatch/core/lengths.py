@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ._padding import padded_size
-from .batch import Batch, _MicroBatch, cut
+from .batch import Batch
 from .errors import ConfigError, InvalidInputError, PayloadTooLargeError, RequestError
+from .micro_batch import _MicroBatch, cut
+from .order import Order
 
 logger = logging.getLogger(__name__)
 
@@ -268,16 +270,10 @@ def cut_batch(
     quiet: bool,
 ) -> tuple[Batch, list[_MicroBatch]]:
     """The batch of ``items`` cut as ``plan`` says; its refused requests answered at once."""
-    batch = Batch(
-        len(items),
-        context,
-        on_timeout,
-        quiet=quiet,
-        owners=owners,
-        order=plan.order,
-        lengths=plan.lengths,
-        pad_length=rule.padded,
+    order = Order(
+        len(items), owners=owners, items=plan.order, lengths=plan.lengths, pad_length=rule.padded
     )
+    batch = Batch(len(items), context, on_timeout, quiet=quiet, order=order)
     for item, error in plan.refused.items():
         batch.answer_items((item,), error=error)  # before any stage: its request alone
     return batch, cut(batch, [items[i] for i in plan.order], plan.sizes)

@@ -12,9 +12,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .batch import Batch, RequestFailure, _MicroBatch
+from .batch import Batch, RequestFailure
 from .errors import PipelineClosedError, RequestError
 from .isolation import Fail, Isolator, Outcome
+from .micro_batch import _MicroBatch
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class Outcomes:
             whole = outcome.fail_batch
             batch = whole.mb.batch
             self.finish(
-                batch, range(batch.positions), error=whole.error, failure=self._failure(whole)
+                batch, range(len(batch.order)), error=whole.error, failure=self._failure(whole)
             )
         for mb in outcome.first:
             self._enqueue(0, mb, True)

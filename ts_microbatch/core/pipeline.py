@@ -5,7 +5,7 @@ every stage served by its own threads, so that stage k of one micro-batch overla
 k+1 of the previous one. Every request has a slot in its batch's answers that is set in
 ``Outcomes.finish`` and nowhere else (or by its batch's timeout); ``submit`` hands out a
 future per request for callers that want them. Where a batch is cut:
-``ts_microbatch.core.batch.cut``; the stage threads' lives: ``ts_microbatch.core.stages``.
+``ts_microbatch.core.micro_batch.cut``; the stage threads' lives: ``ts_microbatch.core.stages``.
 
 Failures: a micro-batch that fails in a stage is re-run in halves to find the requests to
 blame, at a bounded cost (``ts_microbatch.core.isolation``).
@@ -37,14 +37,7 @@ from . import lengths, shapes
 from ._queue import StageQueue
 from .autobudget import AutoTokenBudget
 from .autosize import AutoMicroBatchSize
-from .batch import (
-    Batch,
-    MicroBatchInfo,
-    _MicroBatch,
-    current_micro_batch,
-    cut,
-    set_current_micro_batch,
-)
+from .batch import Batch
 from .calls import StageCalls, StageFn
 from .config import _positive_int, check_micro_batch_size
 from .errors import (
@@ -56,6 +49,14 @@ from .intra_op import limit_intra_op_threads
 from .isolation import Isolator, declared_per_request
 from .lengths import LengthRule
 from .metrics import GuardedObserver, PipelineObserver
+from .micro_batch import (
+    MicroBatchInfo,
+    _MicroBatch,
+    current_micro_batch,
+    cut,
+    set_current_micro_batch,
+)
+from .order import Order
 from .outcomes import Outcomes
 from .shapes import ShapeRule
 from .stages import StageWorkers
@@ -284,7 +285,7 @@ class Pipeline:
         batch.when_answered(self._batch_answered)
         if not quiet:
             self._observer.on_batch(len(items), len(micro_batches))
-            if batch.lengths is not None:
+            if batch.order.lengths is not None:
                 for mb in micro_batches:
                     real = sum(mb.lengths or ())
                     self._observer.on_tokens(real, len(mb) * (mb.padded_length or 0))
@@ -320,15 +321,8 @@ class Pipeline:
         rule, budget = self._lengths, None if quiet else self.token_budget
         if self._shapes is not None:
             by_shape = shapes.plan(self._shapes, items, owners, size, exact=exact)
-            batch = Batch(
-                len(items),
-                context,
-                on_timeout,
-                quiet=quiet,
-                owners=owners,
-                order=by_shape.order,
-                shapes=by_shape.shapes,
-            )
+            order = Order(len(items), owners=owners, items=by_shape.order, shapes=by_shape.shapes)
+            batch = Batch(len(items), context, on_timeout, quiet=quiet, order=order)
             return batch, cut(batch, [items[i] for i in by_shape.order], by_shape.sizes)
         if rule is None:
             batch = Batch(len(items), context, on_timeout, quiet=quiet, owners=owners)
@@ -424,6 +418,7 @@ class Pipeline:
                 mb.padded_length,
                 mb.shapes,
                 mb.padded_shape,
+                None if mb.batch.order.items is None else tuple(mb.item_indices),
             )
         )
         error: BaseException | None = None

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from ._checks import _positive_int
 from ._queue import Signal, StageQueue
 from ._stall import StallGuard
-from .batch import _MicroBatch
 from .errors import ConfigError, PipelineClosedError
+from .micro_batch import _MicroBatch
 
 logger = logging.getLogger(__name__)
 

@@ -54,8 +54,8 @@ from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec
 
 from ..core._checks import MAX_METRICS_INTERVAL_S
-from ..core.batch import MicroBatchInfo, current_micro_batch
 from ..core.metrics import GuardedObserver, PipelineObserver
+from ..core.micro_batch import MicroBatchInfo, current_micro_batch
 from ._reporter import COALESCE_S as COALESCE_S
 from ._reporter import MAX_PENDING_REPORTS, _Report, _Reporter
 from ._reporter import REPORTER_THREAD as REPORTER_THREAD

@@ -25,7 +25,6 @@ from typing import Any
 from ..core._padding import same_answer
 from ..core.autobudget import AutoTokenBudget
 from ..core.autosize import AutoMicroBatchSize
-from ..core.batch import MicroBatchInfo
 from ..core.config import (
     STAGES,
     YAML_SECTION,
@@ -36,6 +35,7 @@ from ..core.config import (
 )
 from ..core.errors import ConfigError, PipelineStalledError, WarmupError
 from ..core.metrics import GuardedObserver, PipelineObserver
+from ..core.micro_batch import MicroBatchInfo
 from ..core.pipeline import Pipeline, PipelineStats
 from . import kserve
 from .answers import SubmittedBatch, answer_batch
