@@ -150,7 +150,8 @@ bench-photos: $(STAMP) ab
 # and the handler without micro-batching (benchmark-ab.py --mar's baseline).
 DETECT_BUILD := build/detector_mb
 bench-detect: $(STAMP) ab
-	$(PY) examples/object_detector/build_mar.py --export-path $(DETECT_BUILD) --corpus $(DETECT_BUILD)/corpus
+	$(PY) examples/object_detector/build_mar.py --export-path $(DETECT_BUILD) --corpus $(DETECT_BUILD)/corpus \
+	  --self-contained
 	$(PY) benchmarks/benchmark-ab.py --mar $(DETECT_BUILD)/detector_mb.mar --corpus $(DETECT_BUILD)/corpus \
 	  --variant nogroup='{"shape_groups": null}' \
 	  --handler-variant upstream=benchmarks/handlers/upstream_detector_handler.py \

@@ -103,9 +103,13 @@ def build_mar(
     work_dir: str | Path | None = None,
     model_config: str | Path = HERE / "model-config.yaml",
     overrides: dict[str, object] | None = None,
+    self_contained: bool = False,
 ) -> Path:
     """Writes ``<export_path>/<model_name>.mar``; ``overrides`` are applied over the
-    config's micro_batching section (tests and benchmarks build variants this way)."""
+    config's micro_batching section (tests and benchmarks build variants this way).
+    ``self_contained``: the .mar carries ts_microbatch's worker modules, which the worker
+    imports ahead of any installed copy (a TorchServe without the package; a benchmark
+    that must not see later edits of the checkout)."""
     work = Path(work_dir or ROOT / "build" / model_name)
     work.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load(Path(model_config).read_text())
@@ -114,6 +118,11 @@ def build_mar(
     config["micro_batching"] = {**config.get("micro_batching", {}), **(overrides or {})}
     packed_config = work / "model-config.yaml"
     packed_config.write_text(yaml.safe_dump(config, sort_keys=False))
+    extra = [str(write_labels(work))]
+    if self_contained:
+        from ts_microbatch.tools.bundle import vendor
+
+        extra.append(str(vendor(work / "vendor")))
     Path(export_path).mkdir(parents=True, exist_ok=True)
     archiver = Path(sys.executable).with_name("torch-model-archiver")
     subprocess.run(
@@ -133,7 +142,7 @@ def build_mar(
             "--config-file",
             str(packed_config),
             "--extra-files",
-            str(write_labels(work)),
+            ",".join(extra),
             "--export-path",
             str(export_path),
         ],
@@ -151,8 +160,18 @@ def main() -> None:
     parser.add_argument("--weights", help="a state dict of fasterrcnn_mobilenet_v3_large_320_fpn")
     parser.add_argument("--samples", default=str(ROOT / "build" / "detector_mb" / "samples"))
     parser.add_argument("--corpus", help="also write a mixed-size photo corpus here")
+    parser.add_argument(
+        "--self-contained",
+        action="store_true",
+        help="carry ts_microbatch's worker modules (for a TorchServe without the package)",
+    )
     args = parser.parse_args()
-    build_mar(args.export_path, model_name=args.model_name, weights=args.weights)
+    build_mar(
+        args.export_path,
+        model_name=args.model_name,
+        weights=args.weights,
+        self_contained=args.self_contained,
+    )
     for path in write_samples(Path(args.samples)):
         print(f"sample: {path}")
     if args.corpus:
