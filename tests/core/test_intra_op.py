@@ -16,7 +16,6 @@ import torch
 
 from ts_microbatch import ConfigError, Pipeline
 from ts_microbatch.core import intra_op
-from ts_microbatch.core import pipeline as pipeline_module
 
 WAIT_S = 10.0  # bound on any wait; a correct pipeline answers in milliseconds
 
@@ -106,7 +105,7 @@ def test_a_failure_to_set_them_is_logged_and_the_thread_serves_on(
         calls.append(threads)
         raise OSError("no OpenMP here")
 
-    monkeypatch.setattr(pipeline_module, "limit_intra_op_threads", broken)
+    monkeypatch.setattr(intra_op, "limit_intra_op_threads", broken)
     pipeline = Pipeline({"only": lambda items: items}, intra_op_threads={"only": 1})
     with caplog.at_level(logging.ERROR, logger="ts_microbatch.core.stages"), pipeline:
         assert [f.result(WAIT_S) for f in pipeline.submit([1, 2, 3])] == [1, 2, 3]

@@ -44,7 +44,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +88,38 @@ class IntraOpThreads:
 
     def as_dict(self) -> dict[str, int | None]:
         return {stage: getattr(self, stage) for stage in STAGES}
+
+
+def stage_preparer(
+    names: Sequence[str], threads: Mapping[str, int | None] | None
+) -> Callable[[int], None] | None:
+    """What each stage thread runs before its first micro-batch (``StageWorkers``'s
+    ``prepare``): its stage's intra-op threads, checked here, so a bad value fails the
+    pipeline's construction; None when no stage is named with a count.
+
+    Raises:
+        ConfigError: an unknown stage, or a count that is not an integer >= 1 or None.
+    """
+    wanted: list[int | None] = [None] * len(names)
+    for name, count in (threads or {}).items():
+        if name not in names:
+            raise ConfigError(
+                f"{YAML_SECTION}.intra_op_threads.{name}: unknown stage; stages are "
+                f"{', '.join(names)}"
+            )
+        if count is not None:
+            wanted[list(names).index(name)] = _positive_int(
+                count, f"{YAML_SECTION}.intra_op_threads.{name}"
+            )
+    if not any(wanted):
+        return None
+
+    def prepare(stage: int) -> None:
+        count = wanted[stage]
+        if count is not None:
+            limit_intra_op_threads(count)
+
+    return prepare
 
 
 def _threads_or_none(value: Any, key: str) -> int | None:

@@ -155,6 +155,24 @@ class _MicroBatch:
             return None
         return (max(w for w, _ in known), max(h for _, h in known))
 
+    def info(self, padding: int = 0) -> MicroBatchInfo:
+        """What a stage call sees of it, with ``padding`` rows after its items."""
+        order = self.batch.order
+        return MicroBatchInfo(
+            self.index,
+            self.offset,
+            len(self.items),
+            self.attempt,
+            self.batch.context,
+            self.owners,
+            padding,
+            self.lengths,
+            self.padded_length,
+            self.shapes,
+            self.padded_shape,
+            None if order.items is None else tuple(order.items_at(self.indices)),
+        )
+
     def one_request(self) -> bool:
         """True when its items all belong to one request (owners are non-decreasing)."""
         owners = self.owners

@@ -33,7 +33,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
-from . import lengths, shapes
 from ._queue import StageQueue
 from .autobudget import AutoTokenBudget
 from .autosize import AutoMicroBatchSize
@@ -45,7 +44,7 @@ from .errors import (
     PipelineClosedError,
     PipelineStalledError,
 )
-from .intra_op import limit_intra_op_threads
+from .intra_op import stage_preparer
 from .isolation import Isolator, declared_per_request
 from .lengths import LengthRule
 from .metrics import GuardedObserver, PipelineObserver
@@ -53,11 +52,10 @@ from .micro_batch import (
     MicroBatchInfo,
     _MicroBatch,
     current_micro_batch,
-    cut,
     set_current_micro_batch,
 )
-from .order import Order
 from .outcomes import Outcomes
+from .planning import auto_size, plan_batch
 from .shapes import ShapeRule
 from .stages import StageWorkers
 
@@ -160,33 +158,9 @@ class Pipeline:
         self._cancelling = False
         self._stopped = threading.Event()
         self._workers = StageWorkers(
-            self._names, self._queues, self._serve, self._intra_op(intra_op_threads)
+            self._names, self._queues, self._serve, stage_preparer(self._names, intra_op_threads)
         )
         self._workers.resize(dict.fromkeys(self._names, 1) | dict(parallelism or {}))
-
-    def _intra_op(self, threads: Mapping[str, int | None] | None) -> Callable[[int], None] | None:
-        """What each stage thread runs before its first micro-batch: the stage's torch
-        intra-op threads, checked here (a bad value fails the pipeline's construction)."""
-        wanted: list[int | None] = [None] * len(self._names)
-        for name, count in (threads or {}).items():
-            if name not in self._names:
-                raise ConfigError(
-                    f"micro_batching.intra_op_threads.{name}: unknown stage; "
-                    f"stages are {', '.join(self._names)}"
-                )
-            if count is not None:
-                wanted[self._names.index(name)] = _positive_int(
-                    count, f"micro_batching.intra_op_threads.{name}"
-                )
-        if not any(wanted):
-            return None
-
-        def prepare(stage: int) -> None:
-            count = wanted[stage]
-            if count is not None:
-                limit_intra_op_threads(count)
-
-        return prepare
 
     # -- configuration ---------------------------------------------------------------
 
@@ -272,11 +246,22 @@ class Pipeline:
         if micro_batch_size is not None:
             size = _positive_int(micro_batch_size, "micro_batch_size")
         elif auto is not None:
-            size = self._auto_size(auto, len(items))
+            size = auto_size(auto, len(items), self.parallelism)
         else:
             size = self._micro_batch_size
-        exact = micro_batch_size is not None
-        batch, micro_batches = self._cut(items, context, owners, size, quiet, exact)
+        batch, micro_batches = plan_batch(
+            items,
+            context,
+            owners,
+            size,
+            quiet=quiet,
+            exact=micro_batch_size is not None,
+            on_timeout=self._check_stalled_quietly,
+            length_rule=self._lengths,
+            shape_rule=self._shapes,
+            token_budget=self.token_budget,
+            threads=self.parallelism,
+        )
         self._isolator.track(batch, micro_batches)
         with self._lock:
             if self._closed:
@@ -294,45 +279,6 @@ class Pipeline:
         for mb in micro_batches:
             self._enqueue(0, mb)
         return batch
-
-    def _auto_size(self, auto: AutoMicroBatchSize, count: int) -> int:
-        """The size ``auto`` chooses for a batch of ``count``; its last one if choosing
-        fails (planning never fails a batch)."""
-        try:
-            return _positive_int(auto.choose(count, self.parallelism), "micro_batch_size")
-        except Exception:
-            logger.exception(
-                "choosing a micro-batch size failed; the batch is cut at %d", auto.last_size
-            )
-            return max(1, auto.last_size)
-
-    def _cut(
-        self,
-        items: Sequence[Any],
-        context: Any,
-        owners: Sequence[int] | None,
-        size: int,
-        quiet: bool,
-        exact: bool,
-    ) -> tuple[Batch, list[_MicroBatch]]:
-        """The batch of ``items`` and its micro-batches: ``size`` items each in arrival
-        order, or as the length rule measures, refuses, orders and cuts them."""
-        on_timeout = self._check_stalled_quietly
-        rule, budget = self._lengths, None if quiet else self.token_budget
-        if self._shapes is not None:
-            by_shape = shapes.plan(self._shapes, items, owners, size, exact=exact)
-            order = Order(len(items), owners=owners, items=by_shape.order, shapes=by_shape.shapes)
-            batch = Batch(len(items), context, on_timeout, quiet=quiet, order=order)
-            return batch, cut(batch, [items[i] for i in by_shape.order], by_shape.sizes)
-        if rule is None:
-            batch = Batch(len(items), context, on_timeout, quiet=quiet, owners=owners)
-            return batch, cut(batch, items, size)
-        choose = None
-        if budget is not None:
-            threads = self.parallelism
-            choose = lambda ordered: budget.choose(rule, ordered, threads)  # noqa: E731
-        plan = lengths.plan(rule, items, owners, size, exact=exact, choose=choose)
-        return lengths.cut_batch(plan, rule, items, context, owners, on_timeout, quiet=quiet)
 
     def _batch_answered(self, batch: Batch) -> None:
         with self._lock:
@@ -405,22 +351,7 @@ class Pipeline:
         self._workers.begin_call(name, mb)
         # The call and its report see this micro-batch as the thread's: stage helpers read
         # its requests, metric lines carry its first request's id.
-        set_current_micro_batch(
-            MicroBatchInfo(
-                mb.index,
-                mb.offset,
-                len(mb),
-                mb.attempt,
-                mb.batch.context,
-                mb.owners,
-                size - len(mb),
-                mb.lengths,
-                mb.padded_length,
-                mb.shapes,
-                mb.padded_shape,
-                None if mb.batch.order.items is None else tuple(mb.item_indices),
-            )
-        )
+        set_current_micro_batch(mb.info(padding=size - len(mb)))
         error: BaseException | None = None
         try:
             try:

@@ -26,14 +26,14 @@ when TorchServe sends them as returned, so each answer is encoded once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..core.batch import Batch
 from ..core.errors import PipelineClosedError, PipelineStalledError
 from ..core.metrics import PipelineObserver
 from . import _wire, kserve
 from .context import BatchContext
-from .status import ErrorStatus, error_status
+from .status import error_status
 
 
 @dataclass
@@ -49,32 +49,112 @@ class SubmittedBatch:
     wire: bool = False
 
 
+class Reply(NamedTuple):
+    """What one request gets: its body (an object, before the bytes) and its status."""
+
+    body: Any
+    status: int = 200
+    phrase: str = ""
+
+
 def answer_batch(submitted: SubmittedBatch, observer: PipelineObserver) -> list[Any]:
     """One answer per request of ``submitted``, in order; statuses set, errors observed.
 
-    Called by ``handle()`` itself, so that the answers are returned as bytes only when
-    TorchServe's serializer is the next to read them (``_wire.sent_as_returned``).
+    One pass per request: its outcome becomes a ``Reply`` (``_reply``: the status table and
+    the protocol's regrouping are consulted), the reply becomes the bytes TorchServe sends
+    (``_encoded``), and the status goes on the context (``_deliver``). Whatever any step
+    raises for a request fails that request alone with a 500 (the handler's output cannot
+    be sent). Called by ``handle()`` itself, so that the answers are returned as bytes only
+    when TorchServe's serializer is the next to read them (``_wire.sent_as_returned``).
     """
     submitted.wire = _wire.sent_as_returned()
     answers = []
     for idx, request in enumerate(submitted.requests):
-        if request.protocol == kserve.PLAIN and request.error is not None:
-            answers.append(_unread_answer(submitted, idx, request.error, observer))
-        elif request.protocol == kserve.PLAIN:
-            answers.append(_plain_answer(submitted, idx, request.start, observer))
-        else:
-            answers.append(_protocol_answer(submitted, idx, request, observer))
+        request_id = _request_id(submitted, idx)
+        try:  # the per-request boundary
+            reply = _reply(submitted, request, request_id)
+            answer = _encoded(submitted, reply.body)
+        except Exception as exc:
+            status = error_status(exc, request_id, about=_unsendable_about(submitted, request))
+            body = (
+                status.body
+                if request.protocol == kserve.PLAIN
+                else {"error": status.body["message"]}
+            )
+            reply = Reply(body, status.code, status.phrase)
+            answer = _encoded(submitted, reply.body)
+        _deliver(submitted, idx, reply, observer)
+        answers.append(answer)
     return answers
 
 
-def _unread_answer(
-    submitted: SubmittedBatch, idx: int, error: BaseException, observer: PipelineObserver
-) -> Any:
-    """A plain body that could not be read (``kserve.unpack``): it has no item."""
-    body_size = submitted.requests[idx].body_size
-    status = error_status(error, _request_id(submitted, idx), body_size=body_size)
-    _report_status(submitted, idx, status.code, status.phrase, observer)
-    return _sendable(submitted, status.body)
+def _reply(submitted: SubmittedBatch, request: kserve.Request, request_id: str | None) -> Reply:
+    """A request's reply from its outcome: an unread body's error, its item's output or
+    error (plain), or its items' outcomes regrouped in its protocol's shape."""
+    if request.protocol == kserve.PLAIN:
+        if request.error is not None:
+            return _error_reply(request.error, request_id, request, bad_input=False)
+        value, error = _outcome(submitted, request.start)
+        if error is None:
+            return Reply(value)
+        bad_input = _is_bad_input(submitted.batch, request.start)
+        return _error_reply(error, request_id, request, bad_input=bad_input)
+    outputs: list[Any] = []
+    errors: list[tuple[int, str, str] | None] = []
+    for item in range(request.start, request.start + request.count):
+        value, error = _outcome(submitted, item)
+        outputs.append(value)
+        if error is None:
+            errors.append(None)
+            continue
+        bad_input = _is_bad_input(submitted.batch, item)
+        status = _error_reply(error, request_id, request, bad_input=bad_input)
+        errors.append((status.status, status.phrase, status.body["message"]))
+    if request.protocol == kserve.V2 and request.request_id is None:
+        request.request_id = request_id  # None when rows are not requests
+    model = (getattr(submitted.view, "manifest", None) or {}).get("model", {})
+    answer = kserve.regroup(
+        request, outputs, errors, model.get("modelName"), model.get("modelVersion")
+    )
+    return Reply(answer.body, answer.status or 200, answer.phrase)
+
+
+def _error_reply(
+    error: BaseException, request_id: str | None, request: kserve.Request, *, bad_input: bool
+) -> Reply:
+    status = error_status(error, request_id, bad_input=bad_input, body_size=request.body_size)
+    return Reply(status.body, status.code, status.phrase)
+
+
+def _unsendable_about(submitted: SubmittedBatch, request: kserve.Request) -> str:
+    """What failed when a reply could not be made or encoded: the handler's output (of its
+    type, for a plain request), never the client's doing."""
+    if request.protocol == kserve.PLAIN and request.error is None:
+        value, _ = _outcome(submitted, request.start)
+        return f"the handler's output of type {type(value).__name__} cannot be sent"
+    return "the handler's output cannot be sent"
+
+
+def _encoded(submitted: SubmittedBatch, body: Any) -> Any:
+    """``body`` as TorchServe sends it (``ts_microbatch.torchserve._wire``): its bytes when
+    they go to TorchServe's serializer as returned, else itself, once they are known to
+    exist.
+
+    Raises:
+        Exception: whatever TorchServe's conversion raises for ``body``.
+    """
+    encoded = _wire.encode(body)
+    return encoded if submitted.wire else body
+
+
+def _deliver(submitted: SubmittedBatch, idx: int, reply: Reply, observer: PipelineObserver) -> None:
+    """A reply's status onto the request's context (when rows are requests), and its error
+    to the metrics."""
+    if reply.status == 200:
+        return
+    if submitted.target is not None:
+        submitted.target.set_response_status(reply.status, reply.phrase, idx)
+    observer.on_request_error(reply.status)
 
 
 def _request_id(submitted: SubmittedBatch, idx: int) -> str | None:
@@ -93,88 +173,12 @@ def _outcome(submitted: SubmittedBatch, item: int) -> tuple[Any, BaseException |
     return outcome
 
 
-def _status(submitted: SubmittedBatch, idx: int, item: int, exc: BaseException) -> Any:
-    request_id = _request_id(submitted, idx)
-    bad_input = _is_bad_input(submitted.batch, item)
-    body_size = submitted.requests[idx].body_size
-    return error_status(exc, request_id, bad_input=bad_input, body_size=body_size)
-
-
-def _plain_answer(
-    submitted: SubmittedBatch, idx: int, item: int, observer: PipelineObserver
-) -> Any:
-    output, exc = _outcome(submitted, item)
-    if exc is None:
-        try:
-            return _sendable(submitted, output)
-        except Exception as unsendable:  # the per-request boundary
-            status = _unsendable(submitted, idx, unsendable, type(output).__name__)
-    else:
-        status = _status(submitted, idx, item, exc)
-    _report_status(submitted, idx, status.code, status.phrase, observer)
-    return _sendable(submitted, status.body)
-
-
-def _sendable(submitted: SubmittedBatch, answer: Any) -> Any:
-    """``answer`` as TorchServe sends it (``ts_microbatch.torchserve._wire``): its bytes when
-    they go to TorchServe's serializer as returned, else itself, once they are known to exist."""
-    encoded = _wire.encode(answer)
-    return encoded if submitted.wire else answer
-
-
-def _unsendable(
-    submitted: SubmittedBatch, idx: int, exc: BaseException, output_type: str | None = None
-) -> ErrorStatus:
-    """A 500 for an output that cannot be sent: the handler's doing, not the client's."""
-    of_type = f" of type {output_type}" if output_type is not None else ""
-    about = f"the handler's output{of_type} cannot be sent"
-    return error_status(exc, _request_id(submitted, idx), about=about)
-
-
-def _protocol_answer(
-    submitted: SubmittedBatch, idx: int, request: kserve.Request, observer: PipelineObserver
-) -> Any:
-    outputs: list[Any] = []
-    errors: list[tuple[int, str, str] | None] = []
-    for item in range(request.start, request.start + request.count):
-        output, exc = _outcome(submitted, item)
-        outputs.append(output)
-        if exc is None:
-            errors.append(None)
-        else:
-            status = _status(submitted, idx, item, exc)
-            errors.append((status.code, status.phrase, status.body["message"]))
-    if request.protocol == kserve.V2 and request.request_id is None:
-        request.request_id = _request_id(submitted, idx)  # None when rows are not requests
-    model = (getattr(submitted.view, "manifest", None) or {}).get("model", {})
-    try:
-        answer = kserve.regroup(
-            request, outputs, errors, model.get("modelName"), model.get("modelVersion")
-        )
-        body = _sendable(submitted, answer.body)
-    except Exception as exc:  # the per-request boundary
-        status = _unsendable(submitted, idx, exc)
-        answer = kserve.Answer({"error": status.body["message"]}, 500, status.phrase)
-        body = _sendable(submitted, answer.body)
-    if answer.status is not None:
-        _report_status(submitted, idx, answer.status, answer.phrase, observer)
-    return body
-
-
-def _report_status(
-    submitted: SubmittedBatch, idx: int, code: int, phrase: str, observer: PipelineObserver
-) -> None:
-    if submitted.target is not None:
-        submitted.target.set_response_status(code, phrase, idx)
-    observer.on_request_error(code)
-
-
-def _is_bad_input(batch: Batch | None, idx: int) -> bool:
+def _is_bad_input(batch: Batch | None, item: int) -> bool:
     """Failed alone in a first stage that has served requests since load: its own input
     (``ts_microbatch.core.isolation``, "The first stage's record"), in any batch as alone."""
     if batch is None:
         return False
-    failure = batch.failure(idx)
+    failure = batch.failure(item)
     return (
         failure is not None
         and failure.isolated

@@ -238,3 +238,27 @@ class BatchContext:
 
     def get_response_content_type(self, idx: int) -> str | None:
         return self.get_response_headers(idx).get("content-type")
+
+
+def stage_context(info: Any) -> Any:
+    """The context a stage call sees for its micro-batch ``info`` (a ``MicroBatchInfo``),
+    indexed by the rows of its input; None outside a stage call (``info`` None) or without
+    a context. A context that is not a ``BatchContext`` is returned as it is."""
+    if info is None or info.context is None:
+        return None
+    if not isinstance(info.context, BatchContext):
+        return info.context
+    return info.context.for_rows(info.row_requests)
+
+
+def stage_request_ids(info: Any) -> list[str | None]:
+    """The request id of each row of the stage call ``info`` describes; None for a row of
+    padding; empty outside a stage call."""
+    if info is None or info.context is None:
+        return []
+    # info.context is indexed by request, whether or not it is a BatchContext.
+    get_request_id = getattr(info.context, "get_request_id", None)
+    return [
+        None if request is None or get_request_id is None else get_request_id(request)
+        for request in info.row_requests
+    ]

@@ -1,18 +1,24 @@
 """``MicroBatching``: the drop-in replacement for ``ts.handler_utils.micro_batching.MicroBatching``.
 
-It replaces a handler's ``handle``: TorchServe calls it with a batch and a context, it runs
-the handler's preprocess, inference and postprocess as a pipeline of micro-batches, and it
-answers every request: with its output, or with its own error status and a JSON body.
+It replaces a handler's ``handle``. What a batch goes through, in order (``handle``):
 
-How each request is answered, and with which status: ``ts_microbatch.torchserve.answers``.
+1. its context is pinned (``context.BatchContext``) and its rows read as requests: a plain
+   body is one item, a KServe body one item per instance, an unreadable one none
+   (``kserve.unpack``);
+2. the items are submitted to the pipeline (``ts_microbatch.core.pipeline``), which cuts
+   them into micro-batches and runs preprocess, inference and postprocess on its threads;
+3. ``handle`` waits for the batch, at most ``timeout_s`` (``timeouts``);
+4. each request's outcome becomes its status and the bytes TorchServe sends
+   (``answers.answer_batch``).
+
+Around it: the config it runs with and what changes in place (``settings``), warm-up at
+load (``warmup``), TorchServe's envelopes and ``enabled: false`` (``envelopes``), the
+asynchronous worker (``_async``), and the helpers a stage calls (``current_context``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import inspect
-import json
 import logging
 import os
 import threading
@@ -22,76 +28,26 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
-from ..core._padding import same_answer
-from ..core.autobudget import AutoTokenBudget
-from ..core.autosize import AutoMicroBatchSize
-from ..core.config import (
-    STAGES,
-    YAML_SECTION,
-    MicroBatchingConfig,
-    Parallelism,
-    _positive_int,
-    check_micro_batch_size,
-)
-from ..core.errors import ConfigError, PipelineStalledError, WarmupError
+from ..core.config import STAGES, MicroBatchingConfig, Parallelism, _positive_int
+from ..core.errors import PipelineStalledError
 from ..core.metrics import GuardedObserver, PipelineObserver
 from ..core.micro_batch import MicroBatchInfo
 from ..core.pipeline import Pipeline, PipelineStats
 from . import kserve
+from ._async import call_soon, in_event_loop
 from .answers import SubmittedBatch, answer_batch
 from .compiled import CompiledInference, check_inference_threads
-from .context import BatchContext
+from .context import BatchContext, stage_context, stage_request_ids
+from .envelopes import check_envelope, plain_handle
 from .images import image_shape
 from .metrics import TorchServeMetricsObserver
-from .status import exception_text, is_input_error
+from .settings import apply_size, body_length, in_place, new_pipeline, shape_count
+from .timeouts import default_timeout_s
+from .warmup import WarmUp
 
 logger = logging.getLogger(__name__)
 
 HANDLER_METHODS = STAGES
-
-
-# TorchServe's default_response_timeout (config.properties), in force when model-config.yaml
-# sets no responseTimeout.
-DEFAULT_RESPONSE_TIMEOUT_S = 120
-# timeout_s null runs with this share of responseTimeout: the frontend's clock starts when it
-# sends the batch, a little before handle() is called, so the margin keeps the batch's own
-# answers (504 for what is late) ahead of the frontend killing the worker.
-RESPONSE_TIMEOUT_SHARE = 0.9
-
-# TorchServe's own KServe envelopes read only the first request of a frontend batch and
-# answer once, so with batchSize > 1 every request gets 503 (pytorch/serve#2158, #1302);
-# ts_microbatch unpacks those protocols itself (ts_microbatch.torchserve.kserve).
-_BROKEN_ENVELOPES = ("kserve", "kservev2")
-
-
-def torchserve_envelope() -> str | None:
-    """The request envelope TorchServe's model loader is wrapping this handler in, if any.
-
-    TorchServe 0.12 hands the envelope's name (``service_envelope``, or the
-    ``TS_SERVICE_ENVELOPE`` variable with ``enable_envvars_config=true``) to nothing the
-    handler can see; it is a local of ``TsModelLoader.load``, which is on the stack while
-    the handler is constructed and initialized. None elsewhere (tests, the tuner).
-    """
-    frame = inspect.currentframe()
-    while frame is not None:
-        if frame.f_code.co_name == "load" and frame.f_globals.get("__name__") == "ts.model_loader":
-            envelope = frame.f_locals.get("envelope")
-            return envelope if isinstance(envelope, str) else None
-        frame = frame.f_back
-    return None
-
-
-def check_envelope() -> None:
-    """Raises ConfigError if TorchServe's KServe envelope would wrap this handler."""
-    envelope = torchserve_envelope()
-    if envelope in _BROKEN_ENVELOPES:
-        raise ConfigError(
-            f"service_envelope={envelope}: TorchServe's KServe envelope reads only the first "
-            "request of a batch (pytorch/serve#2158), so every other request would get 503. "
-            "ts_microbatch reads KServe v1 and v2 bodies itself: remove service_envelope from "
-            "config.properties, and TS_SERVICE_ENVELOPE from the environment (or keep "
-            "enable_envvars_config=false)."
-        )
 
 
 class MicroBatching:
@@ -156,37 +112,7 @@ class MicroBatching:
         self._pipeline = self._new_pipeline(config)
 
     def _new_pipeline(self, config: MicroBatchingConfig) -> Pipeline:
-        pipeline = Pipeline(
-            self._stages,
-            parallelism=config.parallelism.as_dict(),
-            max_queued_micro_batches=config.max_queued_micro_batches,
-            isolate_failures=config.isolate_failures,
-            join_timeout_s=config.join_timeout_s,
-            observer=self._observer,
-            allowed_sizes=config.allowed_micro_batch_sizes,
-            padded_stages=_padded_stages(config),
-            is_input_error=is_input_error,
-            lengths=config.length_rule(self.item_length),
-            intra_op_threads=config.intra_op_threads.as_dict(),
-            shape_rule=config.shape_rule(self.item_shape),
-        )
-        self._set_size(pipeline, config.micro_batch_size, config)
-        return pipeline
-
-    @staticmethod
-    def _set_size(pipeline: Pipeline, size: Any, config: MicroBatchingConfig) -> None:
-        """``size`` in force on ``pipeline``: "auto" chooses each batch's cut by token
-        budget when items are measured (``ts_microbatch.core.autobudget``), by count else."""
-        checked = check_micro_batch_size(size, config.allowed_micro_batch_sizes)
-        if checked == "auto" and config.length_rule(body_length) is not None:
-            # Within min/max_micro_batch_size, as a config that says "auto" from the start:
-            # never the fixed size in force before (set at run time, configure()).
-            largest = replace(config, micro_batch_size="auto").largest_micro_batch()
-            pipeline.micro_batch_size = largest
-            pipeline.token_budget = AutoTokenBudget(largest, config.max_micro_batch_tokens)
-            return
-        pipeline.token_budget = None
-        pipeline.micro_batch_size = _size_for_pipeline(checked, config)
+        return new_pipeline(self._stages, config, self._observer, self.item_length, self.item_shape)
 
     def item_length(self, item: Any) -> Any:
         """One item's length: what the handler's ``item_length(item)`` returns (a
@@ -230,7 +156,7 @@ class MicroBatching:
         """
         if self.compiled is not None:
             check_inference_threads(config.parallelism.inference)
-        if _rest(config) == _rest(self.config):
+        if in_place(self.config, config):
             self.micro_batch_size = config.micro_batch_size
             self.parallelism = config.parallelism.as_dict()
         else:
@@ -249,7 +175,7 @@ class MicroBatching:
     @micro_batch_size.setter
     def micro_batch_size(self, size: int | str) -> None:
         """An integer >= 1, or "auto" within the config's min/max_micro_batch_size."""
-        self._set_size(self._pipeline, size, self._config)
+        apply_size(self._pipeline, size, self._config)
 
     @property
     def parallelism(self) -> dict[str, int]:
@@ -296,7 +222,7 @@ class MicroBatching:
         (read as a request's are: a KServe body gives its instances, repeated to fill a
         micro-batch; a plain body is one item), through the pipeline's own threads, so the
         inference thread that will serve is the one that compiles; returns the seconds it
-        took. Warm-up batches are not reported to metrics or to the automatic size.
+        took (``ts_microbatch.torchserve.warmup``).
 
         Args:
             sample: one request's row, as TorchServe passes it.
@@ -307,81 +233,7 @@ class MicroBatching:
             WarmupError: ``sample`` is a malformed KServe body, or a warm-up run failed
                 (names the size and chains the error).
         """
-        items = self._warm_up_items(sample)
-        sizes = tuple(sizes) if sizes is not None else self._config.warmup_sizes()
-        if iterations is None:
-            warmup = self._config.warmup
-            iterations = warmup.iterations if warmup is not None else 1
-        started = time.monotonic()
-        warming = self.compiled.warming_up() if self.compiled else contextlib.nullcontext()
-        with warming:
-            for size in sizes:
-                self._warm_up_size(items, size, iterations)
-            self._check_padding(items[0], sizes)
-        return time.monotonic() - started
-
-    def _warm_up_items(self, sample: Any) -> list[Any]:
-        """The pipeline items of ``sample``, unpacked as ``handle`` unpacks a request."""
-        requests, items = kserve.unpack([sample], self._config.kserve)
-        error = requests[0].error if requests else None
-        if error is not None or not items:
-            raise WarmupError(
-                f"warm-up: the sample cannot be read as a request: {error or 'no instances'}"
-            ) from error
-        return items
-
-    def _check_padding(self, sample: Any, sizes: tuple[int, ...]) -> None:
-        """Runs a micro-batch that gets padded and compares each answer with the answer of
-        the same input unpadded: padding that mistook a dimension for the batch (``pad:
-        tensors`` on a flat tensor) is refused here, before the worker serves wrong answers.
-
-        Raises:
-            WarmupError: the padded run failed or answered differently.
-        """
-        n = self._config.padded_check_size(sizes)
-        if n is None:
-            if self._config.allowed_micro_batch_sizes is not None:
-                logger.warning(
-                    "warm-up: no size of %s is reached by padding, so padding was not checked",
-                    list(sizes),
-                )
-            return
-        size = self._config.padded_size(n)
-        unpadded = self._warm_up_answers([sample], size)[0]
-        for row, answer in enumerate(self._warm_up_answers([sample], n)):
-            if not same_answer(answer, unpadded):
-                raise WarmupError(
-                    f"warm-up: a micro-batch of {n} padded to {size} answered row {row} "
-                    f"differently from the same input unpadded (pad: {self._config.pad}); with "
-                    "pad: tensors every part of preprocess's and inference's outputs must be "
-                    "batch-major: use pad: requests"
-                )
-        logger.info("warm-up: a micro-batch of %d padded to %d answered as unpadded", n, size)
-
-    def _warm_up_answers(self, items: Sequence[Any], size: int) -> list[Any]:
-        """The answers of one micro-batch of ``size`` made of ``items``, repeated in turn."""
-        rows = [items[i % len(items)] for i in range(size)]
-        batch = self._pipeline.submit_batch(rows, micro_batch_size=size, quiet=True)
-        batch.wait()
-        outcomes = [batch.outcome(item) for item in range(len(batch))]
-        errors = [o.error for o in outcomes if o is not None and o.error is not None]
-        if errors:
-            raise WarmupError(
-                f"warm-up with a micro-batch of {size} failed: "
-                f"{type(errors[0]).__name__}: {exception_text(errors[0])}"
-            ) from errors[0]
-        return [o.value if o is not None else None for o in outcomes]
-
-    def _warm_up_size(self, items: Sequence[Any], size: int, iterations: int) -> None:
-        started = time.monotonic()
-        for _ in range(iterations):
-            self._warm_up_answers(items, size)
-        logger.info(
-            "warm-up: %d x micro-batch of %d in %.2f s",
-            iterations,
-            size,
-            time.monotonic() - started,
-        )
+        return WarmUp(self._pipeline, self._config, self.compiled).run(sample, sizes, iterations)
 
     # -- running ---------------------------------------------------------------------
 
@@ -415,7 +267,7 @@ class MicroBatching:
             loop = asyncio.get_running_loop()
             answered = loop.create_future()
             # One wake-up for the whole batch, on the loop's thread.
-            batch.when_answered(lambda _: _call_soon(loop, answered))
+            batch.when_answered(lambda _: call_soon(loop, answered))
             await asyncio.wait([answered], timeout=timeout_s)
             batch.expire(timeout_s)
         return answer_batch(submitted, self._observer)
@@ -467,7 +319,7 @@ class MicroBatching:
         if not self._config.enabled:
             # As without micro-batching: the handler's own handle on the whole batch.
             return plain_handle(self.handler)(data, context)
-        if _in_event_loop():
+        if in_event_loop():
             return self._call_async(data, context)
         start = time.time()
         output = self._special(data, context)
@@ -530,26 +382,13 @@ class MicroBatching:
         ``current_micro_batch().context`` is the same batch indexed by request, with
         ``item_requests`` and ``request_indices`` to map rows to requests.
         """
-        info = self.current_micro_batch()
-        if info is None or info.context is None:
-            return None
-        if not isinstance(info.context, BatchContext):
-            return info.context
-        return info.context.for_rows(info.row_requests)
+        return stage_context(self.current_micro_batch())
 
     def current_request_ids(self) -> list[str | None]:
         """The TorchServe request id of each row of the current stage call's input (its
         micro-batch's items, in order; the rows of one KServe request repeat its id; a row
         of padding, with allowed sizes, has None); empty outside a stage call."""
-        info = self.current_micro_batch()
-        if info is None or info.context is None:
-            return []
-        # info.context is indexed by request, whether or not it is a BatchContext.
-        get_request_id = getattr(info.context, "get_request_id", None)
-        return [
-            None if request is None or get_request_id is None else get_request_id(request)
-            for request in info.row_requests
-        ]
+        return stage_request_ids(self.current_micro_batch())
 
     def stats(self) -> PipelineStats:
         return self._pipeline.stats()
@@ -578,104 +417,3 @@ class MicroBatching:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown(wait=True)
-
-
-def response_timeout_s(model_yaml_config: Mapping[str, Any] | None) -> float:
-    """TorchServe's responseTimeout for the model, as far as the worker can know it:
-    model-config.yaml's ``responseTimeout`` (which wins over the register API's
-    ``response_timeout`` in the frontend too), else TorchServe's default, 120 s. A value
-    given only to the register API or as ``default_response_timeout`` never reaches the
-    worker: repeat it in model-config.yaml, or set ``timeout_s``."""
-    value = (model_yaml_config or {}).get("responseTimeout")
-    # As the frontend: a value that is not > 0 is not set.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        return DEFAULT_RESPONSE_TIMEOUT_S
-    return float(value)
-
-
-def default_timeout_s(model_yaml_config: Mapping[str, Any] | None) -> float:
-    """What ``timeout_s: null`` means: 90% of the model's responseTimeout."""
-    return round(RESPONSE_TIMEOUT_SHARE * response_timeout_s(model_yaml_config), 3)
-
-
-def _size_for_pipeline(size: Any, config: MicroBatchingConfig) -> int | AutoMicroBatchSize:
-    """``size`` checked against ``config``'s allowed sizes; "auto" as the policy that
-    chooses within ``config``'s min/max_micro_batch_size.
-
-    Raises:
-        ConfigError: ``size`` is neither "auto" nor an integer >= 1 within the allowed sizes.
-    """
-    checked = check_micro_batch_size(size, config.allowed_micro_batch_sizes)
-    if isinstance(checked, int):
-        return checked
-    return AutoMicroBatchSize(
-        config.min_micro_batch_size,
-        config.max_micro_batch_size,
-        allowed_sizes=config.allowed_micro_batch_sizes,
-    )
-
-
-def shape_count(config: MicroBatchingConfig) -> int | None:
-    """The input shapes inference can see: allowed sizes x allowed sequence lengths; None
-    when sizes are not bounded."""
-    allowed = config.allowed_micro_batch_sizes
-    if allowed is None:
-        return None
-    return len(allowed) * len(config.allowed_sequence_lengths or (None,))
-
-
-def _padded_stages(config: MicroBatchingConfig) -> tuple[str, ...] | None:
-    """The stages that see only allowed sizes (ts_microbatch.core._padding): every stage when
-    whole requests are padded, inference alone when the handler's tensors are."""
-    if config.allowed_micro_batch_sizes is None:
-        return None
-    return ("inference",) if config.pad == "tensors" else STAGES
-
-
-def _rest(config: MicroBatchingConfig) -> MicroBatchingConfig:
-    """``config`` without the settings ``configure`` changes in place."""
-    return replace(config, micro_batch_size=1, parallelism=Parallelism(), on_recompile="warn")
-
-
-def body_length(item: Any) -> int:
-    """The default length of an item: its body's size in bytes or characters (a TorchServe
-    row's ``data`` or ``body``, or a KServe instance), JSON's length for other values."""
-    body = item.get("data", item.get("body", item)) if isinstance(item, Mapping) else item
-    if isinstance(body, (bytes, bytearray, str)):
-        return len(body)
-    try:
-        return len(json.dumps(body, default=str))
-    except (TypeError, ValueError):  # a value JSON cannot hold (a NaN key, a cycle)
-        return len(str(body))
-
-
-def plain_handle(handler: Any) -> Any:
-    """``handler``'s ``handle`` as without micro-batching: the first in its class's MRO that
-    is not micro-batching's own (``BaseHandler.handle``), bound to it."""
-    for cls in type(handler).__mro__:
-        handle = cls.__dict__.get("handle")
-        if handle is not None and not getattr(handle, "micro_batched", False):
-            return handle.__get__(handler, type(handler))
-    raise ConfigError(
-        f"{YAML_SECTION}.enabled: got false, but {type(handler).__name__} has no handle() "
-        "of its own to run without micro-batching"
-    )
-
-
-def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
-    """Resolves ``future`` on its loop's thread (one wake-up of the loop per batch)."""
-    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits it
-        loop.call_soon_threadsafe(_resolve_once, future)
-
-
-def _resolve_once(future: asyncio.Future[None]) -> None:
-    if not future.done():  # cancelled when handle_async's caller gave up
-        future.set_result(None)

@@ -34,12 +34,8 @@ from ..core.errors import ConfigError
 from ..core.metrics import PipelineObserver
 from .compiled import check_inference_threads, is_compiled, recompile_limit
 from .metrics import TorchServeMetricsObserver
-from .micro_batching import (
-    DEFAULT_RESPONSE_TIMEOUT_S,
-    MicroBatching,
-    default_timeout_s,
-    response_timeout_s,
-)
+from .micro_batching import MicroBatching
+from .timeouts import DEFAULT_RESPONSE_TIMEOUT_S, default_timeout_s, response_timeout_s
 
 logger = logging.getLogger(__name__)
 
