@@ -14,10 +14,9 @@ import pytest
 import yaml
 
 from tests.helpers import load_module
+from ts_microbatch.tools import benchmark as bench_mar
 from ts_microbatch.tools.mar import MANIFEST, MarError, override_mar
 
-load_module("benchmarks/bench_lib.py", "bench_lib")  # bench_mar imports it by name
-bench_mar = load_module("benchmarks/bench_mar.py", "bench_mar")
 make_text_corpus = load_module("benchmarks/make_text_corpus.py", "make_text_corpus")
 report = load_module("benchmarks/text_lengths_report.py", "text_lengths_report")
 

@@ -1,6 +1,7 @@
-"""benchmark-ab.py on a user's own .mar (benchmarks/bench_mar.py) and body names: the
-arguments, the variants and their repackaged settings, the rows' grouping and ratios, and
-that a user's body is named after its file. No TorchServe here, no timings."""
+"""ts-microbatch-benchmark, a user's own .mar (ts_microbatch.tools.benchmark, also
+benchmark-ab.py --mar) and body names: the arguments, the variants and their repackaged
+settings, the rows' grouping and ratios, and that a user's body is named after its file.
+No TorchServe here, no timings."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import pytest
 import yaml
 
 from tests.helpers import load_module
+from ts_microbatch.tools import benchmark as bench_mar
+from ts_microbatch.tools import runs
 from ts_microbatch.tools.corpus import read_corpus
 from ts_microbatch.tools.mar import override_mar, read_entries, settings_of
 
 bench = load_module("benchmarks/bench_lib.py", "bench_lib")
-bench_mar = load_module("benchmarks/bench_mar.py", "bench_mar")
 make_text_corpus = load_module("benchmarks/make_text_corpus.py", "make_text_corpus")
 
 
@@ -100,7 +102,7 @@ def test_each_variant_is_the_same_mar_with_its_override_and_the_same_frontend(
 
 def test_rows_of_variants_group_by_load_and_compare_with_the_baseline() -> None:
     load = {"body": "texts.jsonl: 3 bodies", "batch_size": 16, "max_batch_delay": 20}
-    runs: list[dict[str, Any]] = [
+    measured: list[dict[str, Any]] = [
         {
             "scenario": "mar",
             "handler": h,
@@ -121,14 +123,14 @@ def test_rows_of_variants_group_by_load_and_compare_with_the_baseline() -> None:
             ("mbs8", 8, 2, 100.0, 400.0),
         ]
     ]
-    rows = bench.medians(runs, tag=bench_mar.load_tag)
+    rows = runs.medians(measured, bench_mar.load_tag)
     assert [(r["handler"], r["runs"]) for r in rows] == [
         ("plain", [100.0, 80.0]),
         ("ours", [150.0, 160.0]),
         ("mbs8", [120.0, 100.0]),
     ]
     pairs = [("ours", "plain"), ("mbs8", "plain")]
-    ours, mbs8 = bench.compare_rounds(runs, pairs, tag=bench_mar.load_tag)
+    ours, mbs8 = runs.compare_rounds(measured, pairs, bench_mar.load_tag)
     assert [r["throughput"] for r in ours["rounds"]] == pytest.approx([1.5, 2.0])
     assert mbs8["comparison"] == "mbs8 / plain" and mbs8["body"] == load["body"]
     assert mbs8["median_p99"] == pytest.approx((0.75 + 0.8) / 2)
