@@ -27,7 +27,7 @@ log every recompile, with its reason, into the model log.
         --frozen --out benchmarks/results/compiled_text
 
 writes results.json and model_log_excerpt.txt (warm-up and compile lines) into ``--out``.
-The corpus: benchmarks/make_text_corpus.py (docs/compiled.md has the command).
+The corpus: ``benchmarks/text_lengths.py corpus`` (docs/compiled.md has the command).
 """
 
 from __future__ import annotations
