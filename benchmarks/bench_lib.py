@@ -413,26 +413,6 @@ def project_server(
     )
 
 
-def load_worker_service(directory: Path, model_name: str, handler: str, batch_size: int) -> Any:
-    """A model directory loaded as TorchServe's backend worker loads it (its metrics cache,
-    its model loader), in this process, from that directory; returns the ``Service``."""
-    import os
-
-    import ts
-    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-    from ts.model_loader import TsModelLoader
-
-    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
-    metrics.initialize_cache()
-    sys.path.insert(0, str(directory))
-    os.chdir(directory)
-    service = TsModelLoader().load(
-        model_name, str(directory), handler, None, batch_size, None, metrics_cache=metrics
-    )
-    service.set_cl_socket(None)
-    return service
-
-
 def scratch_dir(prefix: str) -> Path:
     """A new directory for one run's packages, servers and logs (tens to hundreds of MB),
     removed when the process exits; ``BENCH_KEEP=1`` keeps it (and prints where)."""

@@ -116,10 +116,9 @@ def context_switches() -> int:
 
 
 def child(directory: Path, batches: int) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_lib
-    import bench_lib
+    from worker_loader import load_worker_service  # beside this file
 
-    service = bench_lib.load_worker_service(directory, "trivial", "handler.py", 32)
+    service = load_worker_service(directory, "trivial", "handler.py", 32)
     out = os.fdopen(os.dup(1), "w")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the metric lines go where a worker's go
     warmup = 50

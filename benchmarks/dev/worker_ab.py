@@ -63,13 +63,11 @@ def package(work: Path, variant: str) -> Path:
 def child(directory: Path) -> None:
     """Runs in its own process: loads the model as the backend worker does, then for each
     line ``N`` on stdin times N batches and answers with one JSON line of their times."""
-    import bench_lib
     import corpus
+    from worker_loader import load_worker_service
 
     manifest = json.loads((directory / "MAR-INF" / "MANIFEST.json").read_text())["model"]
-    service = bench_lib.load_worker_service(
-        directory, manifest["modelName"], manifest["handler"], 32
-    )
+    service = load_worker_service(directory, manifest["modelName"], manifest["handler"], 32)
     body = corpus.bodies()["720px"].data
     out = os.fdopen(os.dup(1), "w")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the worker's own prints stay off the pipe
