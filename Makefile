@@ -164,7 +164,7 @@ bench-compiled: $(STAMP) ab
 # The BERT example on three token-length corpora: ours (length order + token budget), ours in
 # arrival order, upstream's MicroBatching on the same stages, the plain handler.
 bench-text: $(BERT_MAR)
-	PY=$(PY) MAR=$(BERT_MAR) benchmarks/text_lengths.sh
+	$(PY) benchmarks/text_lengths.py run --mar $(BERT_MAR) --rounds $(ROUNDS) $(if $(LOCK),--lock $(LOCK))
 
 # Not part of CI: no failed request, no worker restart, RSS flat after the first chunk.
 SOAK_REQUESTS ?= 100000

@@ -41,4 +41,15 @@ setup(
         # examples/bert_classifier: the model, and the tokenizer trained at build time
         "text": ["transformers>=4.40", "tokenizers>=0.19"],
     },
+    # The tools as commands after `pip install ts_microbatch[tools]`; each is also
+    # `python -m ts_microbatch.tools.<module>` (what the Makefile runs in a checkout).
+    entry_points={
+        "console_scripts": [
+            "ts-microbatch-benchmark = ts_microbatch.tools.benchmark:main",
+            "ts-microbatch-tune = ts_microbatch.tools.tune:main",
+            "ts-microbatch-serve = ts_microbatch.tools.serve:main",
+            "ts-microbatch-scrape = ts_microbatch.tools.scrape:main",
+            "ts-microbatch-bundle = ts_microbatch.tools.bundle:main",
+        ]
+    },
 )

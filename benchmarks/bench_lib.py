@@ -1,27 +1,27 @@
-"""Config, statistics and plotting for benchmark-ab.py; importable so tests can check them.
+"""Config, sweep points and plots for benchmark-ab.py, and helpers the studies share;
+importable so tests can check them.
 
-Driving `ab` and reading its output live in the package (ts_microbatch.tools.ab), which
-``tune --confirm`` uses too."""
+What a benchmark of any .mar needs lives in the package (ts_microbatch.tools: ``ab``,
+``measure``, ``runs``, ``benchmark``), so that it runs after ``pip install
+ts_microbatch[tools]``; the names the studies use from there are re-exported here."""
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import itertools
 import json
-import math
-import platform
 import re
-import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ts_microbatch.core.config import MicroBatchingConfig
 from ts_microbatch.core.errors import ConfigError
-from ts_microbatch.tools.ab import percentile
+from ts_microbatch.tools.measure import RegistrationError as RegistrationError
+from ts_microbatch.tools.measure import cpu_seconds as cpu_seconds
+from ts_microbatch.tools.runs import machine_info as machine_info
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -89,10 +89,6 @@ def log(message: str) -> None:
 
 class BenchConfigError(ValueError):
     """The benchmark config has an unknown key or a bad value."""
-
-
-class RegistrationError(RuntimeError):
-    """TorchServe refused to register a model (its config, its handler); the model log says why."""
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -281,102 +277,9 @@ def point_tag(point: dict[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9-]", "", "-".join(parts))
 
 
-# -- TorchServe metric logs ----------------------------------------------------------------
-
-_HANDLER_TIME = re.compile(
-    r"HandlerTime\.ms:([\d.]+)\|#ModelName:[^|]*\|#[^,]*,requestID:([^|]*?),timestamp"
-)
-_QUEUE_TIME = re.compile(r"QueueTime\.Milliseconds:([\d.]+)\|")
-
-
-def parse_handler_times(model_metrics_log: str) -> list[tuple[float, int]]:
-    """(HandlerTime ms, requests in the batch) for each batch a worker handled."""
-    return [
-        (float(ms), len(ids.split(","))) for ms, ids in _HANDLER_TIME.findall(model_metrics_log)
-    ]
-
-
-def parse_queue_times(ts_metrics_log: str) -> list[float]:
-    return [float(ms) for ms in _QUEUE_TIME.findall(ts_metrics_log)]
-
-
-def medians(
-    runs: list[dict[str, Any]], tag: Callable[[dict[str, Any]], str] | None = None
-) -> list[dict[str, Any]]:
-    """One row per scenario, handler and point (``tag``, by default ``point_tag``): the run
-    with the median throughput, with ``runs``, the throughput of every run, and their
-    relative spread (max - min) / median."""
-    tag = tag or point_tag
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for run in runs:
-        groups.setdefault((run["scenario"], run["handler"], tag(run)), []).append(run)
-    rows = []
-    for group in groups.values():
-        rates = sorted(r["requests_per_s"] for r in group)
-        middle = sorted(group, key=lambda r: r["requests_per_s"])[(len(group) - 1) // 2]
-        row = {k: v for k, v in middle.items() if k != "repeat"}
-        row["runs"] = [r["requests_per_s"] for r in group]
-        row["spread"] = (rates[-1] - rates[0]) / middle["requests_per_s"]
-        rows.append(row)
-    return rows
-
-
+# The ratios benchmark-ab.py reports round by round: ours on upstream's stages, and ours
+# with its decoder, each against upstream.
 COMPARISONS = (("ours-same", "upstream"), ("ours", "upstream"))
-
-
-def compare_rounds(
-    runs: list[dict[str, Any]],
-    pairs: Sequence[tuple[str, str]] = COMPARISONS,
-    tag: Callable[[dict[str, Any]], str] | None = None,
-) -> list[dict[str, Any]]:
-    """Per scenario, point (``tag``, by default ``point_tag``) and round: each of ``pairs``
-    (by default ours on upstream's stages, ours with its decoder; both against upstream) as
-    throughput and P99 ratios, and their medians over the rounds. Ratios are taken within
-    a round: the machine is shared."""
-    tag = tag or point_tag
-    by_round: dict[tuple[str, str, int], dict[str, dict[str, Any]]] = {}
-    for run in runs:
-        key = (run["scenario"], tag(run), run["repeat"])
-        by_round.setdefault(key, {})[run["handler"]] = run
-    out = []
-    for numerator, denominator in pairs:
-        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for (scenario, tag, repeat), handlers in sorted(by_round.items()):
-            if numerator in handlers and denominator in handlers:
-                a, b = handlers[numerator], handlers[denominator]
-                groups.setdefault((scenario, tag), []).append(
-                    {
-                        "round": repeat,
-                        "throughput": a["requests_per_s"] / b["requests_per_s"],
-                        "p99": a["p99_ms"] / b["p99_ms"],
-                        "body": a.get("body"),
-                    }
-                )
-        for (scenario, tag), rounds in groups.items():
-            out.append(
-                {
-                    "scenario": scenario,
-                    "point": tag,
-                    "body": rounds[0]["body"],
-                    "comparison": f"{numerator} / {denominator}",
-                    "rounds": rounds,
-                    "median_throughput": statistics.median([r["throughput"] for r in rounds]),
-                    "median_p99": statistics.median([r["p99"] for r in rounds]),
-                }
-            )
-    return out
-
-
-def format_comparisons(comparisons: list[dict[str, Any]]) -> str:
-    lines = []
-    for c in comparisons:
-        per_round = ", ".join(f"{r['throughput']:.2f}x/{r['p99']:.2f}x" for r in c["rounds"])
-        lines.append(
-            f"{c['scenario']} {c['body']} {c['comparison']}: throughput "
-            f"{c['median_throughput']:.2f}x, p99 {c['median_p99']:.2f}x (median); "
-            f"per round throughput/p99 {per_round}"
-        )
-    return "\n".join(lines)
 
 
 def plot_bodies(rows: list[dict[str, Any]], path: Path, title: str) -> bool:
@@ -416,29 +319,6 @@ def plot_bodies(rows: list[dict[str, Any]], path: Path, title: str) -> bool:
     return True
 
 
-def flatten_pipeline(pipeline: dict[str, Any]) -> dict[str, Any]:
-    """ts_microbatch.tools.scrape.summarize's result as result-row columns (and kept whole)."""
-    row: dict[str, Any] = {
-        "pipeline": pipeline,
-        "mean_batch_size": pipeline["mean_batch_size"],
-        "mean_micro_batch_size": pipeline["mean_micro_batch_size"],
-        "micro_batches_per_batch": pipeline["micro_batches_per_batch"],
-        # Real tokens over what they were padded to (NaN when nothing counted them).
-        "tokens": pipeline.get("tokens"),
-        "padded_tokens": pipeline.get("padded_tokens"),
-        "useful_token_share": pipeline.get("useful_token_share"),
-    }
-    for stage, ms in pipeline["stage_ms"].items():
-        row[f"{stage}_ms"] = ms
-        row[f"{stage}_wait_ms"] = pipeline["stage_wait_ms"][stage]
-    return row
-
-
-def summarize(values: Sequence[float]) -> dict[str, float]:
-    mean = sum(values) / len(values) if values else math.nan
-    return {"mean": mean, "p50": percentile(values, 50), "p99": percentile(values, 99)}
-
-
 # -- the limit ---------------------------------------------------------------------------
 
 
@@ -451,75 +331,6 @@ def ideal_throughput(stage_rates: dict[str, float], *, shared_cpu: Iterable[str]
     if shared:
         rates.append(1.0 / sum(1.0 / stage_rates[s] for s in shared))
     return min(rates)
-
-
-def machine_info() -> dict[str, Any]:
-    import os
-
-    import torch
-    import ts
-
-    try:
-        mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (ValueError, OSError):
-        mem_gib = math.nan
-    return {
-        "cores": os.cpu_count(),
-        "memory_gib": mem_gib,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchserve": ts.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-    }
-
-
-# -- output ------------------------------------------------------------------------------
-
-
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    keys = sorted({k for row in rows for k in row if not isinstance(row[k], (dict, list))})
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def _cell(column: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if column == "spread":
-            return f"{value:.0%}"
-        return f"{value:.3f}" if column == "efficiency" else f"{value:.1f}"
-    return str(value)
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
-    cols = [
-        "scenario",
-        "handler",
-        "batch_size",
-        "micro_batch_size",
-        "max_batch_delay",
-        "concurrency",
-        "workers",
-        "parallelism",
-        "mean_micro_batch_size",
-        "requests_per_s",
-        "spread",
-        "p50_ms",
-        "p90_ms",
-        "p99_ms",
-        "errors",
-        "ideal_requests_per_s",
-        "efficiency",
-    ]
-    lines = [" | ".join(cols), " | ".join("---" for _ in cols)]
-    for row in rows:
-        cells = [_cell(c, row.get(c)) for c in cols]
-        lines.append(" | ".join(cells))
-    return "\n".join(lines)
 
 
 def _sort_key(value: Any) -> tuple[bool, float, str]:
@@ -582,27 +393,6 @@ def plot_sweep(
     return True
 
 
-def cpu_seconds(server: TorchServe) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by the server's frontend (Java) and by its
-    Python worker processes, from its process group."""
-    import psutil
-
-    used = {"frontend": 0.0, "workers": 0.0}
-    if server.process is None:
-        return used
-    root = psutil.Process(server.process.pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            times, cmdline = proc.cpu_times(), " ".join(proc.cmdline())
-        except psutil.Error:
-            continue  # gone in between
-        if "model_service_worker" in cmdline:
-            used["workers"] += times.user + times.system
-        elif "java" in cmdline:
-            used["frontend"] += times.user + times.system
-    return used
-
-
 def project_server(
     model_store: Path,
     workdir: Path,
@@ -621,26 +411,6 @@ def project_server(
         env=dict(env or {}),
         base_config=ROOT / "configs/config.properties",
     )
-
-
-def load_worker_service(directory: Path, model_name: str, handler: str, batch_size: int) -> Any:
-    """A model directory loaded as TorchServe's backend worker loads it (its metrics cache,
-    its model loader), in this process, from that directory; returns the ``Service``."""
-    import os
-
-    import ts
-    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-    from ts.model_loader import TsModelLoader
-
-    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
-    metrics.initialize_cache()
-    sys.path.insert(0, str(directory))
-    os.chdir(directory)
-    service = TsModelLoader().load(
-        model_name, str(directory), handler, None, batch_size, None, metrics_cache=metrics
-    )
-    service.set_cl_socket(None)
-    return service
 
 
 def scratch_dir(prefix: str) -> Path:

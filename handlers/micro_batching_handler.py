@@ -12,7 +12,7 @@ Settings, all optional, in the ``handler:`` section of model-config.yaml::
                                    # scale in the DCT domain (PIL's draft), the smallest whose
                                    # short side is still >= 256, then the uint8 resize path:
                                    # for camera photos several times less CPU than pil; not
-                                   # exact (benchmarks/decoder_accuracy.py measures how close)
+                                   # exact (benchmarks/dev/decoder_accuracy.py measures how close)
       exif_orientation: true       # turn photos upright as their EXIF orientation tag says
                                    # (phones store them sideways); no-op without the tag, so
                                    # pil stays bit-exact with ImageClassifier for such images

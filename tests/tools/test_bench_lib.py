@@ -1,5 +1,6 @@
-"""The benchmark's config, statistics and plotting (never its speed); reading `ab`'s output
-is tested with the package's ts_microbatch.tools.ab in test_ab.py."""
+"""benchmark-ab.py's config and plots (benchmarks/bench_lib.py) and the statistics it shares
+with ts-microbatch-benchmark (ts_microbatch.tools.runs, .measure), never its speed; reading
+`ab`'s output is tested with the package's ts_microbatch.tools.ab in test_ab.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import load_module
+from ts_microbatch.tools import measure, runs
 
 bench = load_module("benchmarks/bench_lib.py", "bench_lib")
 
@@ -27,12 +29,12 @@ TS_METRICS = (
 
 
 def test_parse_server_metrics() -> None:
-    assert bench.parse_handler_times(MODEL_METRICS) == [(265.81, 3), (100.5, 1)]
-    assert bench.parse_queue_times(TS_METRICS) == [51.0, 49.0]
+    assert measure.parse_handler_times(MODEL_METRICS) == [(265.81, 3), (100.5, 1)]
+    assert measure.parse_queue_times(TS_METRICS) == [51.0, 49.0]
 
 
 def test_statistics() -> None:
-    assert bench.summarize([1.0, 2.0, 3.0]) == {"mean": 2.0, "p50": 2.0, "p99": 3.0}
+    assert runs.summarize([1.0, 2.0, 3.0]) == {"mean": 2.0, "p50": 2.0, "p99": 3.0}
 
 
 def test_ideal_throughput_adds_up_stages_that_share_the_cpu() -> None:
@@ -185,10 +187,10 @@ def test_outputs(tmp_path: Path) -> None:
     assert bench.plot_sweep(rows, png, "test")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not bench.plot_sweep(rows[:1], tmp_path / "none.png", "one point")
-    bench.write_csv(rows, tmp_path / "r.csv")
+    runs.write_csv(rows, tmp_path / "r.csv")
     header = (tmp_path / "r.csv").read_text().splitlines()[0]
     assert "requests_per_s" in header and "stage_rates" not in header
-    table = bench.format_table(rows)
+    table = runs.format_table(rows)
     assert "NO MB" not in table and table.count("\n") == len(rows) + 1
     # A micro-batch size sweep with "auto" plots on a categorical axis.
     sizes = [dict(rows[-1], micro_batch_size=m) for m in (2, 8, "auto")]
@@ -196,7 +198,7 @@ def test_outputs(tmp_path: Path) -> None:
 
 
 def test_comparisons_are_ratios_within_each_round() -> None:
-    runs = [
+    measured = [
         {
             "scenario": "accelerator",
             "handler": h,
@@ -215,7 +217,7 @@ def test_comparisons_are_ratios_within_each_round() -> None:
             ("ours", 2, 60.0, 250.0),
         ]
     ]
-    same, best = bench.compare_rounds(runs)
+    same, best = runs.compare_rounds(measured, bench.COMPARISONS, bench.point_tag)
     assert same["comparison"] == "ours-same / upstream" and same["body"] == "12mp"
     assert [r["throughput"] for r in same["rounds"]] == pytest.approx([1.1, 1.0])
     assert best["median_throughput"] == pytest.approx((4.0 + 3.0) / 2)

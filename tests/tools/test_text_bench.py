@@ -1,6 +1,7 @@
-"""The text-of-variable-length benchmark's tools: a handler swapped into a .mar
-(``--handler-variant``, ``--baseline-handler``), a corpus whose mix is in tokens, and the
-report's per-round ratios and targets. No TorchServe here, no timings."""
+"""The text-of-variable-length study (benchmarks/text_lengths.py, make bench-text) and the
+benchmark features it uses: a handler swapped into a .mar (``--handler-variant``,
+``--baseline-handler``), a corpus whose mix is in tokens, the runs its plan asks for, and
+the report's per-round ratios and targets. No TorchServe here, no timings."""
 
 from __future__ import annotations
 
@@ -14,19 +15,17 @@ import pytest
 import yaml
 
 from tests.helpers import load_module
+from ts_microbatch.tools import benchmark
 from ts_microbatch.tools.mar import MANIFEST, MarError, override_mar
 
-load_module("benchmarks/bench_lib.py", "bench_lib")  # bench_mar imports it by name
-bench_mar = load_module("benchmarks/bench_mar.py", "bench_mar")
-make_text_corpus = load_module("benchmarks/make_text_corpus.py", "make_text_corpus")
-report = load_module("benchmarks/text_lengths_report.py", "text_lengths_report")
+text_study = load_module("benchmarks/text_lengths.py", "text_lengths")
 
 UPSTREAM = "benchmarks/handlers/upstream_bert_handler.py"
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
-    bench_mar.add_arguments(p)
+    benchmark.add_arguments(p)
     return p
 
 
@@ -57,20 +56,20 @@ def test_handler_variants_parse_name_file_and_optional_override() -> None:
             "counted.py",
         ]
     )
-    assert bench_mar.variants_of(args) == [
+    assert benchmark.variants_of(args) == [
         ("plain", {"enabled": False}),
         ("ours", None),
         ("upstream4", {"enabled": False, "micro_batch_size": 4}),
         ("mine", {}),
     ]
-    assert bench_mar.handlers_of(args) == {
+    assert benchmark.handlers_of(args) == {
         "upstream4": Path(UPSTREAM),
         "mine": Path("dir/my_handler.py"),
         "plain": Path("counted.py"),
     }
     for bad in ("x", "x=h.txt", "x=h.py{}", "x=h.py:[1]", "plain=h.py", "ours=h.py:{}"):
         with pytest.raises(argparse.ArgumentTypeError):
-            bench_mar.parse_handler_variant(bad)
+            benchmark.parse_handler_variant(bad)
 
 
 def test_a_swapped_handler_is_the_manifests_and_the_old_one_stays(tmp_path: Path) -> None:
@@ -103,20 +102,20 @@ def test_a_token_corpus_has_the_token_lengths_its_names_say(tmp_path: Path) -> N
     def count_tokens(text: str) -> int:  # "longword" is 2 tokens; + [CLS] and [SEP]
         return 2 + sum(2 if w == "longword" else 1 for w in text.split())
 
-    mix = make_text_corpus.parse_mix("70:8-64,25:65-256,5:257-512")
-    written = make_text_corpus.write_token_corpus(
+    mix = text_study.parse_mix("70:8-64,25:65-256,5:257-512")
+    written = text_study.write_token_corpus(
         tmp_path / "c", mix, 40, make_text, count_tokens, seed=1
     )
-    targets = make_text_corpus.lengths(mix, 40, 1)
+    targets = text_study.lengths(mix, 40, 1)
     for (path, count), target in zip(written, targets):
         assert count == count_tokens(path.read_text())
         assert path.name.endswith(f"-{count}t.txt")
         assert target - 1 <= count <= target  # at most, and a word of 2 tokens short at worst
-    again = make_text_corpus.write_token_corpus(
+    again = text_study.write_token_corpus(
         tmp_path / "again", mix, 40, make_text, count_tokens, seed=1
     )
     assert [p.read_text() for p, _ in again] == [p.read_text() for p, _ in written]
-    shown = make_text_corpus.describe([c for _, c in written], mix)
+    shown = text_study.describe([c for _, c in written], mix)
     assert "65-256: 10 bodies (25%)" in shown
     # a target of 8 can come out 7 (the 8th token is half of a 2-token word): said, not hidden
     outside = [c for _, c in written if c < 8]
@@ -150,13 +149,13 @@ def test_report_ratios_are_per_round_and_better_is_the_faster_baseline_of_that_r
         run("upstream4", 2, 50.0, 1000.0),
         run("ours", 2, 90.0, 600.0),
     ]
-    got = report.ratios(runs)
+    got = text_study.ratios(runs)
     assert [r["throughput"] for r in got["ours/upstream4"]["rounds"]] == [2.0, 1.8]
     assert got["ours/upstream4"]["throughput"] == pytest.approx(1.9)
     assert [r["against"] for r in got["ours/better"]["rounds"]] == ["upstream4", "plain"]
     assert got["ours/better"]["p99"] == pytest.approx((0.5 + 600 / 900) / 2)
     assert "arrival4/upstream4" not in got  # not run: no ratio
-    targets = report.check_targets({"long_tail-b32": got})
+    targets = text_study.check_targets({"long_tail-b32": got})
     by_ratio = {t["ratio"]: t for t in targets}
     assert by_ratio["ours/upstream4 throughput"]["met"] is True
     plain = by_ratio["ours/plain throughput"]
@@ -164,7 +163,7 @@ def test_report_ratios_are_per_round_and_better_is_the_faster_baseline_of_that_r
         2.0 / ((2.5 + 90 / 64) / 2)
     )
     variants = {"plain": {}, "upstream4": {}, "ours": {}}
-    rows = report.variant_rows(
+    rows = text_study.variant_rows(
         "long_tail-b32",
         {"runs": runs, "variants": {k: {"micro_batching": v} for k, v in variants.items()}},
     )
@@ -183,6 +182,63 @@ def test_report_reads_token_lengths_from_body_names_weighted_by_requests() -> No
             {"name": "00001-100t.txt", "requests": 1},
         ]
     }
-    got = report.tokens_of(corpus)
+    got = text_study.tokens_of(corpus)
     assert got["share_by_bin"] == {"8-64": 0.75, "65-256": 0.25}
     assert (got["min"], got["median"], got["max"], got["requests"]) == (10, 10, 100, 4)
+
+
+def test_the_plan_runs_what_text_lengths_sh_ran(tmp_path: Path) -> None:
+    """The loads as benchmarks/text_lengths.sh (430f25a) passed them to benchmark-ab.py."""
+    stages = {"preprocess": 1, "inference": 1, "postprocess": 1}
+    loads = {load["name"]: load for load in text_study.PLAN["loads"]}
+    args = text_study.load_arguments(loads["long_tail-b32"])
+    parsed = parser().parse_args(["--mar", "m.mar", *args])
+    upstream = {"enabled": False, "parallelism": stages}
+    arrival = {"order": "arrival", "max_micro_batch_tokens": None, "parallelism": stages}
+    assert benchmark.variants_of(parsed) == [
+        ("plain", {"enabled": False}),
+        ("ours", None),
+        ("arrival4", {**arrival, "micro_batch_size": 4}),
+        ("arrival8", {**arrival, "micro_batch_size": 8}),
+        ("upstream4", {**upstream, "micro_batch_size": 4}),
+        ("upstream8", {**upstream, "micro_batch_size": 8}),
+    ]
+    assert benchmark.handlers_of(parsed) == {
+        "upstream4": Path(UPSTREAM),
+        "upstream8": Path(UPSTREAM),
+        "plain": Path("benchmarks/handlers/plain_bert_handler.py"),
+    }
+    second = parser().parse_args(
+        ["--mar", "m.mar", *text_study.load_arguments(loads["long-b32-budget2048"])]
+    )
+    assert [name for name, _ in benchmark.variants_of(second)] == [
+        "plain",
+        "ours",
+        "budget2048",
+        "upstream4",
+    ]
+    cmd = text_study.ab_command(tmp_path, "long-b32", Path("o.mar"), loads["long-b32"], 3, [])
+    assert cmd[1:] == [
+        "benchmarks/benchmark-ab.py",
+        "--max-batch-delay",
+        "50",
+        "--warmup-requests",
+        "100",
+        "--mar",
+        "o.mar",
+        "--corpus",
+        str(tmp_path / "corpora" / "long"),
+        "--batch-size",
+        "32",
+        "--concurrency",
+        "64",
+        "--requests",
+        "300",
+        "--rounds",
+        "3",
+        "--out",
+        str(tmp_path / "long-b32"),
+    ]
+    sweep = text_study.ab_command(tmp_path, "sweep", Path("m.mar"), text_study.PLAN["sweep"], 3, [])
+    assert sweep[sweep.index("--rounds") + 1] == "1"  # the sweep is one round
+    assert [load["name"] for load in text_study.PLAN["loads"]] == list(text_study.LOADS)

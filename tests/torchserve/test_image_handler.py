@@ -577,7 +577,7 @@ def test_pil_draft_decodes_jpeg_close_to_pil_and_other_formats_exactly(model_dir
     try:
         jpeg = jpeg_rows(1, size=(1920, 1080), first_seed=40)  # decoded at 1/4 scale
         exact, draft = (handlers[d].preprocess(jpeg) for d in ("pil", "pil-draft"))
-        # Measured on the corpus (benchmarks/decoder_accuracy.py): max 0.07, mean 0.01.
+        # Measured on the corpus (benchmarks/dev/decoder_accuracy.py): max 0.07, mean 0.01.
         assert 0 < (exact - draft).abs().max().item() <= 0.1
         assert (exact - draft).abs().mean().item() <= 0.02
         png = io.BytesIO()

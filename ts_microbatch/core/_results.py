@@ -4,7 +4,7 @@ Why not a ``concurrent.futures.Future`` per item: a Future has a Condition of it
 micro-batch of n items resolved n locks, the batch's count of answered items took another
 per item, ``concurrent.futures.wait`` put a waiter on each, and every "is this micro-batch
 stale?" check before a stage took n more. With batches of 32 that was most of the
-pipeline's bookkeeping per batch (``benchmarks/pipeline_overhead.py``). Here a micro-batch's
+pipeline's bookkeeping per batch (``benchmarks/dev/pipeline_overhead.py``). Here a micro-batch's
 items are answered under one lock acquisition, the waiter sleeps on one Event set when the
 last item is answered, and a staleness check reads the slots without a lock: a slot goes
 from empty to answered once and never back, so a read that sees it answered is final, and

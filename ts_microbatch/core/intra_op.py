@@ -5,7 +5,7 @@ runs torch operations on an OpenMP team as wide as the machine (torch's default)
 are oversubscribed, and the team's threads spin between the many small parallel regions of
 per-item work (a decode, a resize, a normalize per image) on cores the other stage threads,
 the frontend and other workers need. Measured on this project's 2-core machine
-(``benchmarks/results/intra_op/``), TorchServe's ImageClassifier preprocess of a 720px JPEG:
+(``benchmarks/dev/results/intra_op/``), TorchServe's ImageClassifier preprocess of a 720px JPEG:
 on one thread, one image a call, 10.5 ms of CPU with torch's default 2 intra-op threads
 against 5.3 with 1, and no faster (5.4 against 5.3 ms). So by default the preprocess and
 postprocess threads run their torch operations on one thread each, and inference keeps the

@@ -25,6 +25,8 @@ import re
 import shutil
 from pathlib import Path, PurePosixPath
 
+from ._cli import prog
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # ts_microbatch/
 # What a worker runs; tools/ never is.
 WORKER_WINGS = ("core", "torchserve")
@@ -157,8 +159,10 @@ def write_bundle(
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=prog("ts_microbatch.tools.bundle"), description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--mar", type=Path, required=True, help="a self-contained .mar")
     parser.add_argument("--model-name", required=True)
@@ -173,7 +177,7 @@ def main() -> int:
     parser.add_argument("--min-workers", type=int, default=1)
     parser.add_argument("--max-workers", type=int, default=1)
     parser.add_argument("--response-timeout", type=int, default=120)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not PurePosixPath(args.mount_path).is_absolute():
         parser.error(f"--mount-path: got {args.mount_path!r}, expected an absolute path")
     out = write_bundle(

@@ -6,7 +6,7 @@ A single file is a corpus of one. Requests take the bodies in a shuffled order f
 seed, so every run, every config and the tuner's in-process batches see the same sequence;
 a mix of lengths is then measured as a mix, not as whichever body was picked.
 
-Shared by ``tune --corpus``, ``tune --confirm`` and benchmarks/benchmark-ab.py.
+Shared by ``tune --corpus``, ``tune --confirm`` and ts-microbatch-benchmark.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """A user's .mar repackaged with its micro-batching settings overridden, nothing else changed.
 
-What benchmarks/benchmark-ab.py ``--mar`` compares: the .mar as packaged, the same .mar with
-``{"enabled": false}`` (the plain-handler baseline: the handler's own preprocess, inference
-and postprocess on the whole batch) and any other override a user names.
+What ts-microbatch-benchmark (``benchmark-ab.py --mar`` in a checkout) compares: the .mar
+as packaged, the same .mar with ``{"enabled": false}`` (the plain-handler baseline: the
+handler's own preprocess, inference and postprocess on the whole batch) and any other
+override a user names.
 
 The override goes where TorchServe will read it: into model-config.yaml's ``micro_batching``
 section when the .mar has one (the YAML wins key by key over micro_batching.json), else into
@@ -10,7 +11,7 @@ micro_batching.json, else a micro_batching.json is added. Objects merge key by k
 ``{"parallelism": {"preprocess": 1}}`` keeps the other stages); any other value replaces.
 Every other entry of the archive is copied unchanged, in its order and compression.
 
-A ``handler`` file can also be swapped in (benchmark-ab.py ``--handler-variant``): it is
+A ``handler`` file can also be swapped in (the benchmark's ``--handler-variant``): it is
 added at the archive's root under its own name (replacing an entry of that name) and the
 manifest's ``model.handler`` names it, as torch-model-archiver ``--handler FILE`` writes it;
 the old handler stays in the archive, so the new one can import and subclass it.

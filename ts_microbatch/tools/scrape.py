@@ -39,6 +39,7 @@ from ..torchserve.metrics import (
     STAGE_TIME,
     TOKENS,
 )
+from ._cli import prog
 
 
 class Sample(NamedTuple):
@@ -197,7 +198,7 @@ def fetch(url: str, timeout_s: float = 10.0) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ts_microbatch.tools.scrape",
+        prog=prog("ts_microbatch.tools.scrape"),
         description="Per-stage times, micro-batch sizes and errors from TorchServe's /metrics.",
     )
     parser.add_argument("url", help="the metrics address's /metrics URL")

@@ -13,6 +13,7 @@ import sys
 import urllib.parse
 from pathlib import Path
 
+from ._cli import prog
 from .server import TorchServe, TorchServeError, read_properties
 
 # Overridable so that tests can run the README commands verbatim on free ports.
@@ -108,9 +109,7 @@ def stop(_: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ts_microbatch.tools.serve", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog=prog("ts_microbatch.tools.serve"), description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("start", help="start TorchServe, register a model, send one request")
     p.add_argument("--mar", required=True, help="file name of the .mar in the model store")

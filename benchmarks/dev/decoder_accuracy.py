@@ -9,8 +9,8 @@ preprocess with ``pil`` (ImageClassifier's path, the reference), ``torchvision``
 whether the top-5 classes agree (meaningful only with real weights: the example .mar has
 untrained ones unless built with WEIGHTS=), and the median time of preprocess on one thread.
 
-    python benchmarks/decoder_accuracy.py --mar model_store/resnet-18_mb.mar \\
-        --out benchmarks/results/decoder_accuracy
+    python benchmarks/dev/decoder_accuracy.py --mar model_store/resnet-18_mb.mar \\
+        --out benchmarks/dev/results/decoder_accuracy
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "examples" / "image_classifier"))

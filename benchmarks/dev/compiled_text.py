@@ -4,7 +4,7 @@ warm-up costs, whether anything compiles after it, and compiled against eager.
 
 The BERT example (examples/bert_classifier, untrained 4 x 256 model made here) packed twice
 (three times with ``--frozen``):
-``compiled`` with benchmarks/configs/bert_compiled.yaml (``pt2:`` inductor, dynamic=False;
+``compiled`` with benchmarks/dev/bert_compiled.yaml (``pt2:`` inductor, dynamic=False;
 allowed sizes [2, 8, 32] x buckets [64, 256, 512], order by length, 2,048 tokens per
 micro-batch, warm-up of the grid), and ``eager``, the same config without ``pt2:`` (it pads
 to the same buckets); with ``--frozen`` also ``frozen``, the compiled config with inductor's
@@ -23,11 +23,11 @@ log every recompile, with its reason, into the model log.
 4. Recompiles after warm-up: MicroBatchRecompiles over everything after registration, and
    the model log's recompile lines (Dynamo's and the pipeline's) after registration.
 
-    python benchmarks/compiled_text.py --corpus /tmp/text_corpora/long_tail --rounds 5 \\
-        --frozen --out benchmarks/results/compiled_text
+    python benchmarks/dev/compiled_text.py --corpus /tmp/text_corpora/long_tail --rounds 5 \\
+        --frozen --out benchmarks/dev/results/compiled_text
 
 writes results.json and model_log_excerpt.txt (warm-up and compile lines) into ``--out``.
-The corpus: benchmarks/make_text_corpus.py (docs/compiled.md has the command).
+The corpus: ``benchmarks/text_lengths.py corpus`` (docs/compiled.md has the command).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "examples" / "bert_classifier")]
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(HERE.parent), str(ROOT), str(ROOT / "examples" / "bert_classifier")]
 
 import bench_lib  # noqa: E402
 import build_mar  # noqa: E402
@@ -54,7 +54,7 @@ from ts_microbatch.tools.drive import send_corpus  # noqa: E402
 from ts_microbatch.tools.scrape import parse_prometheus, summarize  # noqa: E402
 from ts_microbatch.tools.server import TorchServe  # noqa: E402
 
-CONFIG = HERE / "configs" / "bert_compiled.yaml"
+CONFIG = HERE / "bert_compiled.yaml"
 VARIANTS = ("compiled", "eager")
 # --frozen: also the compiled config with inductor's freezing (weights folded in as
 # constants, prepacked for the CPU's matmul kernels; TorchServe's CPU guidance turns it on).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the pipelines themselves cost: CPU per batch with stages that do almost nothing.
 
-    python benchmarks/pipeline_overhead.py [--batches 1000] [--rounds 3]
+    python benchmarks/dev/pipeline_overhead.py [--batches 1000] [--rounds 3]
 
 A handler whose stages make a 32x4 tensor, add one and answer a small dict per request runs
 behind upstream's MicroBatching, behind ours, and behind ours without metric lines, each
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ("upstream", "ours", "ours-no-metrics")
 SETTINGS = {
     "micro_batch_size": 4,
@@ -116,10 +116,9 @@ def context_switches() -> int:
 
 
 def child(directory: Path, batches: int) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import bench_lib
+    from worker_loader import load_worker_service  # beside this file
 
-    service = bench_lib.load_worker_service(directory, "trivial", "handler.py", 32)
+    service = load_worker_service(directory, "trivial", "handler.py", 32)
     out = os.fdopen(os.dup(1), "w")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the metric lines go where a worker's go
     warmup = 50

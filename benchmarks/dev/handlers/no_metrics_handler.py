@@ -1,6 +1,7 @@
 """Our image handler on upstream's stages with the pipeline's metric lines turned off: for
-benchmarks/same_stages.py, to measure what the metrics cost. same_stages.py copies
-handlers/micro_batching_handler.py into the model directory beside this file."""
+benchmarks/dev/worker_ab.py (``--variants no-metrics``), to measure what the metrics cost.
+worker_ab.py copies handlers/micro_batching_handler.py into the model directory beside this
+file."""
 
 from micro_batching_handler import MicroBatchingHandler
 

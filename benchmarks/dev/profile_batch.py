@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Latency and per-item time of a model's forward pass for batch sizes 1..256.
 
-    python benchmarks/profile_batch.py [--model resnet18] [--max-batch 256] [--repeats 5]
+    python benchmarks/dev/profile_batch.py [--model resnet18] [--max-batch 256] [--repeats 5]
 
 The table a user reads to choose TorchServe's batch size and the micro-batch size: the
 per-item time falls while the batch amortizes fixed costs, then flattens (compute-bound),

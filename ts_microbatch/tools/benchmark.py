@@ -1,16 +1,18 @@
-"""benchmark-ab.py ``--mar``: a user's own .mar, as packaged, against its plain-handler
-baseline and any named overrides, on a corpus of the user's bodies.
+"""Benchmarks a .mar that uses ts_microbatch on a corpus of your bodies, through TorchServe.
 
-    python benchmarks/benchmark-ab.py --mar my_model.mar --corpus my_texts/ \\
+    ts-microbatch-benchmark --mar my_model.mar --corpus my_texts/ \\
         --variant arrival='{"order": "arrival"}' --rounds 3 --out runs/my_model
 
-Variants are the .mar repackaged by ts_microbatch.tools.mar (only the micro-batching
-section and the frontend's batchSize/maxBatchDelay change): ``ours`` as packaged, ``plain``
-with ``{"enabled": false}`` (the handler's preprocess, inference and postprocess on the whole
-batch, as BaseHandler.handle), and each ``--variant NAME=JSON``. Each round serves every
-variant in turn on a fresh TorchServe, with the corpus sent by ts_microbatch.tools.drive
-(parallel clients, each request the next body of the corpus's fixed order); results are
-the median round per variant and per-round ratios against the baseline.
+(``python -m ts_microbatch.tools.benchmark``, or in a checkout ``python
+benchmarks/benchmark-ab.py --mar ...``, take the same arguments.) Variants are the .mar
+repackaged by ts_microbatch.tools.mar (only the micro-batching section and the frontend's
+batchSize/maxBatchDelay change): ``ours`` as packaged, ``plain`` with ``{"enabled": false}``
+(the handler's preprocess, inference and postprocess on the whole batch, as
+BaseHandler.handle), each ``--variant NAME=JSON`` and each ``--handler-variant``. Each round
+serves every variant in turn on a fresh TorchServe, with the corpus sent by
+ts_microbatch.tools.drive (parallel clients, each request the next body of the corpus's
+fixed order); results are the median round per variant and per-round ratios against the
+baseline: results.json, results.csv, runs.csv, comparisons.json, metrics/, samples/.
 """
 
 from __future__ import annotations
@@ -21,16 +23,15 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import bench_lib
-from bench_lib import log
-
-from ts_microbatch.tools.corpus import Corpus, CorpusError, read_corpus
-from ts_microbatch.tools.drive import send_corpus
-from ts_microbatch.tools.mar import MarError, override_mar, read_entries, settings_of
+from ._cli import prog
+from .corpus import Corpus, CorpusError, read_corpus
+from .drive import send_corpus
+from .mar import MarError, override_mar, read_entries, settings_of
+from .measure import RegistrationError, measure
+from .runs import compare_rounds, format_comparisons, format_table, machine_info, medians, write_csv
 
 BASELINE = "plain"
 AS_PACKAGED = "ours"
@@ -39,7 +40,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("your own .mar (instead of --config)")
+    group = parser.add_argument_group("your own .mar")
     group.add_argument("--mar", type=Path, help="a .mar (or model directory) using ts_microbatch")
     bodies = group.add_mutually_exclusive_group()
     bodies.add_argument("--corpus", type=Path, help="a directory of bodies or a .jsonl file")
@@ -163,7 +164,15 @@ def load_tag(row: dict[str, Any]) -> str:
     return f"{row['body']}|{row['batch_size']}|{row['max_batch_delay']}|{row['concurrency']}"
 
 
-def main(args: argparse.Namespace, measure: Callable[..., dict[str, Any]], runs: Path) -> int:
+def log(message: str) -> None:
+    """A progress line with the time, for the command's output."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
+    """The benchmark of ``args`` (add_arguments' options, ``out`` and ``keep_logs``); each
+    server from ``base_config`` (a config.properties; built-in settings when None). Results
+    go to ``args.out``, else a new directory under ``runs``. Returns the exit status."""
     try:
         corpus = read_corpus(args.corpus or args.body) if args.corpus or args.body else None
         if corpus is None:
@@ -203,7 +212,7 @@ def main(args: argparse.Namespace, measure: Callable[..., dict[str, Any]], runs:
         "workers": 1,
     }
     rows, refused = run_rounds(
-        args.rounds, variants, effective, corpus, config, point, out, measure
+        args.rounds, variants, effective, corpus, config, point, out, base_config
     )
     report(args, out, corpus, variants, effective, point, rows, refused, handlers)
     for scratch in ("store",) + (() if args.keep_logs else ("servers",)):
@@ -219,7 +228,7 @@ def run_rounds(
     config: dict[str, Any],
     point: dict[str, Any],
     out: Path,
-    measure: Callable[..., dict[str, Any]],
+    base_config: Path | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Every variant once per round, round-robin; one row per run. A variant TorchServe
     will not register (a setting this ts_microbatch refuses) is reported and left out of
@@ -253,8 +262,9 @@ def run_rounds(
                     send,
                     (first.data, first.content_type),
                     archive=f"{name}.mar",
+                    base_config=base_config,
                 )
-            except bench_lib.RegistrationError as err:
+            except RegistrationError as err:
                 refused[name] = str(err)
                 hint = " (the baseline needs the 'enabled' key: --no-baseline skips it)"
                 log(f"{label}: NOT MEASURED, {err}{hint if name == BASELINE else ''}")
@@ -296,12 +306,12 @@ def report(
     names = list(dict.fromkeys(row["handler"] for row in rows))
     reference = BASELINE if BASELINE in names else AS_PACKAGED
     pairs = [(name, reference) for name in names if name != reference]
-    medians = bench_lib.medians(rows, tag=load_tag)
-    comparisons = bench_lib.compare_rounds(rows, pairs, tag=load_tag)
+    middle = medians(rows, load_tag)
+    comparisons = compare_rounds(rows, pairs, load_tag)
     (out / "results.json").write_text(
         json.dumps(
             {
-                "machine": bench_lib.machine_info(),
+                "machine": machine_info(),
                 "mar": str(Path(args.mar).resolve()),
                 "corpus": corpus.describe(point["requests"]),
                 "load": point,
@@ -313,7 +323,7 @@ def report(
                     }
                     for n, o in variants
                 },
-                "results": medians,
+                "results": middle,
                 "runs": rows,
                 "comparisons": comparisons,
                 "not_measured": refused,
@@ -323,11 +333,42 @@ def report(
         )
         + "\n"
     )
-    bench_lib.write_csv(rows, out / "runs.csv")
-    bench_lib.write_csv(medians, out / "results.csv")
+    write_csv(rows, out / "runs.csv")
+    write_csv(middle, out / "results.csv")
     (out / "comparisons.json").write_text(json.dumps(comparisons, indent=2) + "\n")
-    print(f"\nbody: {corpus.label}\n" + bench_lib.format_table(medians))
+    print(f"\nbody: {corpus.label}\n" + format_table(middle))
     if comparisons:
-        print("\n" + bench_lib.format_comparisons(comparisons))
+        print("\n" + format_comparisons(comparisons))
     for name, why in refused.items():
         print(f"\n{name}: not measured: {why.splitlines()[0]}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog("ts_microbatch.tools.benchmark"), description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--out", type=Path, help="result directory (default runs/<time>)")
+    parser.add_argument(
+        "--ts-config",
+        type=Path,
+        help="a config.properties every server starts from (addresses and model store are "
+        "set here); its metrics_config should declare the pipeline's metrics for the per-stage "
+        "columns. Default: built-in settings, Prometheus metrics",
+    )
+    parser.add_argument(
+        "--keep-logs", action="store_true", help="keep each server's logs in servers/"
+    )
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.mar is None:
+        parser.error("--mar is required")
+    return run(args, args.ts_config, Path("runs"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,13 +3,14 @@
 by TorchServe's own model loader in a process of its own and handed batches through
 ``Service.predict`` back to back, as the backend worker does under a full queue.
 
-    python benchmarks/worker_ab.py --rounds 3 --batches 60 [--variants upstream ours-same]
-    python benchmarks/worker_ab.py --profile ours-same   # py-spy of one child (speedscope)
+    python benchmarks/dev/worker_ab.py --rounds 3 --batches 60 [--variants upstream ours-same]
+    python benchmarks/dev/worker_ab.py --profile ours-same   # py-spy of one child (speedscope)
 
 No frontend and no client: what is left is the worker's own time per batch (its makespan,
 P50/P99) and its CPU per batch (every thread of the process). Rounds alternate the variants;
-ratios are taken within a round. Same stages as benchmarks/same_stages.py (the 720px body,
-the accelerator stand-in, batch 32, micro-batch 4, threads 2/1/2, PIL decoding).
+ratios are taken within a round. The same stages as benchmarks/compare.py's ``-same``
+models (the 720px body, the accelerator stand-in, batch 32, micro-batch 4, threads 2/1/2,
+PIL decoding).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "examples" / "image_classifier")]
+BENCH = HERE.parent
+ROOT = BENCH.parent
+sys.path[:0] = [str(BENCH), str(ROOT), str(ROOT / "examples" / "image_classifier")]
 
 VARIANTS = ("upstream", "ours-same", "no-metrics", "ours-ic")
 
@@ -41,7 +43,7 @@ def package(work: Path, variant: str) -> Path:
 
     bench_packaging.HANDLER_FILES["no-metrics"] = str(HERE / "handlers/no_metrics_handler.py")
     bench_packaging.HANDLER_FILES["ours-ic"] = str(HERE / "handlers/mixin_image_classifier.py")
-    config = bench_lib.load_config(HERE / "configs/photos.json")
+    config = bench_lib.load_config(BENCH / "configs/photos.json")
     point = bench_lib.sweep_points(config)[0]
     name = f"worker-{variant}"
     bench_packaging.package(
@@ -49,10 +51,11 @@ def package(work: Path, variant: str) -> Path:
     )
     directory = work / "store" / name
     if variant == "no-metrics":
-        from same_stages import model_config
-
+        # The model config TorchServe reads: the file the manifest names (the archiver keeps
+        # the --config-file's own name).
+        manifest = json.loads((directory / "MAR-INF" / "MANIFEST.json").read_text())
         model = bench_packaging.model_yaml(config, point, "ours-same")
-        model_config(directory).write_text(yaml.safe_dump(model))
+        (directory / manifest["model"]["configFile"]).write_text(yaml.safe_dump(model))
         shutil.copy(ROOT / "handlers/micro_batching_handler.py", directory)
     return directory
 
@@ -60,13 +63,11 @@ def package(work: Path, variant: str) -> Path:
 def child(directory: Path) -> None:
     """Runs in its own process: loads the model as the backend worker does, then for each
     line ``N`` on stdin times N batches and answers with one JSON line of their times."""
-    import bench_lib
     import corpus
+    from worker_loader import load_worker_service
 
     manifest = json.loads((directory / "MAR-INF" / "MANIFEST.json").read_text())["model"]
-    service = bench_lib.load_worker_service(
-        directory, manifest["modelName"], manifest["handler"], 32
-    )
+    service = load_worker_service(directory, manifest["modelName"], manifest["handler"], 32)
     body = corpus.bodies()["720px"].data
     out = os.fdopen(os.dup(1), "w")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the worker's own prints stay off the pipe
@@ -139,7 +140,7 @@ def main() -> int:
     if args.child:
         child(args.child)
         return 0
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH)])}
     variants = [args.profile] if args.profile else args.variants
     with tempfile.TemporaryDirectory(prefix="worker_ab_") as tmp:
         work = Path(tmp)

@@ -1,6 +1,7 @@
-"""benchmark-ab.py on a user's own .mar (benchmarks/bench_mar.py) and body names: the
-arguments, the variants and their repackaged settings, the rows' grouping and ratios, and
-that a user's body is named after its file. No TorchServe here, no timings."""
+"""ts-microbatch-benchmark, a user's own .mar (ts_microbatch.tools.benchmark, also
+benchmark-ab.py --mar) and body names: the arguments, the variants and their repackaged
+settings, the rows' grouping and ratios, and that a user's body is named after its file.
+No TorchServe here, no timings."""
 
 from __future__ import annotations
 
@@ -14,18 +15,18 @@ import pytest
 import yaml
 
 from tests.helpers import load_module
+from ts_microbatch.tools import benchmark, runs
 from ts_microbatch.tools.corpus import read_corpus
 from ts_microbatch.tools.mar import override_mar, read_entries, settings_of
 
 bench = load_module("benchmarks/bench_lib.py", "bench_lib")
-bench_mar = load_module("benchmarks/bench_mar.py", "bench_mar")
-make_text_corpus = load_module("benchmarks/make_text_corpus.py", "make_text_corpus")
+text_study = load_module("benchmarks/text_lengths.py", "text_lengths")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--out")
-    bench_mar.add_arguments(p)
+    benchmark.add_arguments(p)
     return p
 
 
@@ -54,17 +55,17 @@ def test_variants_are_the_baseline_the_mar_as_packaged_and_named_overrides(
             'mbs8={"micro_batch_size": 8, "parallelism": {"preprocess": 2}}',
         ]
     )
-    assert bench_mar.variants_of(args) == [
+    assert benchmark.variants_of(args) == [
         ("plain", {"enabled": False}),
         ("ours", None),
         ("arrival", {"order": "arrival"}),
         ("mbs8", {"micro_batch_size": 8, "parallelism": {"preprocess": 2}}),
     ]
     args.no_baseline = True
-    assert [n for n, _ in bench_mar.variants_of(args)][0] == "ours"
+    assert [n for n, _ in benchmark.variants_of(args)][0] == "ours"
     for bad in ("plain={}", "x", "x=[1]", "x={not json", "a b={}"):
         with pytest.raises(argparse.ArgumentTypeError):
-            bench_mar.parse_variant(bad)
+            benchmark.parse_variant(bad)
     with pytest.raises(SystemExit):
         parser().parse_args(["--mar", "m.mar", "--corpus", "a", "--body", "b"])
 
@@ -74,12 +75,12 @@ def test_each_variant_is_the_same_mar_with_its_override_and_the_same_frontend(
 ) -> None:
     mar = tiny_mar(tmp_path / "m.mar")
     args = parser().parse_args(["--mar", str(mar), "--body", "x.txt", "--max-batch-delay", "0"])
-    frontend = bench_mar.frontend_of(args, mar)
+    frontend = benchmark.frontend_of(args, mar)
     assert frontend == {"batchSize": 8, "maxBatchDelay": 0}  # the .mar's, then the flag
     args = parser().parse_args(["--mar", str(mar), "--body", "x.txt", "--batch-size", "32"])
-    assert bench_mar.frontend_of(args, mar) == {"batchSize": 32, "maxBatchDelay": 50}
+    assert benchmark.frontend_of(args, mar) == {"batchSize": 32, "maxBatchDelay": 50}
     effective = {}
-    for name, override in bench_mar.variants_of(
+    for name, override in benchmark.variants_of(
         parser().parse_args(["--mar", str(mar), "--variant", 'mbs8={"micro_batch_size": 8}'])
     ):
         effective[name] = override_mar(mar, tmp_path / f"{name}.mar", override, frontend)
@@ -91,8 +92,8 @@ def test_each_variant_is_the_same_mar_with_its_override_and_the_same_frontend(
     for name in effective:
         written = settings_of(read_entries(tmp_path / f"{name}.mar"))["yaml"]
         assert (written["batchSize"], written["maxBatchDelay"]) == (8, 0)
-    assert bench_mar.shown(effective["plain"]) == ("off", "-")
-    assert bench_mar.shown({"micro_batch_size": 4, "parallelism": {"preprocess": 2}}) == (
+    assert benchmark.shown(effective["plain"]) == ("off", "-")
+    assert benchmark.shown({"micro_batch_size": 4, "parallelism": {"preprocess": 2}}) == (
         4,
         "2/1/1",
     )
@@ -100,7 +101,7 @@ def test_each_variant_is_the_same_mar_with_its_override_and_the_same_frontend(
 
 def test_rows_of_variants_group_by_load_and_compare_with_the_baseline() -> None:
     load = {"body": "texts.jsonl: 3 bodies", "batch_size": 16, "max_batch_delay": 20}
-    runs: list[dict[str, Any]] = [
+    measured: list[dict[str, Any]] = [
         {
             "scenario": "mar",
             "handler": h,
@@ -121,14 +122,14 @@ def test_rows_of_variants_group_by_load_and_compare_with_the_baseline() -> None:
             ("mbs8", 8, 2, 100.0, 400.0),
         ]
     ]
-    rows = bench.medians(runs, tag=bench_mar.load_tag)
+    rows = runs.medians(measured, benchmark.load_tag)
     assert [(r["handler"], r["runs"]) for r in rows] == [
         ("plain", [100.0, 80.0]),
         ("ours", [150.0, 160.0]),
         ("mbs8", [120.0, 100.0]),
     ]
     pairs = [("ours", "plain"), ("mbs8", "plain")]
-    ours, mbs8 = bench.compare_rounds(runs, pairs, tag=bench_mar.load_tag)
+    ours, mbs8 = runs.compare_rounds(measured, pairs, benchmark.load_tag)
     assert [r["throughput"] for r in ours["rounds"]] == pytest.approx([1.5, 2.0])
     assert mbs8["comparison"] == "mbs8 / plain" and mbs8["body"] == load["body"]
     assert mbs8["median_p99"] == pytest.approx((0.75 + 0.8) / 2)
@@ -154,23 +155,23 @@ def test_a_user_input_is_named_after_its_file_never_720px(tmp_path: Path) -> Non
     assert [p["body"] for p in bench.sweep_points(bench.load_config(path))] == ["720px", "12mp"]
 
 
-def test_make_text_corpus_writes_the_mix_it_is_given(tmp_path: Path) -> None:
-    mix = make_text_corpus.parse_mix("70:8-64,25:65-256,5:257-512")
+def test_the_text_corpus_step_writes_the_mix_it_is_given(tmp_path: Path) -> None:
+    mix = text_study.parse_mix("70:8-64,25:65-256,5:257-512")
     assert mix == [(70.0, 8, 64), (25.0, 65, 256), (5.0, 257, 512)]
     for bad in ("70:8", "x:1-2", "0:1-2", "10:5-2"):
         with pytest.raises(argparse.ArgumentTypeError):
-            make_text_corpus.parse_mix(bad)
+            text_study.parse_mix(bad)
 
     def stand_in(seed: int, n_words: int) -> str:
         return " ".join(f"w{seed}" for _ in range(n_words))
 
     out = tmp_path / "corpus"
-    paths = make_text_corpus.write_corpus(out, mix, 40, stand_in, seed=3)
+    paths = text_study.write_corpus(out, mix, 40, stand_in, seed=3)
     words = [len(p.read_text().split()) for p in paths]
     assert [p.name.split("-")[1] for p in paths] == [f"{n}w.txt" for n in words]
     assert (sum(n <= 64 for n in words), sum(64 < n <= 256 for n in words)) == (28, 10)
     assert sum(n > 256 for n in words) == 2
-    again = make_text_corpus.write_corpus(tmp_path / "again", mix, 40, stand_in, seed=3)
+    again = text_study.write_corpus(tmp_path / "again", mix, 40, stand_in, seed=3)
     assert [p.read_text() for p in again] == [p.read_text() for p in paths]
     corpus = read_corpus(out)
     assert corpus.label.startswith("corpus: 40 bodies, ") and " chars, median " in corpus.label

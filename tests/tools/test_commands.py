@@ -1,0 +1,79 @@
+"""The tools as console commands (setup.py's entry points): each names a module of
+ts_microbatch.tools whose ``main`` reads sys.argv when called without arguments, as a
+console script calls it, and whose usage line names the command it was run as."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+
+def console_scripts() -> dict[str, str]:
+    """``name = module:function`` of setup.py's console_scripts, read without running it."""
+    tree = ast.parse((Path(ROOT) / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "entry_points":
+            entries = ast.literal_eval(node.value)["console_scripts"]
+            return dict((part.strip() for part in entry.split("=", 1)) for entry in entries)
+    raise AssertionError("setup.py declares no entry_points")
+
+
+COMMANDS = console_scripts()
+
+
+def test_every_tool_a_user_runs_is_a_command() -> None:
+    assert set(COMMANDS) == {
+        "ts-microbatch-benchmark",
+        "ts-microbatch-tune",
+        "ts-microbatch-serve",
+        "ts-microbatch-scrape",
+        "ts-microbatch-bundle",
+    }
+    for name, target in COMMANDS.items():
+        module, _, function = target.partition(":")
+        assert module == f"ts_microbatch.tools.{name.removeprefix('ts-microbatch-')}"
+        assert function == "main"
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_command_reads_its_arguments_from_argv(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module, _, function = COMMANDS[name].partition(":")
+    main = getattr(importlib.import_module(module), function)
+    assert all(p.default is not p.empty for p in inspect.signature(main).parameters.values())
+    monkeypatch.setattr(sys, "argv", [f"/usr/local/bin/{name}", "--help"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: {name} ")
+
+
+def test_python_m_still_runs_a_tool_and_names_itself_so() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "ts_microbatch.tools.benchmark", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m ts_microbatch.tools.benchmark ")
+    assert "--corpus" in done.stdout and "--variant" in done.stdout
+
+
+def test_the_benchmark_needs_a_mar(capsys: pytest.CaptureFixture[str]) -> None:
+    from ts_microbatch.tools.benchmark import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--corpus", "texts/"])
+    assert exited.value.code == 2
+    assert "--mar is required" in capsys.readouterr().err

@@ -1,0 +1,225 @@
+"""One measured run: a fresh TorchServe, one model, warm-up, the load, what the server spent.
+
+``measure`` registers a model on a new TorchServe on loopback, warms it up, sends the
+measured load through a ``send`` function (the corpus driver, or `ab`), and returns one
+result row: throughput and latency, the CPU each request cost the frontend and the worker,
+sample answers, and the pipeline's own numbers from the difference of two ``/metrics``
+scrapes (or, in TorchServe's log mode, from its metric logs).
+
+Shared by ``ts-microbatch-benchmark`` (ts_microbatch.tools.benchmark) and the repository's
+benchmarks/benchmark-ab.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Optional
+
+from .runs import flatten_pipeline, summarize
+from .scrape import summarize as summarize_scrape
+from .server import TorchServe
+
+# (url, token, requests, work directory, label) -> (ab-like summary, latency percentiles)
+Send = Callable[[str, Optional[str], int, Path, str], tuple[dict[str, Any], dict[str, float]]]
+
+# What a server gets without a config.properties of the user's (--ts-config): room for many
+# clients and for camera photos (TorchServe's defaults are 100 queued requests and 6.5 MB),
+# and Prometheus metrics. Without a metrics_config that declares the pipeline's metrics
+# (the repository's configs/metrics.yaml) the per-stage columns stay empty.
+DEFAULT_PROPERTIES = {
+    "default_workers_per_model": "1",
+    "job_queue_size": "1000",
+    "max_request_size": "33554432",
+    "install_py_dep_per_model": "false",
+}
+
+
+class RegistrationError(RuntimeError):
+    """TorchServe refused to register a model (its config, its handler); the model log says why."""
+
+
+def server_for(
+    store: Path, workdir: Path, metrics_mode: str, base_config: Path | None = None
+) -> TorchServe:
+    """A TorchServe on free loopback ports: ``base_config`` (a config.properties) when
+    given, else DEFAULT_PROPERTIES; either way in ``metrics_mode``."""
+    properties = {} if base_config else dict(DEFAULT_PROPERTIES)
+    properties["metrics_mode"] = metrics_mode
+    return TorchServe(
+        model_store=store, workdir=workdir, properties=properties, base_config=base_config
+    )
+
+
+def measure(
+    server_dir: Path,
+    store: Path,
+    model: str,
+    config: dict[str, Any],
+    point: dict[str, Any],
+    label: str,
+    scrape_path: Path,
+    send: Send,
+    sample: tuple[bytes, str],
+    archive: str | None = None,
+    base_config: Path | None = None,
+) -> dict[str, Any]:
+    """One server, one model (the store's ``archive``, a .mar, when given; else its
+    directory ``model``), warm-up then the measured run through ``send``. ``config`` gives
+    ``metrics_mode``, ``warmup_requests`` and ``response_timeout``; ``point`` the load
+    (``batch_size``, ``max_batch_delay``, ``workers``, ``concurrency``, ``requests``).
+    ``sample`` (body, content type): the sample answers kept beside the scrape.
+
+    In log mode the per-batch HandlerTime and per-request QueueTime lines are read back
+    from the metric logs. In prometheus mode (TorchServe then writes no metric logs)
+    ``/metrics`` is scraped before and after the measured run, the second scrape is saved
+    to ``scrape_path`` and the difference gives the pipeline's per-stage times and sizes.
+
+    Raises:
+        RegistrationError: TorchServe refused the model.
+    """
+    mode = config["metrics_mode"]
+    with server_for(store, server_dir, mode, base_config) as server:
+        resp = server.register(
+            archive or model,
+            model_name=model if archive else None,
+            batch_size=point["batch_size"],
+            max_batch_delay_ms=point["max_batch_delay"],
+            initial_workers=point["workers"],
+            response_timeout_s=config["response_timeout"],
+        )
+        if resp.status != 200:
+            raise RegistrationError(
+                f"registering {model} failed: {resp.status} {resp.body!r}\n{server.log()[-3000:]}"
+            )
+        url = f"{server.inference_url}/predictions/{model}"
+        token = server.token("inference")
+        server_dir.mkdir(parents=True, exist_ok=True)
+        if config["warmup_requests"]:
+            # ab refuses fewer requests than clients
+            warmup = max(config["warmup_requests"], point["concurrency"])
+            send(url, token, warmup, server_dir, f"{label} warm-up")
+        if mode == "prometheus":
+            before = settled_scrape(server)
+        else:  # where the measured run's lines will start
+            logs = {name: len(server.log(name)) for name in ("model_metrics.log", "ts_metrics.log")}
+        cpu_before = cpu_seconds(server)
+        summary, latency = send(url, token, point["requests"], server_dir, label)
+        cpu_after = cpu_seconds(server)
+        # Where each request's CPU goes: the frontend (HTTP, batching, the bodies' bytes)
+        # and the worker (decoding, the pipeline, the model).
+        cpu_ms = {
+            f"{side}_cpu_ms_per_request": 1000
+            * (cpu_after[side] - cpu_before[side])
+            / max(1.0, summary["complete_requests"])
+            for side in cpu_before
+        }
+        samples = sample_responses(server, model, *sample)
+        samples_path = scrape_path.parent.parent / "samples" / f"{scrape_path.stem}.json"
+        samples_path.parent.mkdir(parents=True, exist_ok=True)
+        samples_path.write_text(json.dumps(samples, indent=2) + "\n")
+        if mode == "prometheus":
+            after = settled_scrape(server)
+            scrape_path.parent.mkdir(parents=True, exist_ok=True)
+            scrape_path.write_text(after)
+            pipeline: dict[str, Any] | None = summarize_scrape(after, before, model)
+            handler_times: list[tuple[float, int]] = []
+            queue_times = [pipeline["frontend_queue_ms"]] if pipeline else []
+        else:
+            pipeline = None
+            handler_times = parse_handler_times(
+                server.log("model_metrics.log")[logs["model_metrics.log"] :]
+            )
+            queue_times = parse_queue_times(server.log("ts_metrics.log")[logs["ts_metrics.log"] :])
+    batch_sizes = [n for _, n in handler_times]
+    result = {
+        **summary,
+        **latency,
+        **cpu_ms,
+        "errors": int(summary["failed_requests"] + summary["non_2xx_responses"]),
+        "server_handler_ms": summarize([ms for ms, _ in handler_times]),
+        "server_queue_ms": summarize(queue_times),
+        "mean_batch_size": sum(batch_sizes) / len(batch_sizes) if batch_sizes else float("nan"),
+        "sample_lengths": sorted({s["length"] for s in samples}),
+    }
+    if pipeline is not None:
+        result.update(flatten_pipeline(pipeline))
+    return result
+
+
+def sample_responses(
+    server: TorchServe, model: str, body: bytes, content_type: str
+) -> list[dict[str, Any]]:
+    """Sample answers kept with each run: 2 sent alone (micro-batches of 1) and 8 at once.
+
+    ab counts a response whose length differs from the first one's as failed. The same
+    image gives last-bit-different probabilities in micro-batches of 1-3 and of 4 or more
+    (oneDNN chooses kernels by batch size), so JSON bodies differ by a byte or two; these
+    samples show it run by run."""
+
+    def one(_: int) -> dict[str, Any]:
+        resp = server.predict(model, body, content_type=content_type)
+        return {"status": resp.status, "length": len(resp.body), "body": resp.body.decode()}
+
+    alone = [one(i) for i in range(2)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        together = list(pool.map(one, range(8)))
+    return alone + together
+
+
+def settled_scrape(server: TorchServe, timeout_s: float = 10.0) -> str:
+    """A scrape of /metrics once the backend's metric lines have reached the frontend:
+    two scrapes in a row that agree on every sample but the host gauges."""
+    previous = None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = server.scrape_metrics()
+        counted = [line for line in text.splitlines() if 'Level="Host"' not in line]
+        if counted == previous or time.monotonic() > deadline:
+            return text
+        previous = counted
+        time.sleep(0.25)  # the frontend has no "metrics flushed" event to wait on
+
+
+def cpu_seconds(server: TorchServe) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the server's frontend (Java) and by its
+    Python worker processes, from its process group."""
+    import psutil
+
+    used = {"frontend": 0.0, "workers": 0.0}
+    if server.process is None:
+        return used
+    root = psutil.Process(server.process.pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times, cmdline = proc.cpu_times(), " ".join(proc.cmdline())
+        except psutil.Error:
+            continue  # gone in between
+        if "model_service_worker" in cmdline:
+            used["workers"] += times.user + times.system
+        elif "java" in cmdline:
+            used["frontend"] += times.user + times.system
+    return used
+
+
+# -- TorchServe metric logs (metrics_mode=log) -----------------------------------------------
+
+_HANDLER_TIME = re.compile(
+    r"HandlerTime\.ms:([\d.]+)\|#ModelName:[^|]*\|#[^,]*,requestID:([^|]*?),timestamp"
+)
+_QUEUE_TIME = re.compile(r"QueueTime\.Milliseconds:([\d.]+)\|")
+
+
+def parse_handler_times(model_metrics_log: str) -> list[tuple[float, int]]:
+    """(HandlerTime ms, requests in the batch) for each batch a worker handled."""
+    return [
+        (float(ms), len(ids.split(","))) for ms, ids in _HANDLER_TIME.findall(model_metrics_log)
+    ]
+
+
+def parse_queue_times(ts_metrics_log: str) -> list[float]:
+    return [float(ms) for ms in _QUEUE_TIME.findall(ts_metrics_log)]
