@@ -174,3 +174,16 @@ def test_every_item_is_answered_once_in_its_place_and_no_micro_batch_spans_two_g
     for rows in seen:
         assert 1 <= len(rows) <= size
         assert len({rule.key(rule.shape_of(row)) for row in rows}) == 1
+
+
+def test_defect_an_item_shape_raising_a_base_exception_failed_the_batch() -> None:
+    class Stop(BaseException):
+        pass
+
+    def measure(item: Any) -> Any:
+        if item == ("odd", 4, 4):
+            raise Stop
+        return size_of(item)
+
+    answers, _ = run([("a", 4, 4), ("odd", 4, 4), ("b", 4, 4)], ShapeRule(measure, "exact"))
+    assert answers == ["a", "odd", "b"]  # the odd one's shape is unknown: a group of its own

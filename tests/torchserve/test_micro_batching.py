@@ -512,3 +512,16 @@ def test_defect_item_length_true_float_or_str_was_accepted(length: Any) -> None:
     assert out[0] == expected([0])[0] and out[2] == expected([2])[0]
     assert out[1]["code"] == 400 and "item_length returned" in out[1]["message"]
     assert context.statuses[1][0] == 400 and set(context.statuses) == {1}
+
+
+def test_defect_configure_forgot_the_first_stages_record() -> None:
+    # configure() with a change other than size or threads replaces the pipeline: the same
+    # bad body alone went from 400 (the first stage had served) to 500.
+    handler = FakeTorchServeHandler()
+    handler.fail_on["preprocess"] = {7}
+    with MicroBatching(handler, micro_batch_size=1) as mb:
+        assert mb.handle([1]) == expected([1])
+        before = mb.handle([7])[0]
+        assert before["code"] == 400
+        mb.configure(MicroBatchingConfig(micro_batch_size=1, max_queued_micro_batches=2))
+        assert mb.handle([7])[0]["code"] == before["code"]

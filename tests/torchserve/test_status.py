@@ -84,3 +84,14 @@ def test_defect_out_of_memory_check_read_an_unreadable_message() -> None:
 def test_reason_phrases() -> None:
     assert reason_phrase(404) == "Not Found"
     assert reason_phrase(599) == "Error"  # no standard phrase
+
+
+def test_defect_a_4xx_message_kept_an_object_repr_of_a_local_class_or_an_image() -> None:
+    class Stream:
+        pass
+
+    local = error_status(ValueError(f"cannot read {Stream()}"), bad_input=True)
+    image = "unsupported <PIL.JpegImagePlugin.JpegImageFile image mode=CMYK size=4x4 at 0x7F3A>"
+    pil = error_status(ValueError(image), bad_input=True)
+    for status in (local, pil):
+        assert status.code == 400 and " at 0x" not in status.body["message"], status.body

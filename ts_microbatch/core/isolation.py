@@ -28,15 +28,20 @@ stage. What happens next depends on both halves' outcomes in that stage:
   whole, without bisection), again once a run of one request alone has failed alike.
   Otherwise bisection goes on in the probe and in the held half as usual.
 
-**A verdict needs a request failing alone.** Parts failing alike in company can be a
+**A verdict needs requests failing alone.** Parts failing alike in company can be a
 failure of the company: a preprocess that stacks images of different sizes fails every
-micro-batch that mixes sizes, and each image alone passes. So before a verdict is given,
-unless a run of one request has already failed that way in the batch, one request of the
-failed parts runs alone, ahead of the queue (the *lone probe*), while the parts wait. If
-it fails alike, the verdict is given: a broken stage still costs about one call per
-micro-batch, plus one. If it passes, the failure is the company's: no verdict is given
-for that stage and error type in the batch, and every part is bisected down to the
-requests, which then get the answers they get alone.
+micro-batch that mixes sizes, and each image alone passes; the instances of one KServe
+request can fail in each other's company too. So a verdict needs items that failed alone
+(runs of one item) alike, from as many of the failed parts' requests as the rule counts, up
+to four (``MIN_REQUESTS_FOR_BATCH_VERDICT``): what one or a few bad requests cannot
+explain. Until that evidence is there, one item of each such request runs alone, ahead of
+the queue (the *lone probes*), while the parts wait. If they all fail alike, the verdict is
+given: a broken stage still costs about one call per micro-batch, plus a few. If an item of
+a failed part passes alone there (a probe, or a half of one item), the failure was the
+company's: no verdict is given for that stage and error type in that batch, and every part
+is bisected down to the items, which then get what they get alone. A request's own halves
+that both fail alike are that request's failure only once an item of it failed alone;
+otherwise they too are bisected down to items.
 
 **The first stage's record.** Once the first stage has served a request since the
 pipeline started (any batch, warm-up included: ``Isolator.first_stage_served``), a request
@@ -70,7 +75,7 @@ import bisect
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .batch import Batch
 from .errors import RequestError
@@ -130,20 +135,34 @@ class Outcome(NamedTuple):
 
 _NOTHING = Outcome([], [])
 Key = tuple[int, type[BaseException]]  # (stage index, exception type)
+# A pending verdict: a Key (the batch's, systemic), or a Key and a request (that request's
+# own, when its halves failed alike).
+PendingKey = tuple[Any, ...]
 Parts = list[tuple[_MicroBatch, BaseException]]
 
 
 class _Pending:
-    """A verdict waiting for a lone probe: the failed parts held back, the rest of the
-    probe's part (not run since), and whether the whole batch goes with them (the batch
-    rule)."""
+    """A verdict waiting for its lone probes: the failed parts held back, the pieces of the
+    probed parts (not run since), whether the whole batch goes with them (the batch rule),
+    how many requests must have failed alone alike, and the probes still out."""
 
-    __slots__ = ("held", "unrun", "whole")
+    __slots__ = ("held", "unrun", "whole", "need", "probes", "origin")
 
-    def __init__(self, held: Parts, unrun: Parts, whole: bool) -> None:
+    def __init__(
+        self,
+        held: Parts,
+        unrun: Parts,
+        whole: bool,
+        need: int,
+        probes: int,
+        origin: tuple[_MicroBatch, BaseException],
+    ) -> None:
         self.held = held
         self.unrun = unrun
         self.whole = whole
+        self.need = need
+        self.probes = probes
+        self.origin = origin  # the failed part it began with: its batch and its error
 
     def parts(self) -> Parts:
         return [*self.held, *self.unrun]
@@ -160,11 +179,11 @@ class _Ledger:
         self.systemic: dict[int, type[BaseException]] = {}
         # How many first runs failed, by (stage index, exception type).
         self.first_run_failures: dict[Key, int] = {}
-        # Failed in a run of one request alone: a verdict may be given.
-        self.alone_failed: set[Key] = set()
-        # A lone probe passed where its company failed: no verdict in this batch.
+        # The requests whose item failed alone (a run of one item), by stage and type.
+        self.alone_failed: dict[Key, set[int]] = {}
+        # An item of a failed part passed alone where its company failed: no verdict.
         self.company: set[Key] = set()
-        self.pending: dict[Key, _Pending] = {}
+        self.pending: dict[PendingKey, _Pending] = {}
 
 
 class _Split:
@@ -193,15 +212,15 @@ class _Split:
 
 
 class _Alone:
-    """On a lone probe: the verdict (``ledger.pending[key]``) its outcome in ``stage``
-    gives or takes away."""
+    """On a lone probe (one item of a failed part, run alone ahead of the queue): the
+    verdict (``ledger.pending[key]``) its outcome in ``stage`` helps give or takes away."""
 
     __slots__ = ("ledger", "key", "stage")
 
-    def __init__(self, ledger: _Ledger, key: Key) -> None:
+    def __init__(self, ledger: _Ledger, key: PendingKey) -> None:
         self.ledger = ledger
-        self.key = key
-        self.stage = key[0]
+        self.key = key  # its verdict's key in ``ledger.pending``
+        self.stage: int = key[0]
 
 
 def _requests(mb: _MicroBatch) -> int:
@@ -259,12 +278,15 @@ class Isolator:
             split = mb.split
             if split is None or split.stage != stage:
                 return _NOTHING
+            outcome = _NOTHING
+            if len(mb) == 1:
+                # An item of a failed part got through alone: what failed there was its
+                # company, so no verdict waiting in this stage is given.
+                outcome = self._company(mb.batch, stage)
             if isinstance(split, _Alone):
-                # Alone it passes where its company failed: the company's failure.
                 mb.split = None
-                split.ledger.company.add(split.key)
-                return self._release(split)
-            return self._report(mb, None)
+                return outcome
+            return _merge(outcome, self._report(mb, None))
 
     def dropped(self, mb: _MicroBatch) -> Outcome:
         """``mb`` was dropped unrun (its items were answered already, or failed outside a
@@ -291,17 +313,21 @@ class Isolator:
                 return _merge(
                     Outcome([], [Fail(mb, error, stage, isolated)]), self._report(mb, None)
                 )
-            if mb.one_request() and self._may_be_systemic(stage, error):
-                # A run of one request alone failed: the evidence a verdict waits for.
-                ledger.alone_failed.add(key)
-                pending = ledger.pending.pop(key, None)
-                if pending is not None:
-                    if isinstance(mb.split, _Alone) and mb.split.key == key:
-                        mb.split = None  # the lone probe itself
-                    return _merge(
-                        self._conclude(ledger, key, [*pending.parts(), (mb, error)], pending.whole),
-                        self._report(mb, None),
-                    )
+            alone = len(mb) == 1 and self._may_be_systemic(stage, error)
+            if alone:
+                # A run of one item failed: the evidence a verdict waits for.
+                ledger.alone_failed.setdefault(key, set()).add(mb.owners[0])
+            probe = mb.split if isinstance(mb.split, _Alone) else None
+            if probe is not None:
+                # A lone probe is answered with its own failure, whatever the verdict.
+                mb.split = None
+                own = Outcome([], [Fail(mb, error, stage, isolated=True)])
+                return _merge(own, self._probe_reported(probe, alone and probe.key[:2] == key))
+            if alone:
+                given = self._given(ledger, key, mb.owners[0])
+                if given is not _NOTHING:
+                    own = _merge(self._bisect(mb, stage, error), self._report(mb, None))
+                    return _merge(given, own)
             if self._is_input_error(error):
                 return _merge(self._bisect(mb, stage, error), self._report(mb, None))
             if mb.attempt == 0 and self._every_first_run_failed(mb.batch, ledger, stage, error):
@@ -334,25 +360,120 @@ class Isolator:
         )
 
     def _judge(self, ledger: _Ledger, key: Key, parts: Parts, *, whole: bool) -> Outcome:
-        """Parts that failed alike with ``key`` point at a broken stage: the verdict when a
-        lone run failed alike, else a lone probe first; bisection when no verdict may be
-        given (a company's failure, a first stage that has served, a bad input)."""
+        """Parts that failed alike with ``key`` point at a broken stage: the verdict once
+        enough of their requests failed alone alike (up to four: ``MIN_REQUESTS_FOR_BATCH_
+        VERDICT``), else lone probes of those requests first; bisection when no verdict may
+        be given (a company's failure, a first stage that has served, a bad input)."""
         stage, error_type = key
         if key in ledger.company or not self._may_be_systemic(stage, parts[0][1]):
             return _bisect_all(self, parts, stage)
-        if key in ledger.alone_failed:
+        requests = list(dict.fromkeys(owner for mb, _ in parts for owner in mb.owners))
+        need = min(MIN_REQUESTS_FOR_BATCH_VERDICT, len(requests))
+        evidence = ledger.alone_failed.get(key, set())
+        if len(evidence) >= need:
             return self._conclude(ledger, key, parts, whole)
         pending = ledger.pending.get(key)
-        if pending is not None:  # a lone probe is already out for this verdict
+        if pending is not None:  # lone probes are already out for this verdict
             pending.held.extend(parts)
             pending.whole = pending.whole or whole
             return _NOTHING
-        (first, error), rest = parts[0], parts[1:]
-        probe, remainder = first.first_request()
-        unrun = [(remainder, error)] if remainder is not None else []
-        ledger.pending[key] = _Pending(rest, unrun, whole)
-        probe.split = _Alone(ledger, key)
-        return Outcome([], [], first=(probe,))
+        chosen = {r for r in requests if r not in evidence}
+        chosen = set(sorted(chosen, key=requests.index)[: need - len(evidence)])
+        probes: list[_MicroBatch] = []
+        held: Parts = []
+        unrun: Parts = []
+        for mb, error in parts:
+            if chosen.intersection(mb.owners):
+                alone, rest = mb.lone_items(chosen)
+                probes += alone
+                unrun += [(piece, error) for piece in rest]
+            else:
+                held.append((mb, error))
+        ledger.pending[key] = _Pending(held, unrun, whole, need, len(probes), parts[0])
+        for probe in probes:
+            probe.split = _Alone(ledger, key)
+        return Outcome([], [], first=tuple(probes))
+
+    def _probe_reported(self, alone: _Alone, failed_alike: bool) -> Outcome:
+        """A lone probe of ``alone``'s verdict failed (alike or not) or was dropped: the
+        verdict once the evidence is there, a release once every probe reported without."""
+        ledger = alone.ledger
+        pending = ledger.pending.get(alone.key)
+        if pending is None:
+            return _NOTHING
+        pending.probes -= 1
+        if failed_alike and self._enough(ledger, alone.key, pending):
+            del ledger.pending[alone.key]
+            return self._verdict(ledger, alone.key, pending, [])
+        if pending.probes <= 0:
+            del ledger.pending[alone.key]
+            return self._release(pending, alone.stage)
+        return _NOTHING
+
+    def _given(self, ledger: _Ledger, key: Key, request: int) -> Outcome:
+        """An item of ``request`` failed alone with ``key``: the verdicts waiting for that
+        (the batch's, the request's own) that now have their evidence."""
+        outcome = _NOTHING
+        for pending_key in (key, (*key, request)):
+            pending = ledger.pending.get(pending_key)
+            if pending is not None and self._enough(ledger, pending_key, pending):
+                del ledger.pending[pending_key]
+                outcome = _merge(outcome, self._verdict(ledger, pending_key, pending, []))
+        return outcome
+
+    @staticmethod
+    def _enough(ledger: _Ledger, pending_key: PendingKey, pending: _Pending) -> bool:
+        evidence = ledger.alone_failed.get((pending_key[0], pending_key[1]), set())
+        if len(pending_key) == 3:  # a request's own: an item of it failed alone
+            return pending_key[2] in evidence
+        return len(evidence) >= pending.need
+
+    def _verdict(
+        self, ledger: _Ledger, pending_key: PendingKey, pending: _Pending, parts: Parts
+    ) -> Outcome:
+        """The verdict ``pending`` waited for: the batch's (systemic), or a request's own
+        (its parts fail as its failure)."""
+        parts = [*pending.parts(), *parts]
+        if len(pending_key) == 3:
+            stage = pending_key[0]
+            return Outcome([], [Fail(mb, error, stage, isolated=True) for mb, error in parts])
+        key = (pending_key[0], pending_key[1])
+        outcome = self._conclude(ledger, key, parts, whole=False)
+        if pending.whole:  # every request of the batch not answered yet, with its error
+            mb, error = pending.origin
+            whole_fail = Fail(mb, error, key[0], isolated=False)
+            outcome = _merge(outcome, Outcome([], [], whole_fail))
+        return outcome
+
+    def _own(self, ledger: _Ledger, key: Key, parts: Parts) -> Outcome:
+        """One request's parts (halves) failed alike with ``key``: its own failure once an
+        item of it failed alone alike, else one of its items runs alone first."""
+        request = parts[0][0].owners[0]
+        if request in ledger.alone_failed.get(key, set()):
+            return Outcome([], [Fail(mb, error, key[0], isolated=True) for mb, error in parts])
+        pending_key = (*key, request)
+        pending = ledger.pending.get(pending_key)
+        if pending is not None:
+            pending.held.extend(parts)
+            return _NOTHING
+        (first, error), held = parts[0], parts[1:]
+        alone, rest = first.lone_items({request})
+        ledger.pending[pending_key] = _Pending(
+            held, [(piece, error) for piece in rest], False, 1, len(alone), parts[0]
+        )
+        for probe in alone:
+            probe.split = _Alone(ledger, pending_key)
+        return Outcome([], [], first=tuple(alone))
+
+    def _company(self, batch: Batch, stage: int) -> Outcome:
+        """No verdict in ``stage`` for ``batch``: its pending verdicts there are released."""
+        ledger = self._ledger(batch)
+        outcome = _NOTHING
+        for key in [k for k in ledger.pending if k[0] == stage]:
+            if len(key) == 2:  # the batch's verdict; a request's own just bisects on
+                ledger.company.add((key[0], key[1]))
+            outcome = _merge(outcome, self._release(ledger.pending.pop(key), stage))
+        return outcome
 
     @staticmethod
     def _conclude(ledger: _Ledger, key: Key, parts: Parts, whole: bool) -> Outcome:
@@ -361,24 +482,21 @@ class Isolator:
         stage, error_type = key
         ledger.systemic[stage] = error_type
         fails = [Fail(mb, error, stage, isolated=False) for mb, error in parts]
-        return Outcome([], fails, fails[0] if whole else None)
+        return Outcome([], fails, fails[0] if whole and fails else None)
 
-    def _release(self, alone: _Alone) -> Outcome:
-        """No verdict from ``alone``'s probe: the parts held for it are bisected, and the
-        rest of its own part runs again."""
-        pending = alone.ledger.pending.pop(alone.key, None)
-        if pending is None:
-            return _NOTHING
+    def _release(self, pending: _Pending, stage: int) -> Outcome:
+        """No verdict: the parts held are bisected, the pieces of the probed parts run
+        again."""
         again = Outcome([mb for mb, _ in pending.unrun], [])
-        return _merge(again, _bisect_all(self, pending.held, alone.stage))
+        return _merge(again, _bisect_all(self, pending.held, stage))
 
     def _report(self, mb: _MicroBatch, error: BaseException | None) -> Outcome:
         """Gives ``mb``'s split its outcome: failed alike (``error``) or anything else."""
         split, mb.split = mb.split, None
         if split is None:
             return _NOTHING
-        if isinstance(split, _Alone):  # dropped, or failed otherwise: no verdict from it
-            return self._release(split)
+        if isinstance(split, _Alone):  # dropped, or stopped: no evidence from it
+            return self._probe_reported(split, failed_alike=False)
         split.outcomes += 1
         if error is not None:
             split.failed.append((mb, error))
@@ -411,8 +529,10 @@ class Isolator:
             # requests at least.
             return self._judge(split.ledger, key, [*split.failed, *waiting], whole=False)
         if split.within and len(split.failed) == 2:
-            # One request's halves both failed: its failure, whichever instance is to blame.
-            return Outcome([], [Fail(mb, error, split.stage, True) for mb, error in split.failed])
+            # One request's halves both failed: its failure, whichever instance is to blame,
+            # once an item of it failed alone (its instances may fail only in each other's
+            # company): a lone probe of one of its items first.
+            return self._own(split.ledger, key, split.failed)
         outcome = _NOTHING
         if len(split.failed) == 2 and max(_requests(mb) for mb, _ in split.failed) > 1:
             # Both failed alike: probe the half of more requests, hold the other until the

@@ -182,18 +182,34 @@ class _MicroBatch:
         """True when every item is answered already (timed out or cancelled): stale work."""
         return self.batch.answered_at(self.indices)
 
-    def first_request(self) -> tuple[_MicroBatch, _MicroBatch | None]:
-        """Its first request's items alone, and the rest (None when it is one request's),
-        to run again."""
+    def lone_items(self, requests: set[int]) -> tuple[list[_MicroBatch], list[_MicroBatch]]:
+        """The first item of each of ``requests`` alone, and the rest of its items in
+        contiguous pieces: each to run again on its own (``ts_microbatch.core.isolation``'s
+        lone probes)."""
         owners = self.owners
-        end = next((i for i in range(1, len(owners)) if owners[i] != owners[0]), len(owners))
-        alone = _MicroBatch(self.batch, self.index, self.offset, self.items[:end], self.attempt + 1)
-        if end == len(owners):
-            return alone, None
-        rest = _MicroBatch(
-            self.batch, self.index, self.offset + end, self.items[end:], self.attempt + 1
-        )
+        probes = {
+            offset
+            for offset, owner in enumerate(owners)
+            if owner in requests and (offset == 0 or owners[offset - 1] != owner)
+        }
+        alone: list[_MicroBatch] = []
+        rest: list[_MicroBatch] = []
+        start = None
+        for offset in range(len(owners) + 1):
+            if offset in probes or offset == len(owners):
+                if start is not None:
+                    rest.append(self._piece(start, offset))
+                    start = None
+                if offset in probes:
+                    alone.append(self._piece(offset, offset + 1))
+            elif start is None:
+                start = offset
         return alone, rest
+
+    def _piece(self, start: int, stop: int) -> _MicroBatch:
+        return _MicroBatch(
+            self.batch, self.index, self.offset + start, self.items[start:stop], self.attempt + 1
+        )
 
     def halves(self) -> tuple[_MicroBatch, _MicroBatch]:
         """Two halves that split no request: cut at the request boundary nearest the middle

@@ -189,6 +189,16 @@ class Pipeline:
         self._auto = None
 
     @property
+    def first_stage_served(self) -> bool:
+        """Whether the first stage has served a request since the pipeline started (or was
+        told so: a pipeline replaced for the same model carries its predecessor's record)."""
+        return self._isolator.first_stage_served
+
+    @first_stage_served.setter
+    def first_stage_served(self, served: bool) -> None:
+        self._isolator.first_stage_served = self._isolator.first_stage_served or served
+
+    @property
     def auto_micro_batch_size(self) -> AutoMicroBatchSize | None:
         """The policy choosing each batch's size; None with a fixed size."""
         return self._auto

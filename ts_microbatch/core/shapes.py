@@ -85,8 +85,8 @@ class ShapeRule:
             if shape is None:
                 return None
             width, height = (_size(n) for n in shape)
-        except Exception:  # the per-item boundary: a body that is not an image, a bad hook
-            return None
+        except BaseException:  # noqa: BLE001 - the per-item boundary: a body that is not an
+            return None  # image, a hook that raised anything; never the batch's failure
         return (width, height) if width > 0 and height > 0 else None
 
     def key(self, shape: Shape | None) -> Hashable:

@@ -161,6 +161,8 @@ class MicroBatching:
             self.parallelism = config.parallelism.as_dict()
         else:
             old, self._pipeline = self._pipeline, self._new_pipeline(config)
+            # The same model: a first stage that served before still has (a status rule).
+            self._pipeline.first_stage_served = old.first_stage_served
             old.shutdown(wait=True)
         if self.compiled is not None:
             self.compiled.on_recompile = config.on_recompile

@@ -30,8 +30,10 @@ _INPUT_ERROR_TYPES: tuple[type[BaseException], ...] = (
     json.JSONDecodeError,
 )
 _OOM_NAMES = {"torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError"}
-# "<_io.BytesIO object at 0x7ff3...>": what PIL names the body it could not read.
-_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+# "<_io.BytesIO object at 0x7ff3...>": what PIL names the body it could not read; any repr
+# with an address (a local class's "<f.<locals>.S object at 0x...>", PIL's "<PIL.Jpeg...
+# image mode=CMYK size=4x4 at 0x...>").
+_OBJECT_REPR = re.compile(r"<(?:[^<>]|<[^<>]*>)*? at 0x[0-9a-fA-F]+>")
 
 
 class ErrorStatus(NamedTuple):
