@@ -1,72 +1,44 @@
 """Which requests of a failed micro-batch are to blame: bisection with a bounded cost.
 
-Bisection works on requests, not items. A KServe request of n instances is n consecutive
-items of one request (``Order.owners``). A failed micro-batch of several requests is split
-at a request boundary, and every verdict below counts requests, so the instances of one
-request failing alike never look like a broken stage. A failed micro-batch of one request
-is that request's own failure; it is split on only to name the failing instance in the
-answer: when both halves fail alike, both fail as that request's (its answer is one error
-anyway), so a request's part of a micro-batch costs at most three calls unless a single
-instance is to blame, and then about 2*log2(n).
-
-A micro-batch that fails in a stage is split in halves that start over from the first
-stage. What happens next depends on both halves' outcomes in that stage:
+A micro-batch that fails in a stage is split in halves (at a request boundary: a KServe
+request's instances stay together) that start over from the first stage:
 
 * one half fails, the other passes: the failing half is split again, so one bad request
   among n costs about 2*log2(n) extra stage calls;
-* every micro-batch of the batch fails its first run in the same stage with the same
-  exception type, and it takes at least four requests to explain that (a request whose
-  items are in several micro-batches counts once): the evidence points at a broken stage,
-  and the whole batch is judged **systemic** (every request not answered yet fails with
-  that error) once a run of one request alone has failed alike (below);
-* both halves fail there with the same exception type: that is evidence of a failure that
-  is not one request's (a broken model fails every input). One more level is tried on
-  one half, the *probe*, while the other half is held back. If both halves of the probe
-  fail the same way as well, three parts that share no request failed alike: the
-  micro-batch is judged **systemic** (every request of it fails with its error, and for
-  the rest of the batch a micro-batch failing in that stage with that type is failed
-  whole, without bisection), again once a run of one request alone has failed alike.
-  Otherwise bisection goes on in the probe and in the held half as usual.
+* both halves fail there with the same exception type: one more level is tried on one half,
+  the *probe*, while the other is held back; if the probe's halves fail alike too, three
+  parts that share no request failed alike, evidence of a broken stage;
+* every micro-batch of the batch fails its first run in the same stage with the same type,
+  and it takes at least four requests to explain that: the same evidence, for the batch.
 
-**A verdict needs requests failing alone.** Parts failing alike in company can be a
-failure of the company: a preprocess that stacks images of different sizes fails every
-micro-batch that mixes sizes, and each image alone passes; the instances of one KServe
-request can fail in each other's company too. So a verdict needs items that failed alone
-(runs of one item) alike, from as many of the failed parts' requests as the rule counts, up
-to four (``MIN_REQUESTS_FOR_BATCH_VERDICT``): what one or a few bad requests cannot
-explain. Until that evidence is there, one item of each such request runs alone, ahead of
-the queue (the *lone probes*), while the parts wait. If they all fail alike, the verdict is
-given: a broken stage still costs about one call per micro-batch, plus a few. If an item of
-a failed part passes alone there (a probe, or a half of one item), the failure was the
-company's: no verdict is given for that stage and error type in that batch, and every part
-is bisected down to the items, which then get what they get alone. A request's own halves
-that both fail alike are that request's failure only once an item of it failed alone;
-otherwise they too are bisected down to items.
+**A verdict needs requests failing alone.** Parts failing alike can be a failure of their
+company (a preprocess stacking images of two sizes; a KServe request's instances among
+themselves). So a **systemic** verdict (the parts fail with the error, with the batch rule
+every request not answered yet, and later micro-batches failing alike fail whole) is given
+only once items of up to four of the failed parts' requests (``MIN_REQUESTS_FOR_BATCH_
+VERDICT``) failed alone alike: runs of one item, the *lone probes* run ahead of the queue
+while the parts wait, or halves of one item. An item of a failed part passing alone means
+the company failed: no verdict for that stage and type in the batch, and every part is
+bisected down to the items. A request's own halves failing alike are its failure once an
+item of it failed alone (a probe of one of its items first).
 
-**The first stage's record.** Once the first stage has served a request since the
-pipeline started (any batch, warm-up included: ``Isolator.first_stage_served``), a request
-failing there alone has met a bad input of its own (the adapter answers it 400), so no
-verdict is given in the first stage any more: its failures are bisected down to the
-requests, and each gets what it gets alone. A model whose first stage never served one
-request can still be judged systemic there: its failure is its own (500), alone as in a
-batch.
+**The first stage's record.** Once the first stage has served a request since the model was
+loaded (``Isolator.first_stage_served``), a request failing there alone has met a bad input
+of its own (the adapter answers it 400), so no verdict is given there any more. A model
+whose first stage never served can still be judged systemic there: its failure is its own
+(500), alone as in a batch.
 
-A ``BaseException`` that is not an ``Exception`` (KeyboardInterrupt, SystemExit) is a
-request to stop, not a failure of any input: its micro-batch fails whole, unbisected, and
-none of its requests counts as failing alone.
-
-An error that means bad input (a ``RequestError``, a ``PredictionException`` with a 4xx
-code, or a decoder error ``ts_microbatch.torchserve.status`` maps to 4xx) never leads to a systemic
-verdict: it is always bisected down to the request. For other errors, every failing
-request is isolated when its micro-batch holds at most two failing requests and the batch
-at most three; otherwise the verdict can be systemic, and requests that would have
-succeeded fail with the others.
+A ``BaseException`` that is not an ``Exception`` (KeyboardInterrupt, SystemExit) is a request
+to stop: its micro-batch fails whole, unbisected, as no request's own failure. An error
+that means bad input (``RequestError``, a 4xx ``PredictionException``, a decoder error
+``ts_microbatch.torchserve.status`` maps to 4xx) never leads to a verdict. docs/failures.md
+gives the rules with their costs.
 
 Every decision is returned as an ``Outcome`` for the pipeline to carry out; this module
-starts no threads and resolves no futures. Its bookkeeping (verdicts, first-run failures)
-is its own, kept per batch by the ``Isolator``, so the state machine can be driven and
-tested without a pipeline: ``track`` a batch, then report ``passed``, ``failed`` and
-``dropped`` micro-batches and carry out the outcomes.
+starts no threads and resolves no futures. Its bookkeeping (``ts_microbatch.core._ledger``)
+is kept per batch by the ``Isolator``, so the state machine can be driven and tested
+without a pipeline: ``track`` a batch, then report ``passed``, ``failed`` and ``dropped``
+micro-batches and carry out the outcomes.
 """
 
 from __future__ import annotations
@@ -75,11 +47,25 @@ import bisect
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
 
+from ._ledger import (
+    _NOTHING,
+    Fail,
+    Key,
+    Outcome,
+    Parts,
+    PendingKey,
+    _Alone,
+    _Ledger,
+    _merge,
+    _Pending,
+    _Split,
+)
 from .batch import Batch
 from .errors import RequestError
 from .micro_batch import _MicroBatch
+
+__all__ = ["Fail", "Isolator", "Outcome", "declared_per_request", "fewest_requests"]
 
 # Below this many requests to blame, "every micro-batch failed" is weak evidence (two
 # micro-batches with one bad request each fail both), so the probe decides instead.
@@ -112,115 +98,6 @@ def fewest_requests(owners: Sequence[int] | None, spans: Sequence[range]) -> int
         reached = bisect.bisect_right(owners, owners[span[-1]]) - 1
         count += 1
     return count
-
-
-class Fail(NamedTuple):
-    """Fail ``mb``'s items with the ``error`` raised in ``stage``; ``isolated`` when they
-    all belong to one request that failed on its own."""
-
-    mb: _MicroBatch
-    error: BaseException
-    stage: int
-    isolated: bool
-
-
-class Outcome(NamedTuple):
-    rerun: list[_MicroBatch]  # to queue again at the first stage
-    fail: list[Fail]
-    # Set when a whole batch is judged systemic: fail every item of it not yet answered.
-    fail_batch: Fail | None = None
-    # To queue at the front of the first stage: a lone probe others wait for.
-    first: tuple[_MicroBatch, ...] = ()
-
-
-_NOTHING = Outcome([], [])
-Key = tuple[int, type[BaseException]]  # (stage index, exception type)
-# A pending verdict: a Key (the batch's, systemic), or a Key and a request (that request's
-# own, when its halves failed alike).
-PendingKey = tuple[Any, ...]
-Parts = list[tuple[_MicroBatch, BaseException]]
-
-
-class _Pending:
-    """A verdict waiting for its lone probes: the failed parts held back, the pieces of the
-    probed parts (not run since), whether the whole batch goes with them (the batch rule),
-    how many requests must have failed alone alike, and the probes still out."""
-
-    __slots__ = ("held", "unrun", "whole", "need", "probes", "origin")
-
-    def __init__(
-        self,
-        held: Parts,
-        unrun: Parts,
-        whole: bool,
-        need: int,
-        probes: int,
-        origin: tuple[_MicroBatch, BaseException],
-    ) -> None:
-        self.held = held
-        self.unrun = unrun
-        self.whole = whole
-        self.need = need
-        self.probes = probes
-        self.origin = origin  # the failed part it began with: its batch and its error
-
-    def parts(self) -> Parts:
-        return [*self.held, *self.unrun]
-
-
-class _Ledger:
-    """The isolator's bookkeeping for one batch."""
-
-    __slots__ = ("spans", "systemic", "first_run_failures", "alone_failed", "company", "pending")
-
-    def __init__(self, spans: list[range]) -> None:
-        self.spans = spans  # the item ranges of its micro-batches' first runs
-        # The stage index -> exception type judged systemic for the batch.
-        self.systemic: dict[int, type[BaseException]] = {}
-        # How many first runs failed, by (stage index, exception type).
-        self.first_run_failures: dict[Key, int] = {}
-        # The requests whose item failed alone (a run of one item), by stage and type.
-        self.alone_failed: dict[Key, set[int]] = {}
-        # An item of a failed part passed alone where its company failed: no verdict.
-        self.company: set[Key] = set()
-        self.pending: dict[PendingKey, _Pending] = {}
-
-
-class _Split:
-    """One bisection step: a micro-batch that failed in ``stage`` with ``error_type``,
-    waiting for the outcome of its two halves in that stage."""
-
-    __slots__ = ("ledger", "stage", "error_type", "held", "within", "outcomes", "failed")
-
-    def __init__(
-        self,
-        ledger: _Ledger,
-        stage: int,
-        error_type: type[BaseException],
-        held: tuple[_MicroBatch, BaseException] | None = None,
-        *,
-        within: bool = False,
-    ) -> None:
-        self.ledger = ledger
-        self.stage = stage
-        self.error_type = error_type
-        self.within = within  # halves of one request's items
-        # Set on a probe: its sibling half and that half's error, waiting for the verdict.
-        self.held = held
-        self.outcomes = 0
-        self.failed: Parts = []
-
-
-class _Alone:
-    """On a lone probe (one item of a failed part, run alone ahead of the queue): the
-    verdict (``ledger.pending[key]``) its outcome in ``stage`` helps give or takes away."""
-
-    __slots__ = ("ledger", "key", "stage")
-
-    def __init__(self, ledger: _Ledger, key: PendingKey) -> None:
-        self.ledger = ledger
-        self.key = key  # its verdict's key in ``ledger.pending``
-        self.stage: int = key[0]
 
 
 def _requests(mb: _MicroBatch) -> int:
@@ -556,13 +433,3 @@ def _bisect_all(isolator: Isolator, parts: Parts, stage: int) -> Outcome:
     for mb, error in parts:
         outcome = _merge(outcome, isolator._bisect(mb, stage, error))
     return outcome
-
-
-def _merge(a: Outcome, b: Outcome) -> Outcome:
-    if b is _NOTHING:
-        return a
-    if a is _NOTHING:
-        return b
-    return Outcome(
-        a.rerun + b.rerun, a.fail + b.fail, a.fail_batch or b.fail_batch, a.first + b.first
-    )
