@@ -408,7 +408,6 @@ def run_round(
     for model in order:
         if layout == "alone":
             with server_for(plan, f"{model}-{workload}-{round_no}") as server:
-                pass  # started by the context manager
                 target = register(
                     server, f"{model}-{workload}", model, path, content_type, frontend_pid(server)
                 )
