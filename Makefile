@@ -181,7 +181,7 @@ kserve-bundle: $(STAMP)
 	  --model-name $(MODEL_NAME) --micro-batching-json $(MB_CONFIG) --self-contained --kserve \
 	  $(if $(WEIGHTS),--weights $(WEIGHTS))
 	$(PY) -m ts_microbatch.tools.bundle --out $(KSERVE_OUT) --mar $(KSERVE_OUT)/.staging/$(MODEL_NAME).mar \
-	  --model-name $(MODEL_NAME) --metrics-yaml configs/metrics.yaml --mount-path $(KSERVE_MOUNT) \
+	  --model-name $(MODEL_NAME) --mount-path $(KSERVE_MOUNT) \
 	  --batch-size $(BATCH_SIZE) --max-batch-delay $(MAX_BATCH_DELAY)
 	rm -rf $(KSERVE_OUT)/.staging
 

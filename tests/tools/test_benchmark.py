@@ -175,3 +175,19 @@ def test_the_text_corpus_step_writes_the_mix_it_is_given(tmp_path: Path) -> None
     assert [p.read_text() for p in again] == [p.read_text() for p in paths]
     corpus = read_corpus(out)
     assert corpus.label.startswith("corpus: 40 bodies, ") and " chars, median " in corpus.label
+
+
+def test_a_server_without_a_users_config_declares_the_pipelines_metrics(tmp_path: Path) -> None:
+    # Without --ts-config the per-stage columns came out empty: TorchServe's default
+    # metrics config does not declare the pipeline's metrics.
+    from ts_microbatch.tools import METRICS_YAML
+    from ts_microbatch.tools.measure import server_for
+    from ts_microbatch.tools.server import read_properties
+
+    written = server_for(tmp_path / "store", tmp_path / "work", "prometheus").write_config()
+    assert read_properties(written)["metrics_config"] == str(METRICS_YAML)
+    assert METRICS_YAML.is_file()
+    own = tmp_path / "config.properties"
+    own.write_text("metrics_config=/etc/ts/metrics.yaml\n")
+    written = server_for(tmp_path / "store", tmp_path / "work2", "prometheus", own).write_config()
+    assert read_properties(written)["metrics_config"] == "/etc/ts/metrics.yaml"

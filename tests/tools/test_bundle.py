@@ -136,3 +136,19 @@ def test_the_cli_writes_paths_under_mount_path(tmp_path: Path) -> None:
 def test_path_keys_finds_the_keys_the_test_reads() -> None:
     props = kserve_properties("m.mar", "m", batch_size=32, max_batch_delay_ms=50)
     assert path_keys(props) == path_entries(props)
+
+
+def test_the_cli_declares_the_pipelines_metrics_without_being_told(tmp_path: Path) -> None:
+    from ts_microbatch.tools import METRICS_YAML
+
+    mar = tmp_path / "m.mar"
+    mar.write_bytes(b"a .mar")
+    out = tmp_path / "bundle"
+    args = ["--out", str(out), "--mar", str(mar), "--model-name", "m"]
+    subprocess.run(
+        [sys.executable, "-m", "ts_microbatch.tools.bundle", *args],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,  # no checkout around it
+    )
+    assert (out / "config" / "metrics.yaml").read_bytes() == METRICS_YAML.read_bytes()

@@ -116,3 +116,29 @@ def test_the_checks_see_every_wing() -> None:
     wings = {p.relative_to(PACKAGE).parts[0] for p in SOURCES if len(p.parts) > 1}
     assert {"core", "torchserve", "tools"} <= wings
     assert PACKAGE / "tools" / "tune.py" in SOURCES
+
+
+def test_the_wheel_carries_the_metrics_config(tmp_path: Path) -> None:
+    """A pip-installed ts-microbatch-benchmark or -bundle declares the pipeline's metrics
+    from the package's own file: the wheel must carry it (and configs/metrics.yaml in a
+    checkout is that file)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from ts_microbatch.tools import METRICS_YAML
+
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+        + ["-w", str(tmp_path), ROOT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("ts_microbatch-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = archive.read("ts_microbatch/tools/metrics.yaml")
+    assert shipped == METRICS_YAML.read_bytes()
+    assert b"MicroBatchStageSeconds" in shipped and b"MicroBatchPaddedTokens" in shipped
+    assert (Path(ROOT) / "configs" / "metrics.yaml").resolve() == METRICS_YAML.resolve()

@@ -5,3 +5,9 @@ bundle (``bundle``). After ``pip install ts_microbatch[tools]`` they are the com
 ts-microbatch-serve, -scrape, -tune, -benchmark and -bundle (setup.py's entry points), and
 each is also ``python -m ts_microbatch.tools.<module>``. Never imported in a worker; their
 own dependencies are the ``tools`` extra."""
+
+from pathlib import Path
+
+# TorchServe's metrics plus the pipeline's (MicroBatch*), installed with the package: a
+# server's ``metrics_config`` must declare them for ``/metrics`` to carry them.
+METRICS_YAML = Path(__file__).with_name("metrics.yaml")

@@ -25,6 +25,7 @@ import re
 import shutil
 from pathlib import Path, PurePosixPath
 
+from . import METRICS_YAML
 from ._cli import prog
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # ts_microbatch/
@@ -166,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--mar", type=Path, required=True, help="a self-contained .mar")
     parser.add_argument("--model-name", required=True)
-    parser.add_argument("--metrics-yaml", type=Path, required=True)
+    parser.add_argument(
+        "--metrics-yaml",
+        type=Path,
+        default=METRICS_YAML,
+        help="TorchServe's metrics config; the package's, declaring the pipeline's, by default",
+    )
     parser.add_argument(
         "--mount-path",
         default=MOUNT_PATH,

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
+from . import METRICS_YAML
 from .runs import flatten_pipeline, summarize
 from .scrape import summarize as summarize_scrape
 from .server import TorchServe
@@ -29,13 +30,14 @@ Send = Callable[[str, Optional[str], int, Path, str], tuple[dict[str, Any], dict
 
 # What a server gets without a config.properties of the user's (--ts-config): room for many
 # clients and for camera photos (TorchServe's defaults are 100 queued requests and 6.5 MB),
-# and Prometheus metrics. Without a metrics_config that declares the pipeline's metrics
-# (the repository's configs/metrics.yaml) the per-stage columns stay empty.
+# and the metrics config that declares the pipeline's metrics (without it the per-stage
+# columns stay empty).
 DEFAULT_PROPERTIES = {
     "default_workers_per_model": "1",
     "job_queue_size": "1000",
     "max_request_size": "33554432",
     "install_py_dep_per_model": "false",
+    "metrics_config": str(METRICS_YAML),
 }
 
 
