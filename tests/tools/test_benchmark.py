@@ -15,9 +15,11 @@ import pytest
 import yaml
 
 from tests.helpers import load_module
-from ts_microbatch.tools import benchmark, runs
+from ts_microbatch.tools import METRICS_YAML, benchmark, runs
 from ts_microbatch.tools.corpus import read_corpus
 from ts_microbatch.tools.mar import override_mar, read_entries, settings_of
+from ts_microbatch.tools.measure import server_for
+from ts_microbatch.tools.server import read_properties
 
 bench = load_module("benchmarks/bench_lib.py", "bench_lib")
 text_study = load_module("benchmarks/text_lengths.py", "text_lengths")
@@ -180,10 +182,6 @@ def test_the_text_corpus_step_writes_the_mix_it_is_given(tmp_path: Path) -> None
 def test_a_server_without_a_users_config_declares_the_pipelines_metrics(tmp_path: Path) -> None:
     # Without --ts-config the per-stage columns came out empty: TorchServe's default
     # metrics config does not declare the pipeline's metrics.
-    from ts_microbatch.tools import METRICS_YAML
-    from ts_microbatch.tools.measure import server_for
-    from ts_microbatch.tools.server import read_properties
-
     written = server_for(tmp_path / "store", tmp_path / "work", "prometheus").write_config()
     assert read_properties(written)["metrics_config"] == str(METRICS_YAML)
     assert METRICS_YAML.is_file()

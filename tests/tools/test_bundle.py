@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import ROOT
+from ts_microbatch.tools import METRICS_YAML
 from ts_microbatch.tools.bundle import kserve_properties, path_keys, vendor, write_bundle
 
 
@@ -139,8 +140,6 @@ def test_path_keys_finds_the_keys_the_test_reads() -> None:
 
 
 def test_the_cli_declares_the_pipelines_metrics_without_being_told(tmp_path: Path) -> None:
-    from ts_microbatch.tools import METRICS_YAML
-
     mar = tmp_path / "m.mar"
     mar.write_bytes(b"a .mar")
     out = tmp_path / "bundle"
@@ -149,6 +148,6 @@ def test_the_cli_declares_the_pipelines_metrics_without_being_told(tmp_path: Pat
         [sys.executable, "-m", "ts_microbatch.tools.bundle", *args],
         check=True,
         capture_output=True,
-        cwd=tmp_path,  # no checkout around it
+        cwd=tmp_path,  # nothing found relative to a checkout
     )
     assert (out / "config" / "metrics.yaml").read_bytes() == METRICS_YAML.read_bytes()

@@ -10,11 +10,16 @@ share now lives in ts_microbatch.tools (ab.py, confirm.py).
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import ROOT
+from ts_microbatch.tools import METRICS_YAML
 
 PACKAGE = Path(ROOT) / "ts_microbatch"
 REPOSITORY_ONLY = ("benchmarks", "tests", "bench_lib", "bench_packaging", "conftest")
@@ -121,22 +126,20 @@ def test_the_checks_see_every_wing() -> None:
 def test_the_wheel_carries_the_metrics_config(tmp_path: Path) -> None:
     """A pip-installed ts-microbatch-benchmark or -bundle declares the pipeline's metrics
     from the package's own file: the wheel must carry it (and configs/metrics.yaml in a
-    checkout is that file)."""
-    import subprocess
-    import sys
-    import zipfile
-
-    from ts_microbatch.tools import METRICS_YAML
-
+    checkout is that file). Built from a copy, so no build/ is left in the checkout."""
+    source = tmp_path / "source"
+    shutil.copytree(PACKAGE, source / "ts_microbatch", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.py", "README.md"):
+        shutil.copy2(Path(ROOT) / name, source / name)
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-        + ["-w", str(tmp_path), ROOT],
+        + ["-w", str(tmp_path / "dist"), str(source)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert built.returncode == 0, built.stderr
-    (wheel,) = tmp_path.glob("ts_microbatch-*.whl")
+    (wheel,) = (tmp_path / "dist").glob("ts_microbatch-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         shipped = archive.read("ts_microbatch/tools/metrics.yaml")
     assert shipped == METRICS_YAML.read_bytes()
