@@ -94,6 +94,11 @@ RATIOS = (
     ("base-same", "upstream"),
     ("head-example", "upstream"),
     ("base-example", "upstream"),
+    # With --models ...,plain: TorchServe's image_classifier without micro-batching, which
+    # micro-batching must never leave a user slower than.
+    ("head-same", "plain"),
+    ("head-example", "plain"),
+    ("upstream", "plain"),
 )
 CORES = os.cpu_count() or 1
 ALONE_WARMUP = 1000  # requests before a model alone on a fresh server is measured

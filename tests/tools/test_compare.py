@@ -46,6 +46,16 @@ def test_ratios_are_taken_within_each_round_then_their_median() -> None:
     assert row["throughput_median"] == pytest.approx(1.10)
     assert row["p99_median"] == pytest.approx(0.9)
     assert "base-same / upstream" not in rows  # no base model ran: no ratio made up
+    assert "head-same / plain" not in rows
+
+
+def test_the_plain_handler_is_compared_with_when_it_ran() -> None:
+    results = [result("plain", 0, 150, 450, other=11), result("head-same", 0, 270, 270, other=6)]
+    results += [result("head-example", 0, 390, 180, other=3)]
+    rows = {row["ratio"]: row for row in compare.ratios(results)}
+    assert rows["head-same / plain"]["throughput_median"] == pytest.approx(1.8)
+    assert rows["head-example / plain"]["p99_median"] == pytest.approx(0.4)
+    assert "upstream / plain" not in rows
 
 
 def test_model_rows_give_medians_and_the_bound_two_cores_allow() -> None:
