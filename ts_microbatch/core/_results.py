@@ -102,12 +102,16 @@ class Results:
             self._remaining -= len(answered)
             last = bool(answered) and not self._remaining
             futures = self._futures
+        if last:
+            # Before anyone waiting is woken: what the batch's last answer updates (the
+            # stages' breakers, the in-flight set) is in place when its caller goes on to
+            # submit the next batch.
+            self._on_answered()
         if futures is not None:
             for item in answered:
                 set_future(futures[item], *self._slots[item])  # type: ignore[misc]
         if last:
             self._all.set()
-            self._on_answered()
         return answered
 
     def wait(self, timeout_s: float | None = None) -> bool:

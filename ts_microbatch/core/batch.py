@@ -30,8 +30,8 @@ class RequestFailure(NamedTuple):
 
     stage: str  # the stage that raised
     stage_index: int  # its place in the pipeline; 0 is the first stage
-    # The request failed on its own (alone in its micro-batch, no verdict) with an Exception;
-    # never for a BaseException such as SystemExit, which is no input's fault.
+    # The request failed on its own (an item of it failed alone) with an Exception; never
+    # for a stage judged broken, nor a BaseException such as SystemExit (no input's fault).
     isolated: bool
 
 

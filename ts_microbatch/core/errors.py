@@ -9,6 +9,7 @@ The tree::
     ├── StageOutputError                    a stage returned the wrong number of outputs
     ├── WarmupError (RuntimeError)          warm-up at load failed; the worker is not ready
     ├── RequestTimeoutError (TimeoutError)  a request was not answered within ``timeout_s``
+    ├── SiblingFailedError                  not run: another item of its request failed
     └── RequestError                        one request is bad on its own; carries an HTTP status
         ├── InvalidInputError               400: the input cannot be decoded
         └── PayloadTooLargeError            413: the input is over a configured size limit
@@ -46,6 +47,11 @@ class WarmupError(MicroBatchingError, RuntimeError):
 
 class RequestTimeoutError(MicroBatchingError, TimeoutError):
     """A request was not answered within the configured timeout."""
+
+
+class SiblingFailedError(MicroBatchingError):
+    """Not run: another item of the same request failed, so the request has failed (its
+    ``__cause__`` is that item's error)."""
 
 
 class RequestError(MicroBatchingError):

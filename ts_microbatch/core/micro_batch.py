@@ -108,8 +108,7 @@ class _MicroBatch:
         self.payload: Any = list(items)
         self.attempt = attempt
         self.enqueued_at = time.monotonic()
-        # The isolator's step waiting for this micro-batch's outcome (a bisection step, or
-        # a verdict waiting for a lone probe); only ts_microbatch.core.isolation reads it.
+        # On a probe, what waits for its outcome; only ts_microbatch.core.isolation reads it.
         self.split: Any = None
 
     def __len__(self) -> int:
@@ -182,29 +181,11 @@ class _MicroBatch:
         """True when every item is answered already (timed out or cancelled): stale work."""
         return self.batch.answered_at(self.indices)
 
-    def lone_items(self, requests: set[int]) -> tuple[list[_MicroBatch], list[_MicroBatch]]:
-        """The first item of each of ``requests`` alone, and the rest of its items in
-        contiguous pieces: each to run again on its own (``ts_microbatch.core.isolation``'s
-        lone probes)."""
-        owners = self.owners
-        probes = {
-            offset
-            for offset, owner in enumerate(owners)
-            if owner in requests and (offset == 0 or owners[offset - 1] != owner)
-        }
-        alone: list[_MicroBatch] = []
-        rest: list[_MicroBatch] = []
-        start = None
-        for offset in range(len(owners) + 1):
-            if offset in probes or offset == len(owners):
-                if start is not None:
-                    rest.append(self._piece(start, offset))
-                    start = None
-                if offset in probes:
-                    alone.append(self._piece(offset, offset + 1))
-            elif start is None:
-                start = offset
-        return alone, rest
+    def first_alone(self) -> tuple[_MicroBatch, _MicroBatch | None]:
+        """Its first item alone and the rest (None for one item), each to run again on its
+        own: ``ts_microbatch.core.isolation``'s probe and what waits for it."""
+        rest = self._piece(1, len(self.items)) if len(self.items) > 1 else None
+        return self._piece(0, 1), rest
 
     def _piece(self, start: int, stop: int) -> _MicroBatch:
         return _MicroBatch(

@@ -16,6 +16,7 @@ item p is request p.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 
 Shape = tuple[int, int]
@@ -59,7 +60,7 @@ class Order:
         ValueError: ``owners`` or ``items`` breaks its rules.
     """
 
-    __slots__ = ("size", "owners", "items", "requests", "groups", "lengths", "pad_length", "shapes")
+    __slots__ = ("size", "owners", "items", "requests", "lengths", "pad_length", "shapes")
 
     def __init__(
         self,
@@ -74,13 +75,11 @@ class Order:
         self.size = size
         self.owners = check_owners(owners, size) if owners is not None else None
         self.items = _check_items(items, size) if items is not None else None
-        # The request at each position (None: position p is request p), and for isolation
-        # the requests numbered in cut order: non-decreasing, as ``fewest_requests`` needs.
+        # The request at each position (None: position p is request p).
         self.requests: tuple[int, ...] | None = self.owners
-        self.groups: tuple[int, ...] | None = self.owners
         if self.items is not None:
             self.requests = tuple(self.owner(i) for i in self.items)
-            self.groups = _numbered(self.requests)
+            _check_consecutive(self.requests)
         self.lengths = tuple(lengths) if lengths is not None else None
         self.pad_length = pad_length or (lambda longest: longest)
         self.shapes = tuple(shapes) if shapes is not None else None
@@ -92,6 +91,13 @@ class Order:
     def owner(self, item: int) -> int:
         """The request of item ``item``."""
         return item if self.owners is None else self.owners[item]
+
+    def items_of(self, request: int) -> range:
+        """The items of request ``request`` (consecutive, by ``check_owners``)."""
+        owners = self.owners
+        if owners is None:
+            return range(request, request + 1)
+        return range(bisect.bisect_left(owners, request), bisect.bisect_right(owners, request))
 
     def item(self, position: int) -> int:
         """The item at ``position``."""
@@ -125,17 +131,12 @@ def _check_items(items: Sequence[int], size: int) -> tuple[int, ...]:
     return checked
 
 
-def _numbered(requests: Sequence[int]) -> tuple[int, ...]:
-    """``requests`` (each one's items consecutive) renumbered 0, 1, 2... in order of first
-    appearance; raises ValueError when a request's items are not consecutive."""
-    numbers: list[int] = []
+def _check_consecutive(requests: Sequence[int]) -> None:
+    """Raises ValueError when a request's items are not consecutive in ``requests``."""
     seen: set[int] = set()
     for position, request in enumerate(requests):
         if position and request == requests[position - 1]:
-            numbers.append(numbers[-1])
             continue
         if request in seen:
             raise ValueError(f"order: request {request}'s items are not consecutive")
         seen.add(request)
-        numbers.append(len(seen) - 1)
-    return tuple(numbers)

@@ -1,9 +1,10 @@
 """Where a request gets its outcome: the isolator decides, ``Outcomes`` carries it out.
 
 ``Isolator`` (``ts_microbatch.core.isolation``) resolves nothing itself: it returns an
-``Outcome`` (micro-batches to re-run, failures to give, a batch judged systemic). The stage
+``Outcome`` (micro-batches to re-run, probes to run first, failures to give). The stage
 threads hand every outcome here, and ``finish`` is the one place a request's future is
-resolved from a stage (besides its batch's timeout).
+resolved from a stage (besides its batch's timeout). A failure fails its items' requests:
+their other items not answered yet get ``SiblingFailedError`` and are never run.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .batch import Batch, RequestFailure
-from .errors import PipelineClosedError, RequestError
+from .errors import PipelineClosedError, RequestError, SiblingFailedError
 from .isolation import Fail, Isolator, Outcome
 from .micro_batch import _MicroBatch
 
@@ -60,10 +61,9 @@ class Outcomes:
 
     def stage_failed(self, stage: int, mb: _MicroBatch, exc: BaseException) -> None:
         outcome = self._isolator.failed(mb, stage, exc)
-        if outcome.rerun:
+        if outcome.rerun or outcome.first:
             logger.warning(
-                "stage %s failed for %s (%s: %s); re-running them in halves to isolate the "
-                "failing ones",
+                "stage %s failed for %s (%s: %s); re-running them apart to find the failing ones",
                 self._names[stage],
                 requests_text(mb.owners),
                 type(exc).__name__,
@@ -77,18 +77,28 @@ class Outcomes:
             self.finish(
                 fail.mb.batch, fail.mb.indices, error=fail.error, failure=self._failure(fail)
             )
-        if outcome.fail_batch is not None:
-            # Judged systemic for the whole batch: every request not answered yet fails now,
-            # and its pieces still queued are dropped as stale.
-            whole = outcome.fail_batch
-            batch = whole.mb.batch
-            self.finish(
-                batch, range(len(batch.order)), error=whole.error, failure=self._failure(whole)
-            )
+            self._fail_siblings(fail)
         for mb in outcome.first:
             self._enqueue(0, mb, True)
         for mb in outcome.rerun:
             self._enqueue(0, mb, False)
+
+    @staticmethod
+    def _fail_siblings(fail: Fail) -> None:
+        """The other items of the requests ``fail`` failed: answered now (their pieces still
+        queued are dropped as stale), with an error whose cause is the item's that failed."""
+        batch, order = fail.mb.batch, fail.mb.batch.order
+        if order.owners is None:
+            return  # one item per request
+        for request in dict.fromkeys(fail.mb.owners):
+            items = order.items_of(request)
+            if len(items) > 1:
+                sibling = SiblingFailedError(
+                    f"not run: another item of request {request} failed "
+                    f"({type(fail.error).__name__})"
+                )
+                sibling.__cause__ = fail.error
+                batch.answer_items(items, error=sibling)
 
     def _failure(self, fail: Fail) -> RequestFailure:
         return RequestFailure(self._names[fail.stage], fail.stage, fail.isolated)

@@ -7,8 +7,9 @@ k+1 of the previous one. Every request has a slot in its batch's answers that is
 future per request for callers that want them. Where a batch is cut:
 ``ts_microbatch.core.micro_batch.cut``; the stage threads' lives: ``ts_microbatch.core.stages``.
 
-Failures: a micro-batch that fails in a stage is re-run in halves to find the requests to
-blame, at a bounded cost (``ts_microbatch.core.isolation``).
+Failures: a micro-batch that fails in a stage is taken apart until each item that fails
+has failed alone (``ts_microbatch.core.isolation``); a stage judged broken across batches
+fails fast (``ts_microbatch.core.breaker``).
 
 Allowed sizes: with ``allowed_sizes``, the ``padded_stages`` see only those sizes: a
 micro-batch of another size is padded before the first of them and cut back after the last
@@ -73,6 +74,8 @@ class PipelineStats(NamedTuple):
     queued: dict[str, int]
     batches_in_flight: int
     abandoned_threads: dict[str, int]  # stuck in calls that timed out, replaced
+    # Stages judged broken now: failing alike fails fast (ts_microbatch.core.breaker).
+    broken_stages: tuple[str, ...] = ()
 
 
 class Pipeline:
@@ -139,7 +142,7 @@ class Pipeline:
         self._queues: list[StageQueue[_MicroBatch]] = [StageQueue[_MicroBatch](None)] + [
             StageQueue[_MicroBatch](max_queued_micro_batches) for _ in self._names[1:]
         ]
-        self._isolator = Isolator(isolate_failures, is_input_error)
+        self._isolator = Isolator(self._names, isolate_failures, is_input_error)
         self._outcomes = Outcomes(self._names, self._isolator, self._enqueue)
         self._join_timeout_s = join_timeout_s
         self._lengths = lengths
@@ -272,7 +275,7 @@ class Pipeline:
             token_budget=self.token_budget,
             threads=self.parallelism,
         )
-        self._isolator.track(batch, micro_batches)
+        self._isolator.track(batch)
         with self._lock:
             if self._closed:
                 raise PipelineClosedError("cannot submit: the micro-batching pipeline is shut down")
@@ -320,6 +323,7 @@ class Pipeline:
             queued={n: len(q) for n, q in zip(self._names, self._queues)},
             batches_in_flight=in_flight,
             abandoned_threads=self._workers.abandoned(),
+            broken_stages=tuple(self._isolator.broken()),
         )
 
     def _enqueue(self, stage: int, mb: _MicroBatch, front: bool = False) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..core.batch import Batch
-from ..core.errors import PipelineClosedError, PipelineStalledError
+from ..core.errors import PipelineClosedError, PipelineStalledError, SiblingFailedError
 from ..core.metrics import PipelineObserver
 from . import _wire, kserve
 from .context import BatchContext
@@ -101,15 +101,22 @@ def _reply(submitted: SubmittedBatch, request: kserve.Request, request_id: str |
         return _error_reply(error, request_id, request, bad_input=bad_input)
     outputs: list[Any] = []
     errors: list[tuple[int, str, str] | None] = []
+    # Its items after one failed are not run (SiblingFailedError): the failed one names
+    # the request's error, whatever its place.
+    sibling = None
     for item in range(request.start, request.start + request.count):
         value, error = _outcome(submitted, item)
         outputs.append(value)
+        if isinstance(error, SiblingFailedError):
+            sibling, error = error, None
         if error is None:
             errors.append(None)
             continue
         bad_input = _is_bad_input(submitted.batch, item)
         status = _error_reply(error, request_id, request, bad_input=bad_input)
         errors.append((status.status, status.phrase, status.body["message"]))
+    if sibling is not None and not any(errors):  # never without the failed one; if so, 500
+        return _error_reply(sibling, request_id, request, bad_input=False)
     if request.protocol == kserve.V2 and request.request_id is None:
         request.request_id = request_id  # None when rows are not requests
     model = (getattr(submitted.view, "manifest", None) or {}).get("model", {})

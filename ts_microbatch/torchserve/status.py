@@ -50,8 +50,8 @@ def _qualified_names(exc: BaseException) -> set[str]:
 
 def is_input_error(exc: BaseException) -> bool:
     """Whether ``exc`` means its request's input is bad (a 4xx): what the core's isolation
-    asks, so a decoder error or a 4xx PredictionException is bisected down to its request
-    and never judged systemic."""
+    asks, so a decoder error or a 4xx PredictionException never counts towards a broken
+    stage."""
     return status_code_for(exc) < 500
 
 

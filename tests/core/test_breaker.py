@@ -1,0 +1,142 @@
+"""A broken model stays cheap through the stages' breakers, which span batches: the first
+batch that shows it costs at most 2n runs, then about one call per micro-batch and a probe
+per batch, until the first success closes it. Bad inputs never open one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ts_microbatch.core.breaker import BROKEN_AFTER_FAILURES, StageBreaker
+
+from .isolation_driver import Drive
+
+
+class Model:
+    """A model whose inference (stage 1) is broken while ``broken`` is set, and which
+    fails items in ``bad`` at inference on their own."""
+
+    def __init__(self) -> None:
+        self.broken = True
+        self.bad: set[int] = set()
+
+    def fails(self, stage: int, items: list[int]) -> bool:
+        return stage == 1 and (self.broken or bool(self.bad.intersection(items)))
+
+
+def test_a_broken_model_costs_2n_once_then_a_call_per_micro_batch_and_a_probe() -> None:
+    model = Model()
+    drive = Drive(model.fails)
+    first = drive.batch([1] * 32, 4)
+    assert first.failed_requests() == set(range(32))
+    assert first.calls_in(1) <= 2 * 32
+    assert all(f.isolated for f in first.failures())  # each failed alone: its own 500
+    assert drive.isolator.broken() == ["stage1"]  # judged at the batch's end
+    for _ in range(3):
+        later = drive.batch([1] * 32, 4)
+        assert later.failed_requests() == set(range(32))
+        assert later.calls_in(1) == 8 + 1  # first runs, and the batch's probe
+        assert sum(f.isolated for f in later.failures()) == 1  # the probe's, alone
+    model.broken = False  # it recovers: the next batch's probe passes and closes it
+    recovered = drive.batch([1] * 32, 4, random.Random(3))
+    assert recovered.failed_requests() == set()
+    assert drive.isolator.broken() == []
+
+
+def test_the_first_success_closes_the_breaker_and_isolates_the_held_parts() -> None:
+    model = Model()
+    drive = Drive(model.fails)
+    drive.batch([1] * 8, 4)
+    assert drive.isolator.broken() == ["stage1"]
+    model.broken, model.bad = False, {1, 6}  # healthy, two bad requests: probes pass
+    result = drive.batch([1] * 8, 4)
+    assert result.ran(1, [0])  # the scenario: the batch's probe, alone, passed
+    assert result.failed_requests() == {1, 6}
+    assert drive.isolator.broken() == []
+
+
+def test_a_batch_that_served_anything_never_opens_it() -> None:
+    # 31 bad requests and one good, in any order: however many runs of one item fail
+    # after the good one passed, the batch served something, so no stage is judged.
+    model = Model()
+    model.broken, model.bad = False, set(range(32)) - {17}
+    drive = Drive(model.fails)
+    for seed in range(5):
+        result = drive.batch([1] * 32, 4, random.Random(seed))
+        assert result.failed_requests() == set(range(32)) - {17}
+        assert drive.isolator.broken() == []
+
+
+def test_batches_of_bad_requests_alone_open_it_after_five_with_nothing_served() -> None:
+    model = Model()
+    model.broken = False
+    model.bad = {0}  # every batch: one request, bad at inference
+    drive = Drive(model.fails)
+    for _ in range(BROKEN_AFTER_FAILURES):
+        assert drive.isolator.broken() == []
+        drive.batch([1], 1)
+    assert drive.isolator.broken() == ["stage1"]
+    # Still each request's own answer: a request alone is its own probe.
+    result = drive.batch([1], 1)
+    assert result.failures()[0].isolated
+
+
+@pytest.mark.parametrize("served", [False, True])
+def test_bad_inputs_never_open_it(served: bool) -> None:
+    drive = Drive(lambda stage, items: True, input_errors=True, first_stage_served=served)
+    for _ in range(3):
+        result = drive.batch([1] * 16, 4)
+        assert result.failed_requests() == set(range(16))
+        assert all(f.isolated for f in result.failures())
+    assert drive.isolator.broken() == []
+
+
+def test_a_first_stage_that_has_served_never_opens_it() -> None:
+    # A request failing there alone met a bad input of its own (400): never the model's.
+    drive = Drive(lambda stage, items: stage == 0, first_stage_served=True)
+    for _ in range(3):
+        drive.batch([1] * 16, 4)
+    assert drive.isolator.broken() == []
+
+
+def test_a_model_that_never_served_can_be_judged_broken_in_its_first_stage() -> None:
+    drive = Drive(lambda stage, items: stage == 0)
+    drive.batch([1] * 16, 4)
+    assert drive.isolator.broken() == ["stage0"]
+    result = drive.batch([1] * 16, 4)
+    assert result.calls_in(0) == 4 + 1
+
+
+def test_while_open_a_batch_whose_probe_is_good_serves_its_good_requests() -> None:
+    # The documented exposure, pinned: open, a batch of good and bad requests; its probe
+    # (the first item of its first failing micro-batch) decides for the parts held.
+    model = Model()
+    drive = Drive(model.fails)
+    drive.batch([1] * 8, 4)
+    model.broken, model.bad = False, {1, 2, 3, 5, 6, 7}
+    result = drive.batch([1] * 8, 4)  # probe: item 0, good
+    assert result.failed_requests() == {1, 2, 3, 5, 6, 7}
+
+
+def test_while_open_a_batch_whose_probe_is_bad_fails_its_failing_parts_whole() -> None:
+    model = Model()
+    drive = Drive(model.fails)
+    drive.batch([1] * 8, 4)
+    model.broken, model.bad = False, {0, 1, 2, 3, 5, 6, 7}  # 4 is good, beside bad ones
+    result = drive.batch([1] * 8, 4)
+    assert result.ran(1, [0])  # the probe: bad, failed alike
+    assert result.failed_requests() == set(range(8))  # 4 failed with its micro-batch
+
+
+def test_a_failure_of_another_type_starts_its_own_streak() -> None:
+    breaker = StageBreaker()
+    for _ in range(4):
+        breaker.failed_alone(ValueError)
+    breaker.failed_alone(KeyError)
+    assert not breaker.batch_done(breaker.successes, added=True)  # 1 KeyError, not 5
+    for _ in range(4):
+        breaker.failed_alone(KeyError)
+    assert breaker.batch_done(breaker.successes, added=True)
+    assert breaker.is_open(KeyError) and not breaker.is_open(ValueError)
+    assert not breaker.batch_done(breaker.successes - 1, added=True)  # already open
