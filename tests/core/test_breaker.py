@@ -68,18 +68,20 @@ def test_a_batch_that_served_anything_never_opens_it() -> None:
         assert drive.isolator.broken() == []
 
 
-def test_batches_of_bad_requests_alone_open_it_after_five_with_nothing_served() -> None:
+def test_bad_requests_one_at_a_time_never_open_it() -> None:
+    # Batches of one request (as at night): a breaker could not make them cheaper, and
+    # the next batch that mixes good and bad requests must not meet an open one.
     model = Model()
     model.broken = False
     model.bad = {0}  # every batch: one request, bad at inference
     drive = Drive(model.fails)
-    for _ in range(BROKEN_AFTER_FAILURES):
-        assert drive.isolator.broken() == []
-        drive.batch([1], 1)
+    for _ in range(3 * BROKEN_AFTER_FAILURES):
+        result = drive.batch([1], 1)
+        assert result.failures()[0].isolated
+    assert drive.isolator.broken() == []
+    model.bad = {0, 1}
+    drive.batch([1, 1], 2)  # two bad requests: five failed in a row, and two in a batch
     assert drive.isolator.broken() == ["stage1"]
-    # Still each request's own answer: a request alone is its own probe.
-    result = drive.batch([1], 1)
-    assert result.failures()[0].isolated
 
 
 @pytest.mark.parametrize("served", [False, True])
@@ -134,9 +136,11 @@ def test_a_failure_of_another_type_starts_its_own_streak() -> None:
     for _ in range(4):
         breaker.failed_alone(ValueError)
     breaker.failed_alone(KeyError)
-    assert not breaker.batch_done(breaker.successes, added=True)  # 1 KeyError, not 5
+    assert not breaker.batch_done(breaker.successes, failed_alone=2)  # 1 KeyError, not 5
     for _ in range(4):
         breaker.failed_alone(KeyError)
-    assert breaker.batch_done(breaker.successes, added=True)
+    assert not breaker.batch_done(breaker.successes - 1, failed_alone=2)  # one served
+    assert not breaker.batch_done(breaker.successes, failed_alone=1)  # a request alone
+    assert breaker.batch_done(breaker.successes, failed_alone=2)
     assert breaker.is_open(KeyError) and not breaker.is_open(ValueError)
-    assert not breaker.batch_done(breaker.successes - 1, added=True)  # already open
+    assert not breaker.batch_done(breaker.successes, failed_alone=2)  # already open

@@ -11,10 +11,12 @@ success restores):
   model's (not a bad input's) adds to a streak of that exception type; a success in the
   stage (any micro-batch passing it) clears the streak, and so does a run of one item
   failing with another type (which starts its own);
-* **opening**: at the end of a batch that added to the streak and in which the stage served
-  nothing, a streak of ``BROKEN_AFTER_FAILURES`` or more opens the breaker. Judged at the
-  end of a batch, never in its middle, so a batch whose good requests pass (in whatever
-  order the threads run them) never opens it;
+* **opening**: at the end of a batch in which the stage served nothing and failed runs of
+  one item of two requests or more, a streak of ``BROKEN_AFTER_FAILURES`` or more opens the
+  breaker. Judged at the end of a batch, never in its middle, so a batch whose good
+  requests pass (in whatever order the threads run them) never opens it; and never by
+  batches of one request, which a breaker cannot make cheaper (a request alone is its own
+  probe), so bad requests sent one at a time, as at night, never open it;
 * **open**: the isolator fails a micro-batch that fails alike in the stage without
   bisecting it (500, the model's failure), after one probe per batch (an item run alone
   ahead of the queue) has failed alike too; the first success closes it again.
@@ -52,12 +54,13 @@ class StageBreaker:
             self.error_type = error_type
         self.streak += 1
 
-    def batch_done(self, successes_at_start: int, added: bool) -> bool:
-        """A batch ended: ``added`` whether it failed a run of one item here, with this
-        breaker's ``successes`` at its start. True when this opened the breaker."""
+    def batch_done(self, successes_at_start: int, failed_alone: int) -> bool:
+        """A batch ended: it failed runs of one item of ``failed_alone`` requests here, and
+        this breaker's ``successes`` were ``successes_at_start`` at its start. True when this
+        opened the breaker."""
         if (
             self.open
-            or not added
+            or failed_alone < 2
             or self.successes != successes_at_start
             or self.streak < BROKEN_AFTER_FAILURES
         ):

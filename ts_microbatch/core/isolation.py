@@ -105,14 +105,15 @@ _ISOLATE = "isolate"  # the probe passed or failed otherwise: the batch's failur
 
 
 class _BatchRecord:
-    """A batch's part in the stages' records: each breaker's successes at its start,
-    whether it failed a run of one item there, and its probe while a breaker is open."""
+    """A batch's part in the stages' records: each breaker's successes at its start, how
+    many of its requests failed a run of one item there, and its probe while a breaker is
+    open."""
 
-    __slots__ = ("successes", "added", "probes")
+    __slots__ = ("successes", "failed_alone", "probes")
 
     def __init__(self, breakers: Sequence[StageBreaker]) -> None:
         self.successes = [breaker.successes for breaker in breakers]
-        self.added = [False] * len(breakers)
+        self.failed_alone = [0] * len(breakers)
         self.probes: dict[int, _BrokenProbe | str] = {}
 
 
@@ -208,7 +209,7 @@ class Isolator:
             if len(mb) == 1:
                 if may_be_broken:
                     self._breakers[stage].failed_alone(type(error))
-                    self._record(mb.batch).added[stage] = True
+                    self._record(mb.batch).failed_alone[stage] += 1  # once: then it is over
                 own = Outcome([], [Fail(mb, error, stage, isolated=True)])
                 return _merge(own, self._probe_failed(probe, stage, error))
             if may_be_broken and self._breakers[stage].is_open(type(error)):
@@ -280,7 +281,7 @@ class Isolator:
             if record is None:
                 return
             for index, breaker in enumerate(self._breakers):
-                if breaker.batch_done(record.successes[index], record.added[index]):
+                if breaker.batch_done(record.successes[index], record.failed_alone[index]):
                     logger.error(
                         "stage %s judged broken: %d runs of one item failed with %s and it "
                         "served nothing in between; its micro-batches that fail alike now "

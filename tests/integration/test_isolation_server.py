@@ -1,0 +1,74 @@
+"""Isolation through a real TorchServe: up to eight bad requests in parallel mixes with
+photos whose micro-batches fail only in company; every request that passes alone gets
+exactly its answer alone (``ts_microbatch.core.isolation``: an item fails only alone)."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.integration.servers import build, local_server
+from tests.integration.test_faults import wait_for_log
+from tests.integration.test_torchserve import parallel
+from tests.torchserve.images import make_jpeg
+from ts_microbatch.tools.server import TorchServe
+
+HANDLER = Path(__file__).parent / "handlers" / "stacking_handler.py"
+NAME = "stacking"
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
+    store = tmp_path_factory.mktemp("stacking_store")
+    work = tmp_path_factory.mktemp("stacking_build")
+    (work / "mb.json").write_text(json.dumps({"micro_batch_size": 2}))
+    (work / "model-config.yaml").write_text(
+        f"minWorkers: 1\nmaxWorkers: 1\nbatchSize: {BATCH}\nmaxBatchDelay: 100\n"
+    )
+    build.build_mar(
+        store,
+        model_name=NAME,
+        work_dir=work / NAME,
+        handler=HANDLER,
+        micro_batching_json=work / "mb.json",
+        model_config=work / "model-config.yaml",
+        archive_format="zip-store",
+    )
+    with local_server(store, tmp_path_factory.mktemp("stacking_torchserve")) as ts:
+        assert ts.register(f"{NAME}.mar", batch_size=BATCH, max_batch_delay_ms=100).status == 200
+        yield ts
+
+
+def gray_jpeg(seed: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("L", (64, 48), color=seed % 256).save(out, format="JPEG")
+    return out.getvalue()
+
+
+def test_up_to_eight_bad_requests_never_fail_a_request_that_passes_alone(
+    server: TorchServe,
+) -> None:
+    photos = [make_jpeg(300 + i, size=(64, 48) if i % 2 else (48, 64)) for i in range(8)]
+    grays = [gray_jpeg(i) for i in range(8)]
+    alone = {body: server.predict(NAME, body) for body in photos + grays}
+    assert all(alone[body].status == 200 for body in photos)
+    assert all(alone[body].status == 500 for body in grays)
+    rng = random.Random(7)
+    for bad_count in (0, 1, 3, 8):
+        mix = photos * 2 + grays[:bad_count]
+        rng.shuffle(mix)
+        for body, resp in zip(mix, parallel(server, mix, NAME)):
+            want = alone[body]
+            assert resp.status == want.status, (resp.status, resp.body)
+            if want.status == 200:
+                assert resp.json() == want.json()
+    # The scenario: micro-batches failed in company and were taken apart.
+    wait_for_log(server, "re-running them apart to find the failing ones")
+    assert "judged broken" not in server.log()
