@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ts_microbatch import ConfigError, MicroBatchingConfig, Pipeline
@@ -122,6 +122,45 @@ def test_an_unreadable_item_goes_to_a_group_of_its_own_and_fails_alone() -> None
     assert answers[0] == "a" and answers[2] == "c" and isinstance(answers[1], ValueError)
 
 
+def test_defect_items_of_unknown_shape_shared_a_micro_batch_and_were_padded() -> None:
+    # Issue 32, defect 4: two photos whose shapes could not be read (640x480 and 480x640 as
+    # line-wrapped base64) went to one "unknown" group, shared a micro-batch and were padded
+    # to 640x640: neither got its answer alone. An unknown shape may be any shape, so its
+    # item never shares a micro-batch, with known shapes or other unknown ones.
+    unread = {"u1", "u2", "u3"}
+
+    def measure(item: Item) -> Any:
+        return None if item[0] in unread else size_of(item)
+
+    def padding(rows: list[Item]) -> list[tuple[str, tuple[int, int]]]:
+        padded = (max(w for _, w, _ in rows), max(h for _, _, h in rows))  # as torchvision
+        return [(name, padded) for name, _, _ in rows]
+
+    items: list[Item] = [
+        ("u1", 640, 480),
+        ("k1", 640, 480),
+        ("u2", 480, 640),
+        ("k2", 640, 480),
+        ("u3", 640, 480),
+        ("k3", 480, 640),
+    ]
+    seen: list[list[str]] = []
+
+    def preprocess(rows: list[Item]) -> list[tuple[str, tuple[int, int]]]:
+        seen.append([name for name, _, _ in rows])
+        return padding(rows)
+
+    rule = ShapeRule(measure, "exact")
+    with Pipeline({"preprocess": preprocess}, micro_batch_size=4, shape_rule=rule) as pipeline:
+        batch = pipeline.submit_batch(items)
+        assert batch.wait(30)
+    assert [f.result() for f in batch.futures] == [padding([item])[0] for item in items]
+    assert sorted(seen) == [["k1", "k2"], ["k3"], ["u1"], ["u2"], ["u3"]]
+    # A KServe request whose first instance is unreadable: the rest still share by shape.
+    cut = plan(rule, [items[0], items[1], items[3]], [0, 0, 0], 4)
+    assert cut.order == (0, 1, 2) and cut.sizes == (1, 2)
+
+
 def test_a_requests_items_of_different_shapes_straddle_micro_batches_of_one_shape() -> None:
     # A KServe request of three instances: two sizes. Its items stay together in the order,
     # and the cut splits where the shape changes.
@@ -152,6 +191,7 @@ def test_shapes_and_lengths_are_not_combined() -> None:
     groups=st.sampled_from(["exact", "aspect", "orientation", 2, None]),
     budget=st.none() | st.integers(1, 200),
 )
+@example(shapes=[None, None], size=2, groups="exact", budget=None)  # issue 32, defect 4
 def test_every_item_is_answered_once_in_its_place_and_no_micro_batch_spans_two_groups(
     shapes: list[tuple[int, int] | None], size: int, groups: Any, budget: int | None
 ) -> None:
@@ -174,6 +214,8 @@ def test_every_item_is_answered_once_in_its_place_and_no_micro_batch_spans_two_g
     for rows in seen:
         assert 1 <= len(rows) <= size
         assert len({rule.key(rule.shape_of(row)) for row in rows}) == 1
+        unknown = [row for row in rows if rule.shape_of(row) is None]
+        assert groups is None or not unknown or len(rows) == 1  # an unknown shape: alone
 
 
 def test_defect_an_item_shape_raising_a_base_exception_failed_the_batch() -> None:
