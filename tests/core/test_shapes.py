@@ -16,6 +16,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ts_microbatch import ConfigError, MicroBatchingConfig, Pipeline
+from ts_microbatch.core.metrics import PipelineObserver
 from ts_microbatch.core.micro_batch import MicroBatchInfo, current_micro_batch
 from ts_microbatch.core.shapes import ShapeRule, cut_sizes, plan
 
@@ -159,6 +160,25 @@ def test_defect_items_of_unknown_shape_shared_a_micro_batch_and_were_padded() ->
     # A KServe request whose first instance is unreadable: the rest still share by shape.
     cut = plan(rule, [items[0], items[1], items[3]], [0, 0, 0], 4)
     assert cut.order == (0, 1, 2) and cut.sizes == (1, 2)
+
+
+class UnknownShapes(PipelineObserver):
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    def on_shapes_unknown(self, count: int) -> None:
+        self.counts.append(count)
+
+
+@pytest.mark.parametrize(("groups", "counts"), [("exact", [2]), (None, [])])
+def test_items_cut_alone_for_an_unknown_shape_are_reported(groups: Any, counts: list[int]) -> None:
+    observer = UnknownShapes()
+    rule = ShapeRule(size_of, groups, max_micro_batch_pixels=10**6)
+    stages = {"preprocess": lambda rows: [str(row) for row in rows]}
+    with Pipeline(stages, micro_batch_size=4, shape_rule=rule, observer=observer) as pipeline:
+        for items in ([("a", 4, 4), b"x", b"y", ("b", 4, 4)], [("c", 4, 4)]):
+            assert pipeline.submit_batch(items).wait(30)
+    assert observer.counts == counts  # a batch whose shapes were all read reports nothing
 
 
 def test_a_requests_items_of_different_shapes_straddle_micro_batches_of_one_shape() -> None:
