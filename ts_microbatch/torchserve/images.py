@@ -157,8 +157,9 @@ class _Base64Prefix(_Prefix):
         self._scanned = stop
         if not chunk.isascii():  # b64decode refuses the whole text
             raise ValueError("base64 text with a character outside ASCII")
-        # Skipping every other character, "=" included, is b64decode's own lenience; it
-        # differs only after a padding that ends the data, past the image's last byte.
+        # b64decode skips every character outside the alphabet. It also ends the data at a
+        # complete padding, where "=" is skipped here: the two differ only past the padding,
+        # after the image's last byte, which a header never needs.
         letters = self._pending + chunk.encode("ascii").translate(None, _SKIPPED)
         room = HEADER_BYTES_MAX - len(self._decoded)  # 4 characters decode to 3 bytes
         whole = min(len(letters) - len(letters) % 4, (room + 2) // 3 * 4)
