@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ts_microbatch import ConfigError, MicroBatchingConfig, Pipeline
+from ts_microbatch.core.metrics import PipelineObserver
 from ts_microbatch.core.micro_batch import MicroBatchInfo, current_micro_batch
 from ts_microbatch.core.shapes import ShapeRule, cut_sizes, plan
 
@@ -122,6 +123,64 @@ def test_an_unreadable_item_goes_to_a_group_of_its_own_and_fails_alone() -> None
     assert answers[0] == "a" and answers[2] == "c" and isinstance(answers[1], ValueError)
 
 
+def test_defect_items_of_unknown_shape_shared_a_micro_batch_and_were_padded() -> None:
+    # Issue 32, defect 4: two photos whose shapes could not be read (640x480 and 480x640 as
+    # line-wrapped base64) went to one "unknown" group, shared a micro-batch and were padded
+    # to 640x640: neither got its answer alone. An unknown shape may be any shape, so its
+    # item never shares a micro-batch, with known shapes or other unknown ones.
+    unread = {"u1", "u2", "u3"}
+
+    def measure(item: Item) -> Any:
+        return None if item[0] in unread else size_of(item)
+
+    def padding(rows: list[Item]) -> list[tuple[str, tuple[int, int]]]:
+        padded = (max(w for _, w, _ in rows), max(h for _, _, h in rows))  # as torchvision
+        return [(name, padded) for name, _, _ in rows]
+
+    items: list[Item] = [
+        ("u1", 640, 480),
+        ("k1", 640, 480),
+        ("u2", 480, 640),
+        ("k2", 640, 480),
+        ("u3", 640, 480),
+        ("k3", 480, 640),
+    ]
+    seen: list[list[str]] = []
+
+    def preprocess(rows: list[Item]) -> list[tuple[str, tuple[int, int]]]:
+        seen.append([name for name, _, _ in rows])
+        return padding(rows)
+
+    rule = ShapeRule(measure, "exact")
+    with Pipeline({"preprocess": preprocess}, micro_batch_size=4, shape_rule=rule) as pipeline:
+        batch = pipeline.submit_batch(items)
+        assert batch.wait(30)
+    assert [f.result() for f in batch.futures] == [padding([item])[0] for item in items]
+    assert sorted(seen) == [["k1", "k2"], ["k3"], ["u1"], ["u2"], ["u3"]]
+    # A KServe request whose first instance is unreadable: the rest still share by shape.
+    cut = plan(rule, [items[0], items[1], items[3]], [0, 0, 0], 4)
+    assert cut.order == (0, 1, 2) and cut.sizes == (1, 2)
+
+
+class UnknownShapes(PipelineObserver):
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    def on_shapes_unknown(self, count: int) -> None:
+        self.counts.append(count)
+
+
+@pytest.mark.parametrize(("groups", "counts"), [("exact", [2]), (None, [])])
+def test_items_cut_alone_for_an_unknown_shape_are_reported(groups: Any, counts: list[int]) -> None:
+    observer = UnknownShapes()
+    rule = ShapeRule(size_of, groups, max_micro_batch_pixels=10**6)
+    stages = {"preprocess": lambda rows: [str(row) for row in rows]}
+    with Pipeline(stages, micro_batch_size=4, shape_rule=rule, observer=observer) as pipeline:
+        for items in ([("a", 4, 4), b"x", b"y", ("b", 4, 4)], [("c", 4, 4)]):
+            assert pipeline.submit_batch(items).wait(30)
+    assert observer.counts == counts  # a batch whose shapes were all read reports nothing
+
+
 def test_a_requests_items_of_different_shapes_straddle_micro_batches_of_one_shape() -> None:
     # A KServe request of three instances: two sizes. Its items stay together in the order,
     # and the cut splits where the shape changes.
@@ -152,6 +211,7 @@ def test_shapes_and_lengths_are_not_combined() -> None:
     groups=st.sampled_from(["exact", "aspect", "orientation", 2, None]),
     budget=st.none() | st.integers(1, 200),
 )
+@example(shapes=[None, None], size=2, groups="exact", budget=None)  # issue 32, defect 4
 def test_every_item_is_answered_once_in_its_place_and_no_micro_batch_spans_two_groups(
     shapes: list[tuple[int, int] | None], size: int, groups: Any, budget: int | None
 ) -> None:
@@ -174,6 +234,8 @@ def test_every_item_is_answered_once_in_its_place_and_no_micro_batch_spans_two_g
     for rows in seen:
         assert 1 <= len(rows) <= size
         assert len({rule.key(rule.shape_of(row)) for row in rows}) == 1
+        unknown = [row for row in rows if rule.shape_of(row) is None]
+        assert groups is None or not unknown or len(rows) == 1  # an unknown shape: alone
 
 
 def test_defect_an_item_shape_raising_a_base_exception_failed_the_batch() -> None:

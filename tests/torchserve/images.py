@@ -1,9 +1,12 @@
-"""Test inputs and contexts for the handler tests: JPEGs, a decompression bomb, a TorchServe
-Context built by hand, the example handler module."""
+"""Test inputs and contexts for the handler tests: JPEGs (as base64 the way encoders wrap
+it, behind big APP segments), a decompression bomb, a TorchServe Context built by hand, the
+example handler module."""
 
 from __future__ import annotations
 
+import base64
 import io
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +57,27 @@ def load_handler_module() -> Any:
 
 def top5(result: dict[str, float]) -> list[tuple[str, float]]:
     return sorted(result.items(), key=lambda kv: -kv[1])
+
+
+def wrapped(data: bytes, columns: int, newline: str = "\n") -> str:
+    """``data`` in base64, cut into lines of ``columns`` characters as encoders write it."""
+    text = base64.b64encode(data).decode("ascii")
+    return "".join(text[i : i + columns] + newline for i in range(0, len(text), columns))
+
+
+def padded_to(data: bytes, remainder: int) -> bytes:
+    """``data`` with zero bytes after it so that its length is ``remainder`` mod 3: its
+    base64 then ends in no "=" (0), "==" (1) or "=" (2); PIL ignores bytes after the image."""
+    return data + b"\0" * ((remainder - len(data)) % 3)
+
+
+def with_app_segments(jpeg: bytes, total: int) -> bytes:
+    """``jpeg`` with APP15 segments of ``total`` bytes in all between its SOI and the rest,
+    so its frame header (SOF) sits ``total`` bytes further on, as behind a big EXIF, ICC
+    profile or extended XMP block."""
+    segments, left = [], total
+    while left > 0:
+        size = min(left, 65533)  # a segment's length field counts itself: at most 65535
+        segments.append(b"\xff\xef" + struct.pack(">H", size + 2) + b"\x5a" * size)
+        left -= size
+    return jpeg[:2] + b"".join(segments) + jpeg[2:]

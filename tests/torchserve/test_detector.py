@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import load_module
-from tests.torchserve.images import make_jpeg
+from tests.torchserve.images import make_jpeg, with_app_segments, wrapped
 from tests.torchserve.ts_machinery import decode, load_service, request
+from ts_microbatch.torchserve.images import HEADER_BYTES_MAX
 
 build = load_module("examples/object_detector/build_mar.py", "ts_microbatch_detector_build_mar")
 SIZES = [(640, 480), (480, 640), (800, 600), (320, 320), (640, 480), (600, 800), (512, 384)]
@@ -91,6 +92,35 @@ def test_with_aspect_groups_every_photo_gets_exactly_its_answer_alone(
     assert all(len({w * 1000 // h for w, h in call}) == 1 for call in calls), calls
     assert [status for status, _ in got] == [200] * len(PHOTOS)
     assert [boxes for _, boxes in got] == alone  # exactly: nothing was padded
+
+
+def test_defect_wrapped_base64_photos_shared_a_padded_micro_batch(
+    grouped: Any, alone: list[Any]
+) -> None:
+    # Issue 32, defect 4: a 640x480 and a 480x640 photo sent as base64 in 76-column lines
+    # (the base64 command's output; text/plain reaches the handler as a str, which it
+    # b64decodes) lost their shapes, shared a micro-batch, were padded to 640x640, and
+    # neither got its boxes alone (0 of 2; 2 of 2 unwrapped).
+    calls = record_preprocess(grouped)
+    bodies = [(wrapped(PHOTOS[i], 76), "text/plain") for i in (0, 1)]
+    got = predict(grouped, bodies)
+    assert sorted(calls) == [[(480, 640)], [(640, 480)]]
+    assert [status for status, _ in got] == [200, 200]
+    assert [boxes for _, boxes in got] == [alone[0], alone[1]]
+
+
+def test_a_photo_of_unknown_shape_shares_no_micro_batch_and_gets_its_answer_alone(
+    grouped: Any, alone: list[Any]
+) -> None:
+    # The 480x640 photo's frame header sits past the reader's cap: its shape is unknown,
+    # the handler decodes it all the same. It must not meet the 640x480 ones.
+    deep = with_app_segments(PHOTOS[1], HEADER_BYTES_MAX + 1024)
+    calls = record_preprocess(grouped)
+    bodies = [(wrapped(PHOTOS[0], 64), "text/plain"), (wrapped(deep, 76, "\r\n"), "text/plain")]
+    got = predict(grouped, [*bodies, (PHOTOS[4], JPEG)])
+    assert sorted(calls) == [[(480, 640)], [(640, 480), (640, 480)]]
+    assert [status for status, _ in got] == [200, 200, 200]
+    assert [boxes for _, boxes in got] == [alone[0], alone[1], alone[4]]
 
 
 def test_without_groups_a_photo_beside_another_size_is_padded_and_answered_otherwise(

@@ -19,6 +19,7 @@ from ts_microbatch.torchserve.metrics import (
     MICRO_BATCHES_PER_BATCH,
     RECOMPILES,
     REPORTER_THREAD,
+    SHAPES_UNKNOWN,
     STAGE_TIME,
     TorchServeMetricsObserver,
 )
@@ -272,3 +273,21 @@ def test_a_flush_writes_a_held_interval_at_once(caplog: pytest.LogCaptureFixture
 def test_an_interval_out_of_range_is_refused(interval_s: float) -> None:
     with pytest.raises(ValueError, match="interval_s"):
         TorchServeMetricsObserver(HeldMetrics(), interval_s=interval_s)
+
+
+def test_items_of_unknown_shape_are_a_counter(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    metrics.initialize_cache()
+    metrics.request_ids = {0: "req-0"}  # as Service.predict sets them
+    observer = TorchServeMetricsObserver(metrics, interval_s=3600)
+    try:
+        with caplog.at_level(logging.INFO):
+            observer.on_shapes_unknown(2)
+            observer.on_shapes_unknown(1)
+            assert observer.flush(timeout_s=30)
+            lines = interval_lines(caplog)
+            kinds = [line for line, _ in written_by(caplog.records, f"[METRICS]{SHAPES_UNKNOWN}.")]
+        assert lines[f"{SHAPES_UNKNOWN}|ModelName:None,Level:Model"] == [3.0]  # summed
+        assert kinds and all("#type:COUNTER" in line for line in kinds)
+    finally:
+        observer.close()

@@ -59,7 +59,8 @@ Schema (every key optional)::
                                      # to its largest); "orientation" landscape, portrait or
                                      # square; n (pixels) width and height rounded up to
                                      # multiples of n. Shapes: the handler's item_shape, by
-                                     # default read from each image's header
+                                     # default read from each image's header; an image of
+                                     # unknown shape runs in a micro-batch of its own
     max_micro_batch_pixels: null     # a micro-batch holds images while rows x widest width
                                      # x tallest height stays within this
     metrics_interval_s: 1            # the pipeline's metric lines: one line per metric and

@@ -35,6 +35,10 @@ class PipelineObserver:
         ``padded`` (items x padded length): reported for each micro-batch of a batch whose
         lengths were measured (``ts_microbatch.core.lengths``)."""
 
+    def on_shapes_unknown(self, count: int) -> None:
+        """``count`` items of a batch cut with shape groups had no readable shape, so each
+        was cut into a micro-batch of its own (``ts_microbatch.core.shapes``)."""
+
     def on_recompile(self, count: int) -> None:
         """A compiled model recompiled ``count`` times in one call after warm-up."""
 
@@ -93,6 +97,9 @@ class GuardedObserver(PipelineObserver):
 
     def on_tokens(self, real: int, padded: int) -> None:
         self._guard("on_tokens", lambda: self.observer.on_tokens(real, padded))
+
+    def on_shapes_unknown(self, count: int) -> None:
+        self._guard("on_shapes_unknown", lambda: self.observer.on_shapes_unknown(count))
 
     def on_recompile(self, count: int) -> None:
         self._guard("on_recompile", lambda: self.observer.on_recompile(count))

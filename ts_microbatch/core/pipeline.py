@@ -56,7 +56,7 @@ from .micro_batch import (
     set_current_micro_batch,
 )
 from .outcomes import Outcomes
-from .planning import auto_size, plan_batch
+from .planning import auto_size, plan_batch, report_cut
 from .shapes import ShapeRule
 from .stages import StageWorkers
 
@@ -282,11 +282,7 @@ class Pipeline:
             self._batches.add(batch)
         batch.when_answered(self._batch_answered)
         if not quiet:
-            self._observer.on_batch(len(items), len(micro_batches))
-            if batch.order.lengths is not None:
-                for mb in micro_batches:
-                    real = sum(mb.lengths or ())
-                    self._observer.on_tokens(real, len(mb) * (mb.padded_length or 0))
+            report_cut(self._observer, batch, micro_batches, self._shapes)
         if auto is not None:
             batch.when_answered(auto.batch_reporter(size))
         for mb in micro_batches:

@@ -20,6 +20,7 @@ from ._checks import _positive_int
 from .autobudget import AutoTokenBudget
 from .autosize import AutoMicroBatchSize
 from .batch import Batch
+from .metrics import PipelineObserver
 from .micro_batch import _MicroBatch, cut
 from .order import Order
 
@@ -73,3 +74,22 @@ def plan_batch(
         choose = lambda ordered: budget.choose(rule, ordered, stage_threads)  # noqa: E731
     plan = lengths.plan(length_rule, items, owners, size, exact=exact, choose=choose)
     return lengths.cut_batch(plan, length_rule, items, context, owners, on_timeout, quiet=quiet)
+
+
+def report_cut(
+    observer: PipelineObserver,
+    batch: Batch,
+    micro_batches: Sequence[_MicroBatch],
+    shape_rule: shapes.ShapeRule | None,
+) -> None:
+    """What a batch's cut tells the metrics: its micro-batches, their tokens (lengths
+    measured), the items cut alone because their shape is unknown (shape groups set)."""
+    order = batch.order
+    observer.on_batch(order.size, len(micro_batches))
+    if order.lengths is not None:
+        for mb in micro_batches:
+            observer.on_tokens(sum(mb.lengths or ()), len(mb) * (mb.padded_length or 0))
+    if order.shapes is not None and shape_rule is not None and shape_rule.groups is not None:
+        unknown = sum(shape is None for shape in order.shapes)
+        if unknown:  # a counter: no line for the batches where every shape was read
+            observer.on_shapes_unknown(unknown)

@@ -21,8 +21,12 @@ from an image's header without decoding it), a ``ShapeRule``:
   the model sees x its padded pixels (the widest width x the tallest height) stays within
   it, the image counterpart of a token budget.
 
-An item whose shape cannot be read (not an image) is grouped with the others that cannot;
-the stage that decodes it reports its own error. The same machinery as lengths
+An item whose shape cannot be read (not an image, or a header the reader does not reach)
+gets a micro-batch of its own whenever groups are set: its shape may be any, so beside
+another image, known or not, it could be padded, and its answer would no longer be the one
+it gets alone (issue 32: two line-wrapped base64 photos, 640x480 and 480x640, once shared
+the group of unknown shapes and both got other boxes). A body that is not an image then
+fails alone in the stage that decodes it. The same machinery as lengths
 (``ts_microbatch.core.lengths``): the plan is an order and a cut, requests are answered in
 place, isolation goes by request, a KServe request's instances stay together (a request
 whose instances differ in shape straddles micro-batches, each of one group).
@@ -44,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 GROUPINGS = ("exact", "aspect", "orientation")
 Shape = tuple[int, int]  # (width, height)
-_UNKNOWN = ("unknown",)  # the group of items whose shape cannot be read
+_UNKNOWN = ("unknown",)  # the key of items whose shape cannot be read (each cut alone)
 
 
 def check_groups(value: Any, key: str) -> str | int | None:
@@ -90,7 +94,8 @@ class ShapeRule:
         return (width, height) if width > 0 and height > 0 else None
 
     def key(self, shape: Shape | None) -> Hashable:
-        """The group of an item of ``shape``."""
+        """The group of an item of ``shape`` (unknown shapes share a key, never a
+        micro-batch: ``together``)."""
         if self.groups is None:
             return None
         if shape is None:
@@ -105,6 +110,13 @@ class ShapeRule:
             return "landscape" if width > height else "portrait" if height > width else "square"
         step = int(self.groups)
         return (math.ceil(width / step) * step, math.ceil(height / step) * step)
+
+    def together(self, first: Shape | None, other: Shape | None) -> bool:
+        """Whether items of these shapes may share a micro-batch: one group, and with
+        groups set both known (an unknown shape may be any: its item is cut alone)."""
+        if self.groups is None:
+            return True
+        return first is not None and other is not None and self.key(first) == self.key(other)
 
     def padded(self, shapes: Sequence[Shape | None]) -> Shape | None:
         """The shape a micro-batch of ``shapes`` is padded to: the widest by the tallest."""
@@ -179,8 +191,11 @@ def _grouped(
     for index, owner in enumerate(owners):
         requests.setdefault(owner, []).append(index)
     groups: dict[Hashable, list[int]] = {}
-    for items in requests.values():
-        groups.setdefault(rule.key(shapes[items[0]]), []).extend(items)
+    for owner, items in requests.items():
+        key = rule.key(shapes[items[0]])
+        if key == _UNKNOWN:  # not one group of unknown shapes: each request in its place
+            key = (_UNKNOWN, owner)
+        groups.setdefault(key, []).extend(items)
     return tuple(i for items in groups.values() for i in items)
 
 
@@ -188,8 +203,8 @@ def cut_sizes(
     rule: ShapeRule, shapes: Sequence[Shape | None], size: int, *, exact: bool = False
 ) -> tuple[int, ...]:
     """Micro-batch sizes over ``shapes`` (in cut order): ``size`` at a time, never two
-    groups in one, and with a budget as many as keep ``rule.pixels`` within it (at least
-    ``min_items`` where the group allows)."""
+    groups in one (nor an unknown shape beside another item), and with a budget as many as
+    keep ``rule.pixels`` within it (at least ``min_items`` where the group allows)."""
     if exact or not shapes:
         full, rest = divmod(len(shapes), size)
         return (size,) * full + ((rest,) if rest else ())
@@ -198,7 +213,7 @@ def cut_sizes(
     current: list[Shape | None] = []
     for shape in shapes:
         if current:
-            same_group = rule.key(shape) == rule.key(current[0])
+            same_group = rule.together(current[0], shape)
             grown = rule.padded([*current, shape])
             fits = budget is None or rule.pixels(len(current) + 1, grown) <= budget
             full = len(current) >= size or (len(current) >= rule.min_items and not fits)

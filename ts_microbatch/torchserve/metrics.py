@@ -21,6 +21,8 @@ they are written to ``model_metrics.log``. The names and what they measure:
     MicroBatchPaddedTokens  counter   count  what they were padded to (items x padded length):
                                              the useful share is their ratio (length settings
                                              only: ts_microbatch.core.lengths)
+    MicroBatchShapesUnknown counter   count  items whose shape was not read with shape_groups
+                                             set, each cut into a micro-batch of its own
 
 Times are in seconds because TorchServe 0.12's Prometheus histograms have the client
 library's fixed default buckets (5 ms to 10 s). For sizes those buckets stop at 10: read the
@@ -73,6 +75,7 @@ TOKENS = "MicroBatchTokens"
 PADDED_TOKENS = "MicroBatchPaddedTokens"
 BATCHES = "MicroBatchBatches"
 MICRO_BATCHES_CUT = "MicroBatchesCut"
+SHAPES_UNKNOWN = "MicroBatchShapesUnknown"
 METRIC_NAMES = (
     STAGE_TIME,
     QUEUE_TIME,
@@ -85,6 +88,7 @@ METRIC_NAMES = (
     PADDED_TOKENS,
     BATCHES,
     MICRO_BATCHES_CUT,
+    SHAPES_UNKNOWN,
 )
 
 
@@ -395,6 +399,10 @@ class TorchServeMetricsObserver(PipelineObserver):
     def on_tokens(self, real: int, padded: int) -> None:
         self._emit(TOKENS, real, "count", {}, histogram=False)
         self._emit(PADDED_TOKENS, padded, "count", {}, histogram=False)
+
+    @_deferred
+    def on_shapes_unknown(self, count: int) -> None:
+        self._emit(SHAPES_UNKNOWN, count, "count", {}, histogram=False)
 
     @_deferred
     def on_recompile(self, count: int) -> None:

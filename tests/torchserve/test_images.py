@@ -1,0 +1,164 @@
+"""The header reader (ts_microbatch/torchserve/images.py): a body's shape as the handlers
+decode it, read from a bounded prefix whatever the body's size.
+
+The handlers decode base64 text with ``base64.b64decode(text)``, TorchServe's
+``VisionHandler`` and the detector example alike: line breaks and any other character
+outside the alphabet are skipped. These tests send what encoders write (``base64`` and
+MIME at 76 columns, PEM at 64, CRLF) and check the reader gives the shape of the raw bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import tracemalloc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+from PIL import Image
+
+from tests.torchserve.images import make_jpeg, padded_to, with_app_segments, wrapped
+from ts_microbatch.torchserve.images import HEADER_BYTES_MAX, TEXT_CHARS_MAX, image_shape
+
+PHOTO = make_jpeg(7, size=(640, 480))
+
+
+def handler_shape(text: str) -> tuple[int, int] | None:
+    """What the handlers make of ``text``: VisionHandler's ``base64.b64decode`` and
+    ``Image.open``."""
+    try:
+        with Image.open(io.BytesIO(base64.b64decode(text))) as image:
+            return image.size
+    except Exception:
+        return None
+
+
+@pytest.fixture
+def decoded() -> Iterator[list[tuple[int, int]]]:
+    """(characters in, bytes out) of every base64 decode while the test runs: the reader
+    and ``base64.b64decode`` both go through ``binascii.a2b_base64``."""
+    calls: list[tuple[int, int]] = []
+    real = binascii.a2b_base64
+
+    def counting(data: Any, *args: Any, **kwargs: Any) -> bytes:
+        out = real(data, *args, **kwargs)
+        calls.append((len(data), len(out)))
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(binascii, "a2b_base64", counting)
+        yield calls
+
+
+@pytest.mark.parametrize(
+    ("columns", "newline"),
+    [(76, "\n"), (64, "\n"), (76, "\r\n"), (64, "\r\n")],
+    ids=["base64-76", "pem-64", "mime-76-crlf", "pem-64-crlf"],
+)
+@pytest.mark.parametrize("remainder", [0, 1, 2], ids=["no-padding", "pad-2", "pad-1"])
+def test_defect_wrapped_base64_lost_its_shape(columns: int, newline: str, remainder: int) -> None:
+    # Defect 4: the reader decoded with validate=True, which refuses the line breaks the
+    # handler's b64decode skips; the shape became unknown and the photo was padded.
+    photo = padded_to(PHOTO, remainder)
+    text = wrapped(photo, columns, newline)
+    assert handler_shape(text) == (640, 480)  # the scenario: the handler decodes it
+    assert image_shape(text) == image_shape(photo) == (640, 480)
+    assert image_shape({"data": text}) == image_shape({"body": text}) == (640, 480)
+
+
+def test_a_data_uri_is_not_an_image_to_the_reader_as_to_the_handlers() -> None:
+    # b64decode skips ':', ';' and ',' but decodes "data", "image/jpeg" and "base64" as data:
+    # garbage in front of the JPEG, which PIL does not open. No more than the handlers.
+    text = "data:image/jpeg;base64," + base64.b64encode(PHOTO).decode("ascii")
+    assert handler_shape(text) is None
+    assert image_shape(text) is None
+
+
+def test_the_body_is_found_as_the_handlers_find_it() -> None:
+    # VisionHandler reads ``row.get("data") or row.get("body")``: an empty data field
+    # falls through to the body.
+    text = base64.b64encode(PHOTO).decode("ascii")
+    assert image_shape({"data": b"", "body": PHOTO}) == (640, 480)
+    assert image_shape({"data": None, "body": text}) == (640, 480)
+    assert image_shape({"data": [1, 2, 3]}) is None  # a list: VisionHandler's tensor path
+
+
+def test_defect_a_non_image_base64_body_was_decoded_in_full(
+    decoded: list[tuple[int, int]],
+) -> None:
+    # Defect 5: 36 MiB of base64 that is not an image was decoded whole (87 MiB allocated,
+    # 330-460 ms on the handle thread) just to learn it has no shape.
+    text = "QUJD" * (9 << 20)  # 36 MiB of text, "ABC" repeated
+    assert image_shape(text) is None
+    chars, out = sum(n for n, _ in decoded), sum(n for _, n in decoded)
+    assert out <= HEADER_BYTES_MAX and chars <= TEXT_CHARS_MAX, (chars, out)
+
+
+def test_defect_a_raw_body_was_copied_in_full_to_read_its_header() -> None:
+    # TorchServe hands a body over as a bytearray, and io.BytesIO copies a bytearray: the
+    # reader held a second copy of every body, 36 MiB for 36 MiB.
+    body = bytearray(b"ABC" * (12 << 20))
+    tracemalloc.start()
+    try:
+        assert image_shape(body) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= 2 * HEADER_BYTES_MAX, peak
+
+
+@pytest.mark.parametrize("encode", [bytes, lambda data: wrapped(data, 76)], ids=["raw", "b64"])
+def test_a_jpeg_frame_header_behind_big_app_segments_is_read_within_the_cap(
+    encode: Any, decoded: list[tuple[int, int]]
+) -> None:
+    photo = with_app_segments(PHOTO, 600 * 1024)  # SOF past 600 KiB: read, it is within
+    assert image_shape(encode(photo)) == (640, 480)
+    assert sum(n for _, n in decoded) <= HEADER_BYTES_MAX + 2  # whole groups of 3 bytes
+
+
+@pytest.mark.parametrize("encode", [bytes, lambda data: wrapped(data, 76)], ids=["raw", "b64"])
+def test_a_jpeg_frame_header_beyond_the_cap_leaves_the_shape_unknown(
+    encode: Any, decoded: list[tuple[int, int]]
+) -> None:
+    photo = with_app_segments(PHOTO, HEADER_BYTES_MAX + 1024)
+    assert handler_shape(wrapped(photo, 76)) == (640, 480)  # the handler still decodes it
+    decoded.clear()
+    assert image_shape(encode(photo)) is None
+    assert sum(n for _, n in decoded) <= HEADER_BYTES_MAX + 2  # whole groups of 3 bytes
+
+
+def test_a_small_image_decodes_only_its_header(decoded: list[tuple[int, int]]) -> None:
+    big = make_jpeg(3, size=(2000, 1500))
+    assert image_shape(wrapped(big, 76)) == (2000, 1500)
+    assert sum(n for _, n in decoded) < len(big) // 4  # a few KiB of a photo of hundreds
+
+
+def encoded(fmt: str, width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (width % 256, height % 256, 90)).save(out, fmt)
+    return out.getvalue()
+
+
+@pytest.mark.generative
+@given(
+    fmt=st.sampled_from(["PNG", "JPEG", "GIF", "BMP", "WEBP", "TIFF"]),
+    width=st.integers(1, 300),
+    height=st.integers(1, 300),
+    trailing=st.integers(0, 2),
+    columns=st.integers(1, 120),
+    newline=st.sampled_from(["\n", "\r\n", " ", "\t", "\r\n\r\n"]),
+    unwrapped=st.booleans(),
+)
+@example(fmt="JPEG", width=640, height=480, trailing=0, columns=76, newline="\n", unwrapped=False)
+def test_any_wrapping_of_an_image_gives_the_shape_of_its_bytes(
+    fmt: str, width: int, height: int, trailing: int, columns: int, newline: str, unwrapped: bool
+) -> None:
+    data = encoded(fmt, width, height) + b"\0" * trailing
+    text = base64.b64encode(data).decode("ascii") if unwrapped else wrapped(data, columns, newline)
+    assert handler_shape(text) == (width, height)  # what the handlers decode
+    assert image_shape(text) == image_shape(data) == image_shape(bytearray(data))
+    assert image_shape(data) == (width, height)
