@@ -1,0 +1,177 @@
+"""The open-loop generator: its schedule, sends on time under a virtual clock, late sends
+counted, and its HTTP client against a loopback server (no timing asserted)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from ts_microbatch.tools.openloop import (
+    HttpPool,
+    drive,
+    poisson_schedule,
+    run_open_loop,
+)
+
+
+class VirtualClock:
+    """Time that moves only when told: ``sleep`` lets what is due now run, then moves to
+    its end unless that has passed already; ``advance`` adds (a server's time)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        end = self.now + seconds
+        for _ in range(3):  # the sends started so far run their steps at the current time
+            await asyncio.sleep(0)
+        self.now = max(self.now, end)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_the_schedule_is_poisson_at_the_offered_rate() -> None:
+    offsets = poisson_schedule(250.0, 20_000, seed=3)
+    gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+    assert offsets[0] == 0.0 and all(gap >= 0 for gap in gaps)
+    assert statistics.mean(gaps) == pytest.approx(1 / 250, rel=0.03)
+    assert statistics.stdev(gaps) == pytest.approx(1 / 250, rel=0.05)  # exponential: sd = mean
+    assert poisson_schedule(250.0, 50, seed=3) == offsets[:50]  # seeded
+
+
+@pytest.mark.parametrize(("rate", "count"), [(0, 5), (-1.0, 5), (float("nan"), 5), (10, 0)])
+def test_a_bad_rate_or_count_is_refused(rate: float, count: int) -> None:
+    with pytest.raises(ValueError, match="rate_per_s|count"):
+        poisson_schedule(rate, count)
+
+
+def test_each_request_is_sent_at_its_scheduled_time_whatever_the_answers() -> None:
+    clock = VirtualClock()
+    schedule = poisson_schedule(180.0, 400, seed=1)
+    seen: list[float] = []
+
+    async def send(body: bytes) -> int:
+        seen.append(clock())
+        await asyncio.sleep(0)
+        return 200
+
+    sends = asyncio.run(drive(schedule, [b"x"], send, clock=clock, sleep=clock.sleep))
+    assert [s.sent_s for s in sends] == pytest.approx(schedule, abs=1e-9)
+    assert [t - 100.0 for t in seen] == pytest.approx(schedule, abs=1e-9)
+    assert all(s.late_s <= 1e-9 and s.status == 200 for s in sends)
+
+
+def test_sends_that_cannot_go_on_time_are_counted_late_and_charged_to_latency() -> None:
+    # One request in flight at most and a server that takes 1 s each: every send after the
+    # first waits for a free slot, and its latency counts from its scheduled time.
+    clock = VirtualClock()
+    schedule = [0.0, 0.1, 0.2, 0.3]
+
+    async def send(body: bytes) -> int:
+        clock.advance(1.0)
+        await asyncio.sleep(0)
+        return 200
+
+    sends = asyncio.run(
+        drive(schedule, [b"x"], send, clock=clock, sleep=clock.sleep, max_in_flight=1)
+    )
+    assert [round(s.late_s, 6) for s in sends] == [0.0, 0.9, 1.8, 2.7]
+    assert [round(s.latency_s or 0, 6) for s in sends] == [1.0, 1.9, 2.8, 3.7]
+
+
+class LoopbackServer:
+    """An HTTP/1.1 server on 127.0.0.1: answers 200 (Content-Length), 503 for a body of
+    b"busy", a chunked 200 for b"chunked", and counts its connections."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.requests = 0
+        self.port = 0
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        while line := await reader.readline():
+            length = 0
+            while (header := await reader.readline()) not in (b"\r\n", b""):
+                if header.lower().startswith(b"content-length:"):
+                    length = int(header.split(b":")[1])
+            body = await reader.readexactly(length)
+            self.requests += 1
+            if body == b"chunked":
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+                )
+            else:
+                status = b"503 Busy" if body == b"busy" else b"200 OK"
+                writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+
+    def __enter__(self) -> LoopbackServer:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def server() -> Iterator[LoopbackServer]:
+    with LoopbackServer() as running:
+        yield running
+
+
+def test_the_client_reads_lengths_and_chunks_and_keeps_connections(server: LoopbackServer) -> None:
+    async def main() -> list[int]:
+        pool = HttpPool(f"http://127.0.0.1:{server.port}/predictions/m")
+        try:
+            return [await pool.post(body) for body in (b"a", b"chunked", b"busy", b"b")]
+        finally:
+            pool.close()
+
+    assert asyncio.run(main()) == [200, 200, 503, 200]
+    assert server.connections == 1 and server.requests == 4  # one kept-alive connection
+
+
+def test_an_open_loop_run_answers_every_request_and_reports_it(server: LoopbackServer) -> None:
+    url = f"http://127.0.0.1:{server.port}/predictions/m"
+    result = run_open_loop(url, [b"a", b"busy", b"b", b"c"], rate_per_s=400.0, count=200)
+    summary = result.summary()
+    assert server.requests == 200 and summary["requests"] == 200
+    assert result.errors == {503: 50} and summary["errors"] == 50
+    assert summary["timeouts"] == 0
+    assert summary["p50_ms"] <= summary["p90_ms"] <= summary["p99_ms"] < float("inf")
+    assert result.cpu_s > 0
+
+
+def test_a_refused_connection_is_no_answer_not_a_crash() -> None:
+    with LoopbackServer() as stopped:
+        port = stopped.port
+    result = run_open_loop(f"http://127.0.0.1:{port}/", [b"a"], rate_per_s=100.0, count=5)
+    assert result.errors == {0: 5}
+    assert result.percentile_ms(50) == float("inf")

@@ -1,0 +1,251 @@
+"""An open-loop load generator: requests sent on their schedule, answered or not.
+
+A closed-loop client (``ab -c N``) waits for each answer before it sends again, so when the
+server slows down the load drops with it and the queueing a real service sees never shows.
+Here the arrival times are drawn first (a Poisson process at the offered rate: exponential
+gaps, seeded), and each request is sent at its time whether or not the earlier ones were
+answered, as wrk2 and Triton's perf_analyzer (``--request-rate-range``) do. Latency is
+counted from the **scheduled** time, so a send the generator itself could not make on time
+(no free connection, the event loop behind) is charged to the result, and counted: a run
+whose sends are late measured the generator, not the server.
+
+One asyncio loop drives HTTP/1.1 keep-alive connections on loopback; a request takes an
+idle connection or opens one, up to ``max_connections`` (past it a send waits, and is
+late). The generator's own CPU is reported beside the result, since on a small machine it
+competes with the server for the same cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+# A send this much after its scheduled time counts as late (the loop's own jitter is about
+# a tenth of that on this machine's loopback).
+LATE_AFTER_S = 0.002
+
+
+def poisson_schedule(rate_per_s: float, count: int, seed: int = 0) -> list[float]:
+    """``count`` arrival offsets (seconds from the start, the first at 0) of a Poisson process
+    at ``rate_per_s``: exponential gaps of mean 1/rate."""
+    if not rate_per_s > 0 or not math.isfinite(rate_per_s):
+        raise ValueError(f"rate_per_s: got {rate_per_s!r}, expected a number > 0")
+    if count < 1:
+        raise ValueError(f"count: got {count!r}, expected an integer >= 1")
+    rng = random.Random(seed)
+    offsets, now = [0.0], 0.0
+    for _ in range(count - 1):
+        now += rng.expovariate(rate_per_s)
+        offsets.append(now)
+    return offsets
+
+
+@dataclass
+class Sent:
+    """One request: when it was due and sent, when answered (None: not), and its status
+    (0: no answer, the connection failed or the timeout passed)."""
+
+    due_s: float
+    sent_s: float = math.nan
+    done_s: float | None = None
+    status: int = 0
+
+    @property
+    def latency_s(self) -> float | None:
+        """From its scheduled time to its answer."""
+        return None if self.done_s is None else self.done_s - self.due_s
+
+    @property
+    def late_s(self) -> float:
+        return self.sent_s - self.due_s
+
+
+@dataclass
+class OpenLoopResult:
+    offered_per_s: float
+    sends: list[Sent]
+    elapsed_s: float  # from the first scheduled send to the last answer
+    cpu_s: float  # the generator's own CPU over the run
+    errors: dict[int, int] = field(default_factory=dict)  # status (0: none) -> count
+
+    @property
+    def answered(self) -> list[Sent]:
+        return [s for s in self.sends if s.status == 200]
+
+    @property
+    def achieved_per_s(self) -> float:
+        """Requests answered 200 per second of the run."""
+        return len(self.answered) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def late(self) -> int:
+        """Sends made more than ``LATE_AFTER_S`` after their time."""
+        return sum(1 for s in self.sends if s.late_s > LATE_AFTER_S)
+
+    def percentile_ms(self, q: float) -> float:
+        """The ``q``-th percentile (0-100, nearest rank) of the latency of every request,
+        from its scheduled time; one never answered counts as infinitely late."""
+        latencies = sorted(
+            math.inf if s.latency_s is None or s.status == 0 else s.latency_s for s in self.sends
+        )
+        rank = max(1, math.ceil(q / 100 * len(latencies)))
+        return latencies[rank - 1] * 1000
+
+    def summary(self) -> dict[str, float | int]:
+        return {
+            "offered_per_s": round(self.offered_per_s, 2),
+            "achieved_per_s": round(self.achieved_per_s, 2),
+            "requests": len(self.sends),
+            "p50_ms": round(self.percentile_ms(50), 2),
+            "p90_ms": round(self.percentile_ms(90), 2),
+            "p99_ms": round(self.percentile_ms(99), 2),
+            "errors": sum(n for status, n in self.errors.items() if status != 0),
+            "timeouts": self.errors.get(0, 0),
+            "late_sends": self.late,
+            "generator_cpu_ms_per_request": round(1000 * self.cpu_s / max(1, len(self.sends)), 3),
+        }
+
+
+SendFn = Callable[[bytes], Awaitable[int]]
+
+
+async def drive(
+    schedule: Sequence[float],
+    bodies: Sequence[bytes],
+    send: SendFn,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    max_in_flight: int = 1024,
+) -> list[Sent]:
+    """Sends ``bodies`` (cycled) at ``schedule``'s offsets from now; returns one ``Sent`` per
+    offset once every request is answered. ``send(body)`` returns the status; at most
+    ``max_in_flight`` run at once (past it a send waits, and is late). ``clock`` and
+    ``sleep`` are the loop's time (a test passes a virtual one)."""
+    if not bodies:
+        raise ValueError("bodies: got none")
+    start = clock()
+    slots = asyncio.Semaphore(max_in_flight)
+    sends = [Sent(start + offset) for offset in schedule]
+    tasks = []
+
+    async def one(index: int, record: Sent) -> None:
+        try:
+            record.status = await send(bodies[index % len(bodies)])
+        except Exception:  # a refused or dropped connection: no answer
+            record.status = 0
+        finally:
+            record.done_s = clock()
+            slots.release()
+
+    for index, record in enumerate(sends):
+        wait = record.due_s - clock()
+        if wait > 0:
+            await sleep(wait)
+        await slots.acquire()
+        record.sent_s = clock()
+        tasks.append(asyncio.ensure_future(one(index, record)))
+    await asyncio.gather(*tasks)
+    for record in sends:  # times relative to the start, as the schedule
+        record.due_s -= start
+        record.sent_s -= start
+        if record.done_s is not None:
+            record.done_s -= start
+    return sends
+
+
+class HttpPool:
+    """HTTP/1.1 keep-alive connections to one host, opened on demand; POSTs a body and
+    reads the status and the whole answer (Content-Length or chunked)."""
+
+    def __init__(self, url: str, headers: dict[str, str] | None = None, timeout_s: float = 60):
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"url: got {url!r}, expected http://host:port/path")
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.path = parts.path or "/"
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self._head = f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{extra}"
+        self.timeout_s = timeout_s
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def post(self, body: bytes) -> int:
+        conn = self._idle.pop() if self._idle else await self._open()
+        try:
+            status, keep = await asyncio.wait_for(self._exchange(conn, body), self.timeout_s)
+        except BaseException:
+            conn[1].close()
+            raise
+        if keep:
+            self._idle.append(conn)
+        else:
+            conn[1].close()
+        return status
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(self.host, self.port)
+
+    async def _exchange(
+        self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], body: bytes
+    ) -> tuple[int, bool]:
+        reader, writer = conn
+        writer.write(f"{self._head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+        status_line = await reader.readline()
+        if not status_line:
+            raise ConnectionError("the server closed the connection")
+        status = int(status_line.split()[1])
+        headers: dict[str, str] = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            while size := int((await reader.readline()).split(b";")[0], 16):
+                await reader.readexactly(size + 2)
+            await reader.readline()
+        else:
+            await reader.readexactly(int(headers.get("content-length", "0")))
+        return status, headers.get("connection", "").lower() != "close"
+
+    def close(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
+
+
+def run_open_loop(
+    url: str,
+    bodies: Sequence[bytes],
+    rate_per_s: float,
+    count: int,
+    *,
+    seed: int = 0,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+    max_in_flight: int = 1024,
+) -> OpenLoopResult:
+    """``count`` requests to ``url`` at ``rate_per_s``, Poisson, open loop (the module's
+    docstring); blocks until every one is answered or timed out."""
+    schedule = poisson_schedule(rate_per_s, count, seed)
+
+    async def main() -> list[Sent]:
+        pool = HttpPool(url, headers, timeout_s)
+        try:
+            return await drive(schedule, bodies, pool.post, max_in_flight=max_in_flight)
+        finally:
+            pool.close()
+
+    cpu = time.process_time()
+    sends = asyncio.run(main())
+    cpu_s = time.process_time() - cpu
+    errors: dict[int, int] = {}
+    for record in sends:
+        if record.status != 200:
+            errors[record.status] = errors.get(record.status, 0) + 1
+    elapsed = max((s.done_s or 0.0) for s in sends)
+    return OpenLoopResult(rate_per_s, sends, elapsed, cpu_s, errors)
