@@ -102,7 +102,7 @@ class LoopbackServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        while line := await reader.readline():
+        while await reader.readline():
             length = 0
             while (header := await reader.readline()) not in (b"\r\n", b""):
                 if header.lower().startswith(b"content-length:"):
