@@ -52,6 +52,8 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+from ts_microbatch.tools.archiver import run_archiver
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "examples/image_classifier")]
@@ -218,14 +220,11 @@ def package(store: Path, work: Path, model: str, workload: str, sides: dict[str,
         extra.append(str(vendor))
     config = build / "model-config.yaml"
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
-    archiver = Path(sys.executable).with_name("torch-model-archiver")
-    cmd = [str(archiver), "--force", "--model-name", name, "--version", "1.0"]
+    cmd = ["--force", "--model-name", name, "--version", "1.0"]
     cmd += ["--handler", handler, "--config-file", str(config), "--export-path", str(store)]
     cmd += ["--archive-format", "no-archive", "--model-file", str(model_file)]
     cmd += ["--serialized-file", str(weights), "--extra-files", ",".join(extra)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"torch-model-archiver failed for {name}:\n{proc.stderr}")
+    run_archiver(cmd)
 
 
 # -- measuring ----------------------------------------------------------------------------

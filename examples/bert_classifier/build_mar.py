@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from ts_microbatch.tools.archiver import run_archiver
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -130,10 +131,8 @@ def build_mar(
 
         extra.append(str(vendor(work / "vendor")))
     Path(export_path).mkdir(parents=True, exist_ok=True)
-    archiver = Path(sys.executable).with_name("torch-model-archiver")
-    subprocess.run(
+    run_archiver(
         [
-            str(archiver),
             "--force",
             "--model-name",
             model_name,
@@ -149,8 +148,7 @@ def build_mar(
             str(export_path),
             "--archive-format",
             archive_format,
-        ],
-        check=True,
+        ]
     )
     (work / "sample.txt").write_text(texts.make_text(seed=0, n_words=24) + "\n", encoding="utf-8")
     mar = Path(export_path) / f"{model_name}.mar"

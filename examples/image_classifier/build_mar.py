@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from ts_microbatch.tools.archiver import run_archiver
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -58,10 +59,8 @@ def build_mar(
 
         extra.append(str(vendor(work / "vendor")))
     Path(export_path).mkdir(parents=True, exist_ok=True)
-    archiver = Path(sys.executable).with_name("torch-model-archiver")
-    subprocess.run(
+    run_archiver(
         [
-            str(archiver),
             "--force",
             "--model-name",
             model_name,
@@ -81,8 +80,7 @@ def build_mar(
             str(export_path),
             "--archive-format",
             archive_format,
-        ],
-        check=True,
+        ]
     )
     mar = Path(export_path) / f"{model_name}.mar"
     print(f"Built {mar}")

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+
+from ts_microbatch.tools.archiver import run_archiver
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -124,10 +125,8 @@ def build_mar(
 
         extra.append(str(vendor(work / "vendor")))
     Path(export_path).mkdir(parents=True, exist_ok=True)
-    archiver = Path(sys.executable).with_name("torch-model-archiver")
-    subprocess.run(
+    run_archiver(
         [
-            str(archiver),
             "--force",
             "--model-name",
             model_name,
@@ -145,8 +144,7 @@ def build_mar(
             ",".join(extra),
             "--export-path",
             str(export_path),
-        ],
-        check=True,
+        ]
     )
     mar = Path(export_path) / f"{model_name}.mar"
     print(f"Built {mar}")

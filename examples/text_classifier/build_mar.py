@@ -6,9 +6,10 @@ python examples/text_classifier/build_mar.py --export-path model_store
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
+
+from ts_microbatch.tools.archiver import run_archiver
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -34,10 +35,8 @@ def build_mar(export_path: str, work_dir: Path = ROOT / "build" / "text_mb") -> 
     print(
         "Created UNTRAINED text classifier weights: predictions are meaningless.", file=sys.stderr
     )
-    archiver = Path(sys.executable).with_name("torch-model-archiver")
-    subprocess.run(
+    run_archiver(
         [
-            str(archiver),
             "--force",
             "--model-name",
             "text_mb",
@@ -53,8 +52,7 @@ def build_mar(export_path: str, work_dir: Path = ROOT / "build" / "text_mb") -> 
             str(HERE / "model-config.yaml"),
             "--export-path",
             export_path,
-        ],
-        check=True,
+        ]
     )
     mar = Path(export_path) / "text_mb.mar"
     print(f"Built {mar}")
