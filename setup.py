@@ -26,8 +26,9 @@ setup(
     ],
     extras_require={
         # ts_microbatch.tools: server/serve watch processes (psutil), scrape parses /metrics
-        # (prometheus_client); a worker imports neither (TorchServe brings its own psutil)
-        "tools": ["psutil>=5.9", "prometheus_client>=0.17"],
+        # (prometheus_client), curves draws its PNG (matplotlib); a worker imports none of
+        # them (TorchServe brings its own psutil)
+        "tools": ["psutil>=5.9", "prometheus_client>=0.17", "matplotlib>=3.7"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",

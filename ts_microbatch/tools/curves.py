@@ -1,0 +1,161 @@
+"""Latency against offered load: open-loop sweeps over request rates, and what they mean.
+
+For one served model, ``sweep`` offers rising request rates (``ts_microbatch.tools.
+openloop``: Poisson arrivals sent on schedule) and records, per rate, what was achieved, the
+latency percentiles from each request's scheduled time, errors, timeouts and late sends.
+It stops one rate after the model fell behind (achieved under ``FELL_BEHIND`` of offered,
+or a P99 over ``GAVE_UP_P99_MS``): past saturation every point says the same thing, and each
+costs a queue's worth of waiting. ``sustained`` reads a latency objective off the curve (the
+highest rate held with its P99 within it, nothing lost), and ``plot`` draws every variant's
+P99 against offered load on one PNG.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .openloop import run_open_loop
+
+# A rate where fewer than this share of the offered requests were answered per second is
+# past the model's capacity: one more point is kept to show it, then the sweep stops.
+FELL_BEHIND = 0.9
+GAVE_UP_P99_MS = 10_000.0
+
+
+def parse_rates(text: str) -> list[float]:
+    """``"20,40,80"`` or a range ``"20:200:20"`` (start:stop:step, stop included): rates in
+    requests per second, rising.
+
+    Raises:
+        ValueError: not numbers > 0, or not rising.
+    """
+    try:
+        if ":" in text:
+            start, stop, step = (float(part) for part in text.split(":"))
+            if step <= 0:
+                raise ValueError
+            count = int(math.floor((stop - start) / step + 1e-9)) + 1
+            rates = [round(start + i * step, 6) for i in range(count)]
+        else:
+            rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        rates = []
+    if not rates or any(not rate > 0 or not math.isfinite(rate) for rate in rates):
+        raise ValueError(f"--rates: got {text!r}, expected rates > 0 as 20,40,80 or 20:200:20")
+    if sorted(set(rates)) != rates:
+        raise ValueError(f"--rates: got {text!r}, expected rising rates")
+    return rates
+
+
+def sweep(
+    url: str,
+    bodies: Sequence[bytes],
+    rates: Iterable[float],
+    *,
+    requests_per_rate: int | Callable[[float], int],
+    headers: dict[str, str] | None = None,
+    seed: int = 0,
+    timeout_s: float = 60.0,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per rate offered (``OpenLoopResult.summary``), rising, until one past the
+    point where the model fell behind. ``requests_per_rate``: a count, or one per rate (so
+    that every point lasts about as long)."""
+    rows: list[dict[str, Any]] = []
+    behind = False
+    for index, rate in enumerate(rates):
+        count = requests_per_rate(rate) if callable(requests_per_rate) else requests_per_rate
+        result = run_open_loop(
+            url, bodies, rate, max(1, count), seed=seed + index, headers=headers,
+            timeout_s=timeout_s,
+        )  # fmt: skip
+        row = result.summary()
+        rows.append(row)
+        if progress is not None:
+            progress(row)
+        if behind:
+            break
+        behind = row["achieved_per_s"] < FELL_BEHIND * rate or row["p99_ms"] > GAVE_UP_P99_MS
+    return rows
+
+
+def sustained(rows: Iterable[dict[str, Any]], slo_p99_ms: float) -> float:
+    """The highest offered rate held within the objective: P99 at most ``slo_p99_ms``, no
+    error nor timeout, and achieved within ``FELL_BEHIND`` of offered; 0 if none was."""
+    held = [
+        row["offered_per_s"]
+        for row in rows
+        if row["p99_ms"] <= slo_p99_ms
+        and row["errors"] == 0
+        and row["timeouts"] == 0
+        and row["achieved_per_s"] >= FELL_BEHIND * row["offered_per_s"]
+    ]
+    return max(held, default=0.0)
+
+
+def plot(
+    curves: dict[str, list[dict[str, Any]]],
+    path: Path,
+    *,
+    title: str = "",
+    slo_p99_ms: float | None = None,
+) -> Path | None:
+    """P99 against offered load, one line per variant, on a log scale; None (and nothing
+    written) when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, rows in curves.items():
+        finite = [r for r in rows if math.isfinite(r["p99_ms"])]
+        ax.plot(
+            [r["offered_per_s"] for r in finite], [r["p99_ms"] for r in finite],
+            marker="o", label=name,
+        )  # fmt: skip
+    if slo_p99_ms is not None:
+        ax.axhline(slo_p99_ms, color="grey", linestyle="--", label=f"P99 {slo_p99_ms:g} ms")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load (requests/s, Poisson, open loop)")
+    ax.set_ylabel("P99 latency from the scheduled send (ms)")
+    ax.set_title(title or "latency against offered load")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+_HEADER = "| offered/s | achieved/s | P50 ms | P90 ms | P99 ms | errors | timeouts | late sends |"
+
+
+def format_curves(curves: dict[str, list[dict[str, Any]]], slo_p99_ms: float | None) -> str:
+    """A markdown table per variant: offered, achieved, P50/P90/P99, errors, late sends."""
+    lines = []
+    for name, rows in curves.items():
+        held = (
+            f", holds {sustained(rows, slo_p99_ms):g} req/s within P99 {slo_p99_ms:g} ms"
+            if (slo_p99_ms is not None)
+            else ""
+        )
+        lines += [f"**{name}**{held}", ""]
+        lines.append(
+            "| offered/s | achieved/s | P50 ms | P90 ms | P99 ms | errors | timeouts | late sends |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            lines.append(
+                f"| {r['offered_per_s']:g} | {r['achieved_per_s']:.1f} | {r['p50_ms']:.1f} | "
+                f"{r['p90_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} | {r['timeouts']} | "
+                f"{r['late_sends']} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
