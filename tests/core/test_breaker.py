@@ -8,9 +8,11 @@ import random
 
 import pytest
 
+from ts_microbatch.core.batch import Batch
 from ts_microbatch.core.breaker import BROKEN_AFTER_FAILURES, StageBreaker
+from ts_microbatch.core.micro_batch import cut
 
-from .isolation_driver import Drive
+from .isolation_driver import Boom, Drive
 
 
 class Model:
@@ -144,3 +146,68 @@ def test_a_failure_of_another_type_starts_its_own_streak() -> None:
     assert breaker.batch_done(breaker.successes, failed_alone=2)
     assert breaker.is_open(KeyError) and not breaker.is_open(ValueError)
     assert not breaker.batch_done(breaker.successes, failed_alone=2)  # already open
+
+
+# -- a reviewer's repros (interleavings the threads make; driven here one step at a time) --
+
+
+def _opened(drive: Drive) -> None:
+    drive.batch([1] * 6, 2)  # six bad requests, nothing served: open
+    assert drive.isolator.broken() == ["stage1"]
+
+
+def test_defect_a_probe_failing_after_a_success_closed_the_breaker_failed_held_requests() -> None:
+    # Open; batch [bad, good1 | good2, good3]: [bad, good1] fails, its probe (bad) goes
+    # first and good1 waits; [good2, good3] passes inference (closing the breaker) before
+    # the probe fails. good1 was failed whole, though nothing was judged broken any more.
+    model = Model()
+    drive = Drive(model.fails)
+    _opened(drive)
+    model.broken, model.bad = False, {0}
+    isolator, outcomes = drive.isolator, drive.outcomes
+    batch = Batch(4)
+    isolator.track(batch)
+    first, second = cut(batch, [0, 1, 2, 3], 2)
+    outcomes.passed(first, 0)
+    outcomes.stage_failed(1, first, Boom("bad in [0, 1]"))
+    probe = drive.queue.pop(0)
+    assert list(probe.items) == [0] and not drive.queue  # the probe; good1 is held
+    for stage in (0, 1):
+        outcomes.passed(second, stage)
+    outcomes.finish(batch, second.indices, outputs=[2, 3])
+    assert isolator.broken() == []  # the scenario: closed before the probe reports
+    outcomes.passed(probe, 0)
+    outcomes.stage_failed(1, probe, Boom("bad in [0]"))
+    assert [list(mb.items) for mb in drive.queue] == [[1]]  # good1 runs alone now
+    assert batch.outcome(1) is None
+
+
+def test_defect_one_requests_instances_failing_alone_at_once_counted_as_two() -> None:
+    # One KServe request of two bad instances, micro-batch 1, two threads: both failed
+    # alone before the first answer, the batch counted two requests, and three such
+    # requests sent one at a time opened the breaker.
+    isolator = Drive(lambda stage, items: True).isolator
+    for _ in range(3):
+        batch = Batch(2, owners=[0, 0])
+        isolator.track(batch)
+        one, two = cut(batch, [0, 1], 1)
+        for mb in (one, two):
+            isolator.passed(mb, 0)
+        outcomes = [isolator.failed(mb, 1, Boom("bad")) for mb in (one, two)]
+        for outcome in outcomes:
+            for fail in outcome.fail:
+                batch.answer(fail.mb.indices, error=fail.error)
+        assert isolator.broken() == []
+
+
+def test_defect_a_bad_body_got_500_after_a_concurrent_batch_served_the_first_stage() -> None:
+    # Asynchronous worker, no warm-up: X's batch was tracked before Y's passed the first
+    # stage; X failing there alone was judged a bad input but answered as a fresh model's.
+    isolator = Drive(lambda stage, items: True).isolator
+    x, y = Batch(1), Batch(1)
+    isolator.track(x)
+    isolator.track(y)
+    isolator.passed(cut(y, [0], 1)[0], 0)
+    (mb,) = cut(x, [0], 1)
+    isolator.failed(mb, 0, Boom("not an image"))
+    assert x.first_stage_served  # what the adapter reads for 400

@@ -113,7 +113,7 @@ class _BatchRecord:
 
     def __init__(self, breakers: Sequence[StageBreaker]) -> None:
         self.successes = [breaker.successes for breaker in breakers]
-        self.failed_alone = [0] * len(breakers)
+        self.failed_alone: list[set[int]] = [set() for _ in breakers]
         self.probes: dict[int, _BrokenProbe | str] = {}
 
 
@@ -203,18 +203,28 @@ class Isolator:
                 return _merge(stopped, self._release(probe))
             if not self.enabled:
                 return Outcome([], [Fail(mb, error, stage, isolated=mb.one_request())])
-            may_be_broken = not self._is_input_error(error) and not (
-                stage == 0 and self.first_stage_served
-            )
+            if stage == 0 and self.first_stage_served:
+                # Its answer reads the batch's flag: as the isolator judged it (a batch
+                # tracked before another's first success would otherwise say 500).
+                mb.batch.first_stage_served = True
+            may_be_broken = self._may_be_broken(stage, error)
             if len(mb) == 1:
-                if may_be_broken:
+                requests = self._record(mb.batch).failed_alone[stage]
+                if may_be_broken and mb.owners[0] not in requests:
+                    # A request counts once: its instances failing alone at once (threads)
+                    # are one bad request, never two towards a broken stage.
+                    requests.add(mb.owners[0])
                     self._breakers[stage].failed_alone(type(error))
-                    self._record(mb.batch).failed_alone[stage] += 1  # once: then it is over
                 own = Outcome([], [Fail(mb, error, stage, isolated=True)])
                 return _merge(own, self._probe_failed(probe, stage, error))
             if may_be_broken and self._breakers[stage].is_open(type(error)):
                 return self._while_broken(mb, stage, error)
             return self._isolate(mb, stage)
+
+    def _may_be_broken(self, stage: int, error: BaseException) -> bool:
+        """Whether ``error`` in ``stage`` may be the model's: never a bad input's, nor a
+        failure in a first stage that has served (its request's own input: 400)."""
+        return not self._is_input_error(error) and not (stage == 0 and self.first_stage_served)
 
     def _isolate(self, mb: _MicroBatch, stage: int) -> Outcome:
         """The rule for a micro-batch that failed in ``stage``: halves at a request boundary,
@@ -248,7 +258,13 @@ class Isolator:
         it. An own probe's rest needs nothing: its request is answered as failed."""
         if not isinstance(probe, _BrokenProbe):
             return _NOTHING
-        if stage == probe.stage and type(error) is probe.error_type:
+        if (
+            stage == probe.stage
+            and self._breakers[stage].is_open(type(error))
+            and self._may_be_broken(stage, error)
+        ):
+            # Still open, and the model's: the held parts fail. A success since (another
+            # micro-batch of the batch got through) closed it: they are isolated instead.
             probe.record.probes[probe.stage] = _BROKEN
             return Outcome([], [Fail(mb, e, probe.stage, isolated=False) for mb, e in probe.held])
         return self._release(probe)
@@ -281,7 +297,8 @@ class Isolator:
             if record is None:
                 return
             for index, breaker in enumerate(self._breakers):
-                if breaker.batch_done(record.successes[index], record.failed_alone[index]):
+                failed_alone = len(record.failed_alone[index])
+                if breaker.batch_done(record.successes[index], failed_alone):
                     logger.error(
                         "stage %s judged broken: %d runs of one item failed with %s and it "
                         "served nothing in between; its micro-batches that fail alike now "
