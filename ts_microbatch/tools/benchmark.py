@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._cli import prog
+from ._cli import SAFE_BESIDE, prog
 from .corpus import Corpus, CorpusError, read_corpus
 from .drive import send_corpus
 from .mar import MarError, override_mar, read_entries, settings_of
@@ -345,7 +345,9 @@ def report(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog("ts_microbatch.tools.benchmark"), description=__doc__.split("\n\n")[0]
+        prog=prog("ts_microbatch.tools.benchmark"),
+        description=__doc__.split("\n\n")[0],
+        epilog=SAFE_BESIDE,
     )
     parser.add_argument("--out", type=Path, help="result directory (default runs/<time>)")
     parser.add_argument(

@@ -43,7 +43,7 @@ from typing import Any
 
 from ..core.config import MicroBatchingConfig, load_config
 from ..torchserve.micro_batching import MicroBatching
-from ._cli import prog
+from ._cli import SAFE_BESIDE, prog
 from .ab import ab_problem
 from .confirm import Load, measure_configs, model_dir_of
 from .corpus import Body, Corpus, CorpusError, read_corpus, rows_of
@@ -326,7 +326,9 @@ def default_budgets(base: MicroBatchingConfig) -> list[int | None]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog("ts_microbatch.tools.tune"), description=__doc__.split("\n\n")[0]
+        prog=prog("ts_microbatch.tools.tune"),
+        description=__doc__.split("\n\n")[0],
+        epilog=SAFE_BESIDE,
     )
     parser.add_argument(
         "--mar", required=True, type=Path, help=".mar file or unpacked model directory"
