@@ -31,6 +31,7 @@ from .corpus import Corpus, CorpusError, read_corpus
 from .drive import send_corpus
 from .mar import MarError, override_mar, read_entries, settings_of
 from .measure import RegistrationError, measure
+from .results import ResultsLog, output_dir
 from .runs import compare_rounds, format_comparisons, format_table, machine_info, medians, write_csv
 
 BASELINE = "plain"
@@ -172,19 +173,21 @@ def log(message: str) -> None:
 def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
     """The benchmark of ``args`` (add_arguments' options, ``out`` and ``keep_logs``); each
     server from ``base_config`` (a config.properties; built-in settings when None). Results
-    go to ``args.out``, else a new directory under ``runs``. Returns the exit status."""
+    go to ``args.out``, else a new directory under ``runs``, made before the first run;
+    each run is appended to its results.jsonl as it is measured. Returns the exit status."""
     try:
         corpus = read_corpus(args.corpus or args.body) if args.corpus or args.body else None
         if corpus is None:
             raise CorpusError("--mar needs --corpus DIR|FILE.jsonl or --body FILE")
         frontend = frontend_of(args, args.mar)
+        out = Path(args.out or runs / time.strftime("%Y%m%d-%H%M%S")).resolve()
+        results = ResultsLog(output_dir(out, "--out") / "results.jsonl")
     except (CorpusError, MarError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     variants = variants_of(args)
     handlers = handlers_of(args)
     concurrency = args.concurrency or 2 * frontend["batchSize"]
-    out = Path(args.out or runs / time.strftime("%Y%m%d-%H%M%S")).resolve()
     store = out / "store"
     effective = {}
     try:
@@ -211,9 +214,14 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
         "requests": max(args.requests, concurrency),
         "workers": 1,
     }
-    rows, refused = run_rounds(
-        args.rounds, variants, effective, corpus, config, point, out, base_config
-    )
+    log(f"each run is appended to {results.path} as it is measured")
+    try:
+        rows, refused = run_rounds(
+            args.rounds, variants, effective, corpus, config, point, out, base_config, results
+        )
+    except BaseException:
+        log(f"stopped: the runs measured so far are in {results.path}")
+        raise
     report(args, out, corpus, variants, effective, point, rows, refused, handlers)
     for scratch in ("store",) + (() if args.keep_logs else ("servers",)):
         shutil.rmtree(out / scratch, ignore_errors=True)
@@ -229,10 +237,12 @@ def run_rounds(
     point: dict[str, Any],
     out: Path,
     base_config: Path | None = None,
+    results: ResultsLog | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Every variant once per round, round-robin; one row per run. A variant TorchServe
-    will not register (a setting this ts_microbatch refuses) is reported and left out of
-    the later rounds; the others go on."""
+    """Every variant once per round, round-robin; one row per run, each also appended to
+    ``results`` as it comes. A variant TorchServe will not register (a setting this
+    ts_microbatch refuses) is reported and left out of the later rounds; the others go
+    on."""
 
     def send(
         url: str, token: str | None, requests: int, work: Path, label: str
@@ -266,6 +276,8 @@ def run_rounds(
                 )
             except RegistrationError as err:
                 refused[name] = str(err)
+                if results is not None:
+                    results.append({"kind": "not_measured", "handler": name, "why": str(err)})
                 hint = " (the baseline needs the 'enabled' key: --no-baseline skips it)"
                 log(f"{label}: NOT MEASURED, {err}{hint if name == BASELINE else ''}")
                 continue
@@ -287,6 +299,8 @@ def run_rounds(
                     **result,
                 }
             )
+            if results is not None:
+                results.append({"kind": "run", **rows[-1]})
     return rows, refused
 
 
