@@ -185,6 +185,11 @@ def test_the_benchmark_leaves_a_running_torchserves_worker_alone(
     results = json.loads((out / "results.json").read_text())
     assert {r["handler"] for r in results["runs"]} == {"plain", "ours"}
     assert all(r["complete_requests"] >= 24 and r["errors"] == 0 for r in results["runs"])
+    # Read from the servers' own processes (ts_microbatch.tools.cpu): every run cost both.
+    cpu = [
+        (r["frontend_cpu_ms_per_request"], r["workers_cpu_ms_per_request"]) for r in results["runs"]
+    ]
+    assert all(frontend > 0 and worker > 0 for frontend, worker in cpu), cpu
     listened = []
     for server_dir in sorted((out / "servers").iterdir()):
         log = (server_dir / "logs" / "model_log.log").read_text()

@@ -112,6 +112,9 @@ def tiny_mar(path: Path) -> Path:
     return path
 
 
+RATES = {"plain-r1": 100.0, "ours-r1": 150.0, "plain-r2": 90.0, "ours-r2": 160.0}
+
+
 def benchmark_args(tmp_path: Path, out: Path) -> argparse.Namespace:
     body = tmp_path / "body.txt"
     body.write_text("a fine film")
@@ -119,10 +122,12 @@ def benchmark_args(tmp_path: Path, out: Path) -> argparse.Namespace:
     return benchmark.build_parser().parse_args([*argv, "--out", str(out)])
 
 
-def fake_measure(out: Path, rates: list[float]) -> Any:
+def fake_measure(out: Path, rates: dict[str, float]) -> Any:
+    """Each run's throughput from ``rates`` by its server's name (``<variant>-r<round>``)."""
+
     def measure(server_dir: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
         assert out.is_dir()  # made before the first run
-        rate = rates.pop(0)
+        rate = rates[server_dir.name]
         return {"requests_per_s": rate, "p99_ms": 100.0, "p50_ms": 50.0, "errors": 0}
 
     return measure
@@ -132,7 +137,7 @@ def test_the_benchmark_keeps_each_run_as_it_comes_and_a_crash_loses_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "runs" / "not" / "yet" / "there"
-    monkeypatch.setattr(benchmark, "measure", fake_measure(out, [100.0, 150.0, 90.0, 160.0]))
+    monkeypatch.setattr(benchmark, "measure", fake_measure(out, RATES))
 
     def crash(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("the report crashed")
@@ -154,6 +159,6 @@ def test_the_benchmark_refuses_an_out_it_cannot_make_before_any_run(
 ) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    monkeypatch.setattr(benchmark, "measure", fake_measure(blocker, []))  # never called
+    monkeypatch.setattr(benchmark, "measure", fake_measure(blocker, {}))  # never called
     assert benchmark.run(benchmark_args(tmp_path, blocker / "out"), None, tmp_path) == 2
     assert f"--out {blocker / 'out'}: cannot create it" in capsys.readouterr().err
