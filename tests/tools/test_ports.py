@@ -132,6 +132,13 @@ def test_torchserve_gets_a_java_temp_directory_of_its_own(
     assert seen["env"]["TEMP"] == str(ts.socket_dir) != "/tmp"
     assert seen["env"]["TMPDIR"] == str(ts.workdir)
     assert not ts.socket_dir.exists()  # stop() removed it
+    # The next start chooses its block again: the last one may have been taken since.
+    blocks = iter([12300, 12400])
+    monkeypatch.setattr(server_module, "free_worker_ports", lambda dirs: next(blocks))
+    for block in (12300, 12400):
+        with pytest.raises(TorchServeError):
+            ts.start()
+        assert read_properties(ts.config_path)["initial_worker_port"] == str(block)
 
 
 def test_the_tools_that_start_torchserve_say_they_are_safe_beside_one() -> None:

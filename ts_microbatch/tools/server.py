@@ -220,12 +220,13 @@ class TorchServe:
                 logger.warning("%s; retrying on new ports", exc)
                 self.ports = (free_port(), free_port(), free_port())
                 self._grpc_ports = (free_port(), free_port())
-                self.choose_worker_port()
 
     def _start_once(self, timeout_s: float) -> TorchServe:
         problem = java_problem()
         if problem:
             raise TorchServeError(problem)
+        # Chosen again at every start: a block free at the last one may be taken since.
+        self.choose_worker_port()
         self.write_config()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.socket_dir.mkdir(parents=True, exist_ok=True)
