@@ -4,14 +4,16 @@ The incident: the benchmark's servers left ``initial_worker_port`` at 9000 and J
 directory at /tmp, so their worker removed the running server's /tmp/.ts.sock.9000 and
 bound the path itself, and their frontend deleted it when it stopped. Here a user's server
 runs as ``torchserve --start`` runs it (8080-8082, worker socket /tmp/.ts.sock.9000; when
-another server's workers hold 9000, the block the tools would take first, so that a tool
-not checking would still collide), the benchmark runs a short comparison of another .mar
+9000 is taken or another TorchServe runs here, which may take it at any moment, the next
+free block, where the tools' scan is then made to start, so that a tool not checking would
+still collide), the benchmark runs a short comparison of another .mar
 beside it, and the user's socket file must be the same file afterwards, its model must
 answer, and answer again after its worker is restarted.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -28,9 +30,11 @@ from typing import Any
 import pytest
 
 from tests.helpers import ROOT, load_module
-from ts_microbatch.tools import benchmark
+from ts_microbatch.tools import benchmark, ports
+from ts_microbatch.tools import server as server_module
 from ts_microbatch.tools.ports import (
     TORCHSERVE_WORKER_PORT,
+    WORKER_PORT_BLOCK,
     free_port,
     free_worker_ports,
     tcp_port_bound,
@@ -71,13 +75,18 @@ def wait_ready(management: str, process: subprocess.Popen[bytes], log: Path) -> 
 
 
 def socket_owner(path: Path) -> str:
-    """Who listens on ``path`` now, for a failure message."""
+    """Who listens on ``path`` now, for a failure message: another TorchServe left at its
+    defaults (a colleague's, an older checkout's) takes the path as this test's would."""
     import psutil
 
     for conn in psutil.net_connections(kind="unix"):
-        if conn.laddr == str(path):
-            return f"pid {conn.pid}"
-    return "nobody"
+        if conn.laddr == str(path) and conn.pid:
+            try:
+                proc = psutil.Process(conn.pid)
+                return f"pid {conn.pid} in {proc.cwd()}: {' '.join(proc.cmdline())[:300]}"
+            except psutil.Error:
+                return f"pid {conn.pid}"
+    return "nobody listens on it now"
 
 
 class UserServer:
@@ -136,16 +145,35 @@ class UserServer:
         return call("PUT", f"{self.management}/models/{USER_MODEL}?{query}")[0]
 
 
+def other_torchservers() -> list[int]:
+    """The Java frontends of TorchServes running on this machine now."""
+    import psutil
+
+    return [
+        proc.pid
+        for proc in psutil.process_iter(["cmdline"])
+        if "org.pytorch.serve.ModelServer" in (proc.info["cmdline"] or [])
+    ]
+
+
 @pytest.fixture
-def user_server(tmp_path: Path) -> Iterator[UserServer]:
+def user_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[UserServer]:
     if java_problem():
         pytest.fail(java_problem() or "")
     taken = [p for p in USER_PORTS if tcp_port_bound(p)]
     if taken:
         pytest.skip(f"port(s) {taken} taken: the user's TorchServe runs at its defaults 8080-8082")
-    # TorchServe's default worker port, unless another server's workers hold it: then the
-    # block a tool would take first, which a tool not checking would collide with.
-    user = UserServer(tmp_path / "user", free_worker_ports())
+    block = free_worker_ports()
+    others = other_torchservers()
+    if others or block != TORCHSERVE_WORKER_PORT:
+        # 9000 is taken, or may be at any moment: another TorchServe runs here, and one
+        # left at the defaults would take /tmp/.ts.sock.9000 from this test's user too. The
+        # user's server takes the next free block instead, and the tools' scan starts at
+        # that block, so that a tool not checking would still collide with it.
+        block = free_worker_ports(start=TORCHSERVE_WORKER_PORT + WORKER_PORT_BLOCK)
+        scan = functools.partial(ports.free_worker_ports, start=block)
+        monkeypatch.setattr(server_module, "free_worker_ports", scan)
+    user = UserServer(tmp_path / "user", block)
     user.root.mkdir()
     store = tmp_path / "user_store"
     store.mkdir()
@@ -175,9 +203,13 @@ def test_the_benchmark_leaves_a_running_torchserves_worker_alone(
     assert benchmark.main([*argv, "--keep-logs", "--out", str(out)]) == 0
 
     # The user's worker socket is the same file, and its model still answers.
-    assert user.socket.is_socket(), f"{user.socket} is gone"
+    beside = (
+        f"; TorchServes running beside this test now: {other_torchservers()} (one left at "
+        f"TorchServe's defaults takes {user.socket} just as the benchmark's used to)"
+    )
+    assert user.socket.is_socket(), f"{user.socket} is gone{beside}"
     assert user.socket.stat().st_ino == inode, (
-        f"{user.socket} replaced: {socket_owner(user.socket)}"
+        f"{user.socket} replaced: {socket_owner(user.socket)}{beside}"
     )
     assert user.predict()[0] == 200
     # The benchmark ran: both variants measured, each on a server of its own whose worker
@@ -198,7 +230,7 @@ def test_the_benchmark_leaves_a_running_torchserves_worker_alone(
     for path in map(Path, listened):
         assert path.parent != Path("/tmp") and path.parent.name.startswith(("tmp", "ts-"))
         port = int(path.name.rsplit(".", 1)[1])
-        assert not user.worker_port <= port < user.worker_port + 100, path
+        assert not user.worker_port <= port < user.worker_port + WORKER_PORT_BLOCK, path
 
     # Its worker restarted (scaled down and up) comes back and answers.
     assert user.scale(0) == 200 and user.scale(1) == 200
