@@ -253,3 +253,28 @@ def test_benchmark_serves_a_mar_with_each_micro_batching_config(tmp_path: Path) 
     loaded = load_config(model, yaml_config)
     assert (loaded.micro_batch_size, loaded.parallelism.preprocess, loaded.timeout_s) == (3, 2, 9)
     assert json.loads((model / "micro_batching.json").read_text()) == settings
+
+
+def test_confirm_on_a_corpus_does_not_need_ab(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A corpus goes through the package's own driver; only one --input goes through ab.
+    sent: list[Any] = []
+
+    def measure_corpus(*args: Any, **kwargs: Any) -> list[Measured]:
+        sent.append(args[1])
+        return [Measured(c, 100.0, 50.0, 0) for c in args[2]]
+
+    monkeypatch.setattr(tune, "measure_configs", measure_corpus)
+    monkeypatch.setattr(tune, "ab_problem", lambda: "`ab` not found")
+    monkeypatch.setattr(tune, "java_problem", lambda: None)
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    corpus = tmp_path / "texts.jsonl"
+    corpus.write_text('"a fine film"\n"a dull one"\n')
+    argv = ["--mar", str(mar), "--corpus", str(corpus), "--batch-size", "2", "--repeats", "1"]
+    argv += ["--micro-batch-sizes", "1,2", "--threads", "1", "--confirm", "1"]
+    assert main([*argv, "--out", str(tmp_path / "mb.json")]) == 0
+    assert [type(body).__name__ for body in sent] == ["Corpus"]
+    monkeypatch.setattr(tune, "java_problem", lambda: "java not found")
+    with pytest.raises(SystemExit, match="--confirm needs TorchServe: java not found"):
+        main([*argv, "--out", str(tmp_path / "mb.json")])

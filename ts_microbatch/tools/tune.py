@@ -345,9 +345,11 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
     needs checked, and the trials file (``<out>.trials.jsonl``) that every measurement is
     appended to as it comes."""
     if args.confirm:
-        problem = ab_problem() or java_problem()
+        # ab sends one --input; a --corpus goes through the package's own driver.
+        problem = (ab_problem() if args.corpus is None else None) or java_problem()
         if problem:
-            raise SystemExit(f"--confirm needs TorchServe and ab: {problem}")
+            needs = "TorchServe and ab" if args.corpus is None else "TorchServe"
+            raise SystemExit(f"--confirm needs {needs}: {problem}")
     try:
         output_file(args.out, "--out")
         if args.confirm:
