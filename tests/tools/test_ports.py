@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import ROOT
 from ts_microbatch.tools import ports
 from ts_microbatch.tools import server as server_module
 from ts_microbatch.tools.server import TorchServe, TorchServeError, read_properties
@@ -142,17 +143,14 @@ def test_torchserve_gets_a_java_temp_directory_of_its_own(
 
 
 def test_the_tools_that_start_torchserve_say_they_are_safe_beside_one() -> None:
-    for module in ("benchmark", "tune", "serve"):
-        out = subprocess.run(
-            [
-                str(Path(server_module.sys.executable)),
-                "-m",
-                f"ts_microbatch.tools.{module}",
-                *(["start"] if module == "serve" else []),
-                "--help",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        assert "safe beside a running torchserve" in " ".join(out.lower().split()), module
+    python = str(Path(server_module.sys.executable))
+    commands = [
+        [python, "-m", "ts_microbatch.tools.benchmark", "--help"],
+        [python, "-m", "ts_microbatch.tools.tune", "--help"],
+        [python, "-m", "ts_microbatch.tools.serve", "start", "--help"],
+        [python, str(Path(ROOT, "benchmarks/benchmark-ab.py")), "--help"],
+    ]
+    for command in commands:
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        assert "safe beside a running torchserve" in " ".join(out.lower().split()), command
+        assert "--ts-config" in out or "--config" in out, command
