@@ -40,6 +40,7 @@ from bench_limits import ideal_for, stage_limits  # noqa: E402
 from bench_packaging import package  # noqa: E402
 
 from ts_microbatch.tools import ab, benchmark, runs  # noqa: E402
+from ts_microbatch.tools._cli import SAFE_BESIDE  # noqa: E402
 from ts_microbatch.tools.corpus import content_type_of  # noqa: E402
 from ts_microbatch.tools.measure import Send, measure  # noqa: E402
 from ts_microbatch.tools.scrape import format_summary  # noqa: E402
@@ -128,7 +129,7 @@ def handlers_for(scenario: str, point: dict[str, Any], config: dict[str, Any]) -
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=SAFE_BESIDE)
     parser.add_argument("--config", default=str(HERE / "config.json"))
     parser.add_argument(
         "--out", default=None, help="result directory (default benchmarks/runs/<time>)"
@@ -138,6 +139,13 @@ def main() -> int:
     )
     parser.add_argument(
         "--keep-logs", action="store_true", help="keep each server's logs in servers/"
+    )
+    parser.add_argument(
+        "--ts-config",
+        type=Path,
+        default=PROPERTIES,
+        help="a config.properties every server starts from; it keeps its settings but the "
+        "addresses, worker ports and model store (default: configs/config.properties)",
     )
     parser.add_argument(
         "--export",
@@ -150,7 +158,7 @@ def main() -> int:
     benchmark.add_arguments(parser)
     args = parser.parse_args()
     if args.mar:
-        return benchmark.run(args, PROPERTIES, HERE / "runs")
+        return benchmark.run(args, args.ts_config, HERE / "runs")
     if ab.ab_problem():
         print(f"error: {ab.ab_problem()}", file=sys.stderr)
         return 2
@@ -176,7 +184,7 @@ def main() -> int:
         shown = corpus.MIX if point_body == "mix" else paths[point_body]
         log(f"body {point_body}: {shown}")
     log(f"results in {out}")
-    measured = run_all(config, out, paths, args.weights)
+    measured = run_all(config, out, paths, args.weights, args.ts_config)
     runs.write_csv(measured, out / "runs.csv")
     rows = runs.medians(measured, bench_lib.point_tag)
     runs.write_csv(rows, out / "results.csv")
@@ -200,7 +208,11 @@ def main() -> int:
 
 
 def run_all(
-    config: dict[str, Any], out: Path, paths: dict[str, Path], weights: str | None
+    config: dict[str, Any],
+    out: Path,
+    paths: dict[str, Path],
+    weights: str | None,
+    base_config: Path = PROPERTIES,
 ) -> list[dict[str, Any]]:
     """Every scenario, point and handler, ``repeats`` times round-robin (so slow phases of a
     shared machine hit every config alike); one row per run. results.json is rewritten
@@ -235,7 +247,7 @@ def run_all(
             out / "metrics" / f"{name}-r{repeat}.prom",
             send,
             sample,
-            base_config=PROPERTIES,
+            base_config=base_config,
         )
         log(
             f"{label}: {result['requests_per_s']:.1f} req/s, p99 {result['p99_ms']:.0f} ms, "

@@ -28,10 +28,12 @@ server runs TorchServe's default metrics config. Batch 32, max delay 50 ms, micr
 threads 2/1/2 as the configs say, ``ab -k`` at concurrency 64 (32 for 12 MP photos).
 
 Each round runs every model once, in an order shuffled from round to round
-(``round_order``), so the machine's drift and a predecessor's leftovers fall on all alike;
+(ts_microbatch.tools.rounds.round_order, seed 0, the first round as given), so the
+machine's drift and a predecessor's leftovers fall on all alike;
 ratios are taken within a round and their medians reported. Next to each: the CPU each
 request cost the frontend and the worker (each of its threads, by the OS thread name: stage
-threads are ``tsmb-<stage>-<i>``, their OpenMP workers inherit it), their wake-ups, and the
+threads are ``tsmb-<stage>-<i>``, their OpenMP workers inherit it; read by
+ts_microbatch.tools.cpu, which ts-microbatch-benchmark uses too), their wake-ups, and the
 machine's bound, the requests per second two cores allow at that CPU cost.
 """
 
@@ -40,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
@@ -64,6 +65,13 @@ import prepare  # noqa: E402
 import yaml  # noqa: E402
 
 from ts_microbatch.tools.ab import AbError, parse_ab, parse_gnuplot, percentile  # noqa: E402
+from ts_microbatch.tools.cpu import (  # noqa: E402
+    frontend_pid,
+    process_cpu,
+    thread_cpu,
+    thread_group,
+)
+from ts_microbatch.tools.rounds import round_order  # noqa: E402
 
 WORKTREE = "worktree"
 # What a side needs from its tree: the package, the example handler, its configs.
@@ -230,46 +238,6 @@ def package(store: Path, work: Path, model: str, workload: str, sides: dict[str,
 # -- measuring ----------------------------------------------------------------------------
 
 
-def thread_cpu(pid: int) -> dict[str, tuple[float, int]]:
-    """For each thread name of process ``pid``: CPU seconds (user + system) and the times
-    its threads went to sleep (voluntary context switches: each is a wake-up later), summed
-    over the threads of that name."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    used: dict[str, tuple[float, int]] = {}
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return used
-    for tid in tasks:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        except OSError:
-            continue  # the thread ended in between
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        seconds = (int(fields[11]) + int(fields[12])) / ticks
-        sleeps = next(
-            (int(line.split()[1]) for line in status.splitlines() if line.startswith("voluntary_")),
-            0,
-        )
-        before = used.get(name, (0.0, 0))
-        used[name] = (before[0] + seconds, before[1] + sleeps)
-    return used
-
-
-def process_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def thread_group(name: str) -> str:
-    """A worker thread's group in the report: its stage for ``tsmb-<stage>-<i>``."""
-    if name.startswith("tsmb-"):
-        return name.rsplit("-", 1)[0]
-    return "other"
-
-
 @dataclass
 class Target:
     """One model registered on a server: what ab loads and whose CPU is read."""
@@ -302,20 +270,6 @@ def register(
     if answer.status != 200:
         raise RuntimeError(f"{name}: a first request got {answer.status} {answer.body[:300]!r}")
     return target
-
-
-def frontend_pid(server: Any) -> int:
-    """The Java process: the torchserve launcher's child, or itself."""
-    import psutil
-
-    root = psutil.Process(server.process.pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            if "java" in " ".join(proc.cmdline()):
-                return int(proc.pid)
-        except psutil.Error:
-            continue  # a worker that exited, not reaped yet
-    return int(root.pid)
 
 
 def ab_run(
@@ -408,7 +362,7 @@ def run_round(
     path, content_type = bodies()[body]
     requests = plan.resnet_requests if workload == "resnet18" else plan.requests
     concurrency, requests = body_settings(body, requests)
-    order = round_order(plan.models, round_no)
+    order = round_order(plan.models, round_no, first_as_given=True)
     for model in order:
         if layout == "alone":
             with server_for(plan, f"{model}-{workload}-{round_no}") as server:
@@ -429,17 +383,6 @@ def run_round(
             f"CPU/req {result['cpu_ms_per_request']['frontend']:.2f} + "
             f"{result['cpu_ms_per_request']['worker']:.2f} ms"
         )
-
-
-def round_order(models: list[str], round_no: int) -> list[str]:
-    """The order of round ``round_no``: the first round as given, then shuffled (a fixed
-    seed per round), so no model follows the same one every round. On a shared frontend a
-    model pays for the garbage its predecessor's bodies left: a 12 MP model run right after
-    another measured 7-10% low in every round when the order only turned by one."""
-    order = list(models)
-    if round_no:
-        random.Random(round_no).shuffle(order)
-    return order
 
 
 def warm_up(

@@ -74,6 +74,35 @@ def test_tuner_tries_token_budgets_on_a_corpus_of_mixed_lengths(
     assert str(written) == best_budget and written in (120, None)
 
 
+def test_hang_tuner_lost_every_measurement_to_a_missing_output_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The incident: every configuration ran (75 s), then writing the winner crashed
+    # because --out's folder did not exist, and nothing was written.
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    out = tmp_path / "not" / "yet" / "micro_batching.json"
+    argv = ["--mar", str(mar), "--input", str(Path(ROOT, "examples/text_classifier/sample.txt"))]
+    argv += ["--batch-size", "4", "--micro-batch-sizes", "1,4", "--threads", "1", "--repeats", "1"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["micro_batch_size"] in (1, 4)
+    trials = [json.loads(line) for line in out.with_name("micro_batching.trials.jsonl").open()]
+    assert [t["kind"] for t in trials] == ["in-process", "in-process", "best"]
+    assert {t["micro_batch_size"] for t in trials[:2]} == {1, 4}
+    # A crash after the last measurement loses none of them.
+    again = tmp_path / "again" / "micro_batching.json"
+
+    def crash(ranked: list[Any]) -> None:
+        raise RuntimeError("crashed at the end")
+
+    monkeypatch.setattr(tune, "print_ranking", crash)
+    with pytest.raises(RuntimeError, match="crashed at the end"):
+        main([*argv, "--out", str(again)])
+    trials = [json.loads(line) for line in again.with_name("micro_batching.trials.jsonl").open()]
+    assert [t["kind"] for t in trials] == ["in-process", "in-process"]
+    assert all(t["requests_per_s"] > 0 for t in trials)
+    assert not again.exists()
+
+
 def test_budgets_argument_and_defaults() -> None:
     assert tune.budgets("512,none,2048") == [512, None, 2048]
     with pytest.raises(Exception, match="integers"):
@@ -122,10 +151,14 @@ def fake_measure_configs(
     load: Load,
     rounds: int,
     workdir: Path,
+    base_config: Path | None = None,
 ) -> list[Measured]:
     """Measures the configs in the reverse of the tuner's order: the last one sent is
     fastest; the third, when there is one, answers 3 requests with errors."""
     assert (model_dir / "MAR-INF" / "MANIFEST.json").exists() and body.exists()
+    # --confirm-out's default, beside --out and kept, made before the tuner measured.
+    assert workdir.name == "micro_batching-confirm" and workdir.is_dir()
+    assert base_config is not None and base_config.name == "config.properties"
     assert (load.batch_size, load.concurrency, rounds) == (8, 16, 3)
     return [Measured(c, 100.0 + i, 50.0, 3 * (i == 2)) for i, c in enumerate(configs)]
 
@@ -153,6 +186,8 @@ def test_confirm_keeps_what_the_server_measures_fastest(
         "1",
         "--out",
         str(out),
+        "--ts-config",
+        str(tmp_path / "config.properties"),
         "--confirm",
         "2",
     ]
@@ -218,3 +253,28 @@ def test_benchmark_serves_a_mar_with_each_micro_batching_config(tmp_path: Path) 
     loaded = load_config(model, yaml_config)
     assert (loaded.micro_batch_size, loaded.parallelism.preprocess, loaded.timeout_s) == (3, 2, 9)
     assert json.loads((model / "micro_batching.json").read_text()) == settings
+
+
+def test_confirm_on_a_corpus_does_not_need_ab(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A corpus goes through the package's own driver; only one --input goes through ab.
+    sent: list[Any] = []
+
+    def measure_corpus(*args: Any, **kwargs: Any) -> list[Measured]:
+        sent.append(args[1])
+        return [Measured(c, 100.0, 50.0, 0) for c in args[2]]
+
+    monkeypatch.setattr(tune, "measure_configs", measure_corpus)
+    monkeypatch.setattr(tune, "ab_problem", lambda: "`ab` not found")
+    monkeypatch.setattr(tune, "java_problem", lambda: None)
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    corpus = tmp_path / "texts.jsonl"
+    corpus.write_text('"a fine film"\n"a dull one"\n')
+    argv = ["--mar", str(mar), "--corpus", str(corpus), "--batch-size", "2", "--repeats", "1"]
+    argv += ["--micro-batch-sizes", "1,2", "--threads", "1", "--confirm", "1"]
+    assert main([*argv, "--out", str(tmp_path / "mb.json")]) == 0
+    assert [type(body).__name__ for body in sent] == ["Corpus"]
+    monkeypatch.setattr(tune, "java_problem", lambda: "java not found")
+    with pytest.raises(SystemExit, match="--confirm needs TorchServe: java not found"):
+        main([*argv, "--out", str(tmp_path / "mb.json")])

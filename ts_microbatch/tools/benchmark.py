@@ -9,34 +9,42 @@ repackaged by ts_microbatch.tools.mar (only the micro-batching section and the f
 batchSize/maxBatchDelay change): ``ours`` as packaged, ``plain`` with ``{"enabled": false}``
 (the handler's preprocess, inference and postprocess on the whole batch, as
 BaseHandler.handle), each ``--variant NAME=JSON`` and each ``--handler-variant``. Each round
-serves every variant in turn on a fresh TorchServe, with the corpus sent by
-ts_microbatch.tools.drive (parallel clients, each request the next body of the corpus's
-fixed order); results are the median round per variant and per-round ratios against the
-baseline: results.json, results.csv, runs.csv, comparisons.json, metrics/, samples/.
+serves every variant once, in an order shuffled from a seed (printed, recorded, --seed),
+each on a fresh TorchServe, with the corpus sent by ts_microbatch.tools.drive (parallel
+clients, each request the next body of the corpus's fixed order). Each run's CPU per
+request, the frontend's and the worker's, is in the tables; a variant whose CPU per
+request moved by more than a quarter between rounds is warned about (the machine changed,
+not the variant). Results are the median round per variant and per-round ratios against
+the baseline: results.jsonl (each run as it came), results.json, results.csv, runs.csv,
+comparisons.json, metrics/, samples/.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from ._cli import prog
+from ._cli import SAFE_BESIDE, prog
 from .corpus import Corpus, CorpusError, read_corpus
 from .drive import send_corpus
 from .mar import MarError, override_mar, read_entries, settings_of
 from .measure import RegistrationError, measure
+from .results import ResultsLog, output_dir
+from .rounds import CPU_SIDES, cpu_drift, format_runs, new_seed, round_order
 from .runs import compare_rounds, format_comparisons, format_table, machine_info, medians, write_csv
-
-BASELINE = "plain"
-AS_PACKAGED = "ours"
-PLAIN_OVERRIDE = {"enabled": False}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+from .variants import (
+    AS_PACKAGED,
+    BASELINE,
+    handlers_of,
+    parse_handler_variant,
+    parse_variant,
+    variants_of,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,60 +86,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--concurrency", type=int, help="parallel clients (default 2 x batch)")
     group.add_argument("--requests", type=int, default=1000, help="measured per run")
     group.add_argument("--warmup-requests", type=int, default=200)
-    group.add_argument("--rounds", type=int, default=3, help="round-robin rounds")
+    group.add_argument(
+        "--rounds", type=int, default=3, help="rounds; each serves every variant once"
+    )
+    group.add_argument(
+        "--seed",
+        type=int,
+        help="the seed of each round's shuffled order (default: a new one, printed and "
+        "recorded in results.json; give it to repeat a run's orders)",
+    )
     group.add_argument("--response-timeout", type=int, default=120, help="seconds")
-
-
-def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
-    """``NAME=JSON``: a variant's name and its override of the micro_batching section."""
-    name, sep, raw = text.partition("=")
-    if not sep or not _NAME.match(name) or name in (BASELINE, AS_PACKAGED):
-        raise argparse.ArgumentTypeError(
-            f"got {text!r}, expected NAME=JSON with NAME of letters, digits, - and _ "
-            f"(not {BASELINE!r} or {AS_PACKAGED!r})"
-        )
-    try:
-        override = json.loads(raw)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{name}: not JSON: {exc}") from None
-    if not isinstance(override, dict):
-        raise argparse.ArgumentTypeError(f"{name}: got {raw!r}, expected a JSON object")
-    return name, override
-
-
-def parse_handler_variant(text: str) -> tuple[str, dict[str, Any], Path]:
-    """``NAME=HANDLER.py[:JSON]``: a variant's name, its override ({} without one) and the
-    handler file it swaps in."""
-    name, sep, rest = text.partition("=")
-    path, dot_py, raw = rest.partition(".py")
-    if not sep or not dot_py or (raw and not raw.startswith(":")):
-        raise argparse.ArgumentTypeError(
-            f"got {text!r}, expected NAME=HANDLER.py or NAME=HANDLER.py:JSON"
-        )
-    name, override = parse_variant(f"{name}={raw[1:] or '{}'}")
-    return name, override, Path(path + dot_py)
-
-
-def variants_of(args: argparse.Namespace) -> list[tuple[str, dict[str, Any] | None]]:
-    """(name, override) in the order each round serves them; None: as packaged."""
-    variants: list[tuple[str, dict[str, Any] | None]] = []
-    if not args.no_baseline:
-        variants.append((BASELINE, PLAIN_OVERRIDE))
-    variants.append((AS_PACKAGED, None))
-    given = [(n, o) for n, o in args.variant] + [(n, o) for n, o, _ in args.handler_variant]
-    for name, override in given:
-        if name in dict(variants):
-            raise SystemExit(f"error: --variant {name} given twice")
-        variants.append((name, override))
-    return variants
-
-
-def handlers_of(args: argparse.Namespace) -> dict[str, Path]:
-    """The handler file each variant swaps in; a variant not named keeps the .mar's."""
-    handlers = {name: path for name, _, path in args.handler_variant}
-    if args.baseline_handler is not None:
-        handlers[BASELINE] = args.baseline_handler
-    return handlers
 
 
 def frontend_of(args: argparse.Namespace, mar: Path) -> dict[str, int]:
@@ -172,19 +136,21 @@ def log(message: str) -> None:
 def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
     """The benchmark of ``args`` (add_arguments' options, ``out`` and ``keep_logs``); each
     server from ``base_config`` (a config.properties; built-in settings when None). Results
-    go to ``args.out``, else a new directory under ``runs``. Returns the exit status."""
+    go to ``args.out``, else a new directory under ``runs``, made before the first run;
+    each run is appended to its results.jsonl as it is measured. Returns the exit status."""
     try:
         corpus = read_corpus(args.corpus or args.body) if args.corpus or args.body else None
         if corpus is None:
             raise CorpusError("--mar needs --corpus DIR|FILE.jsonl or --body FILE")
         frontend = frontend_of(args, args.mar)
+        out = Path(args.out or runs / time.strftime("%Y%m%d-%H%M%S")).resolve()
+        results = ResultsLog(output_dir(out, "--out") / "results.jsonl")
     except (CorpusError, MarError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     variants = variants_of(args)
     handlers = handlers_of(args)
     concurrency = args.concurrency or 2 * frontend["batchSize"]
-    out = Path(args.out or runs / time.strftime("%Y%m%d-%H%M%S")).resolve()
     store = out / "store"
     effective = {}
     try:
@@ -211,9 +177,26 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
         "requests": max(args.requests, concurrency),
         "workers": 1,
     }
-    rows, refused = run_rounds(
-        args.rounds, variants, effective, corpus, config, point, out, base_config
-    )
+    log(f"each run is appended to {results.path} as it is measured")
+    if args.seed is None:
+        args.seed = new_seed()
+    log(f"each round serves the variants in an order shuffled with seed {args.seed} (--seed)")
+    try:
+        rows, refused = run_rounds(
+            args.rounds,
+            variants,
+            effective,
+            corpus,
+            config,
+            point,
+            out,
+            base_config,
+            results,
+            args.seed,
+        )
+    except BaseException:
+        log(f"stopped: the runs measured so far are in {results.path}")
+        raise
     report(args, out, corpus, variants, effective, point, rows, refused, handlers)
     for scratch in ("store",) + (() if args.keep_logs else ("servers",)):
         shutil.rmtree(out / scratch, ignore_errors=True)
@@ -229,10 +212,15 @@ def run_rounds(
     point: dict[str, Any],
     out: Path,
     base_config: Path | None = None,
+    results: ResultsLog | None = None,
+    seed: int = 0,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Every variant once per round, round-robin; one row per run. A variant TorchServe
-    will not register (a setting this ts_microbatch refuses) is reported and left out of
-    the later rounds; the others go on."""
+    """Every variant once per round, in an order shuffled from ``seed`` and the round
+    (rounds.round_order); one row per run, with its CPU per request, each also appended to
+    ``results`` as it comes. A variant whose CPU per request moves by more than a quarter
+    between rounds is warned about at once (rounds.cpu_drift). A variant TorchServe will
+    not register (a setting this ts_microbatch refuses) is reported and left out of the
+    later rounds; the others go on."""
 
     def send(
         url: str, token: str | None, requests: int, work: Path, label: str
@@ -244,8 +232,13 @@ def run_rounds(
     first = corpus.bodies[corpus.order[0]]
     rows: list[dict[str, Any]] = []
     refused: dict[str, str] = {}
+    overrides = dict(variants)
+    warned: dict[str, list[str]] = {}
     for repeat in range(1, rounds + 1):
-        for step, (name, override) in enumerate(variants, start=1):
+        order = round_order(list(overrides), repeat - 1, seed)
+        log(f"round {repeat}/{rounds}: {', '.join(order)}")
+        for step, name in enumerate(order, start=1):
+            override = overrides[name]
             if name in refused:
                 continue
             label = f"[round {repeat}/{rounds}, {step}/{len(variants)}] {name}"
@@ -266,11 +259,15 @@ def run_rounds(
                 )
             except RegistrationError as err:
                 refused[name] = str(err)
+                if results is not None:
+                    results.append({"kind": "not_measured", "handler": name, "why": str(err)})
                 hint = " (the baseline needs the 'enabled' key: --no-baseline skips it)"
                 log(f"{label}: NOT MEASURED, {err}{hint if name == BASELINE else ''}")
                 continue
+            cpu = [result.get(k, float("nan")) for _, k in CPU_SIDES]
             log(
                 f"{label}: {result['requests_per_s']:.1f} req/s, p99 {result['p99_ms']:.0f} ms, "
+                f"CPU/req {cpu[0]:.2f} + {cpu[1]:.2f} ms, "
                 f"{result['errors']} errors {result.get('statuses', '')}"
             )
             micro_batch_size, parallelism = shown(effective[name])
@@ -284,9 +281,17 @@ def run_rounds(
                     "micro_batching": effective[name],
                     "override": override,
                     "repeat": repeat,
+                    "position": step,
                     **result,
                 }
             )
+            if results is not None:
+                results.append({"kind": "run", **rows[-1]})
+            drift = cpu_drift([r for r in rows if r["handler"] == name])
+            if drift != warned.get(name, []):
+                for warning in drift:
+                    log(f"WARNING {warning}")
+                warned[name] = drift
     return rows, refused
 
 
@@ -308,6 +313,10 @@ def report(
     pairs = [(name, reference) for name in names if name != reference]
     middle = medians(rows, load_tag)
     comparisons = compare_rounds(rows, pairs, load_tag)
+    warnings = cpu_drift(rows)
+    orders: dict[int, list[str]] = {}
+    for row in sorted(rows, key=lambda r: (r["repeat"], r["position"])):
+        orders.setdefault(row["repeat"], []).append(row["handler"])
     (out / "results.json").write_text(
         json.dumps(
             {
@@ -327,6 +336,9 @@ def report(
                 "runs": rows,
                 "comparisons": comparisons,
                 "not_measured": refused,
+                "seed": args.seed,
+                "round_orders": orders,
+                "cpu_warnings": warnings,
             },
             indent=2,
             default=str,
@@ -337,15 +349,20 @@ def report(
     write_csv(middle, out / "results.csv")
     (out / "comparisons.json").write_text(json.dumps(comparisons, indent=2) + "\n")
     print(f"\nbody: {corpus.label}\n" + format_table(middle))
+    print(f"\nevery run (rounds shuffled with seed {args.seed}):\n" + format_runs(rows))
     if comparisons:
         print("\n" + format_comparisons(comparisons))
+    for warning in warnings:
+        print(f"\nWARNING {warning}")
     for name, why in refused.items():
         print(f"\n{name}: not measured: {why.splitlines()[0]}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog("ts_microbatch.tools.benchmark"), description=__doc__.split("\n\n")[0]
+        prog=prog("ts_microbatch.tools.benchmark"),
+        description=__doc__.split("\n\n")[0],
+        epilog=SAFE_BESIDE,
     )
     parser.add_argument("--out", type=Path, help="result directory (default runs/<time>)")
     parser.add_argument(

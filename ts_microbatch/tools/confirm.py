@@ -25,7 +25,8 @@ from ..core.config import CONFIG_FILE_NAME
 from .ab import errors_of, run_ab
 from .corpus import Corpus
 from .drive import send_corpus
-from .server import TorchServe, TorchServeError
+from .results import ResultsLog, output_dir
+from .server import TorchServe, TorchServeError, read_properties
 
 # TorchServe's default max_request_size (6,553,500 bytes) refuses large samples.
 _MIN_REQUEST_SIZE = 6_553_500
@@ -103,23 +104,27 @@ def measure_configs(
     rounds: int,
     workdir: Path,
     progress: Callable[[str], None] = print,
+    base_config: Path | None = None,
 ) -> list[Measured]:
-    """Each config served and measured ``rounds`` times, round-robin; in ``configs``'
-    order. Writes results.json (medians and every run) to ``workdir``."""
+    """Each config served and measured ``rounds`` times, round-robin, each run on a fresh
+    server (from ``base_config``, a config.properties, when given); in ``configs``' order.
+    ``workdir`` is made first; each run is appended to its results.jsonl as it is
+    measured, and results.json (medians and every run) is written at the end."""
+    log = ResultsLog(output_dir(workdir, "confirm folder") / "results.jsonl")
     runs: list[list[dict[str, Any]]] = [[] for _ in configs]
     for round_ in range(1, rounds + 1):
         for i, settings in enumerate(configs):
             label = f"[round {round_}/{rounds}] config {i + 1}/{len(configs)}"
             progress(f"{label}: starting TorchServe with {json.dumps(settings)}")
             work = workdir / f"r{round_}-c{i}"
-            run = measure_one(model_dir, body, settings, load, work, label, progress)
+            run = measure_one(model_dir, body, settings, load, work, label, progress, base_config)
+            log.append({"round": round_, "config": i + 1, "micro_batching": settings, **run})
             progress(
                 f"{label}: {run['requests_per_s']:.1f} req/s, p99 {run['p99_ms']:.0f} ms, "
                 f"{run['errors']} errors"
             )
             runs[i].append(run)
     measured = [median_of(settings, rs) for settings, rs in zip(configs, runs)]
-    workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "results.json").write_text(
         json.dumps(
             {
@@ -154,18 +159,24 @@ def measure_one(
     work: Path,
     label: str,
     progress: Callable[[str], None] = print,
+    base_config: Path | None = None,
 ) -> dict[str, Any]:
     """A fresh TorchServe serving ``model_dir`` with ``settings``: warm-up, then the
-    measured run (`ab` for one body, the corpus driver for a corpus)."""
+    measured run (`ab` for one body, the corpus driver for a corpus). From ``base_config``
+    when given, whose own settings win over the room this run needs by default."""
     store = work / "store"
     with_config(model_dir, store / "tuned", settings, frontend_settings(load))
     largest = body.largest if isinstance(body, Corpus) else body.stat().st_size
-    properties = {
+    room = {
         "job_queue_size": str(max(1000, 2 * load.concurrency)),
         "max_request_size": str(max(_MIN_REQUEST_SIZE, 2 * largest)),
         "default_response_timeout": str(load.response_timeout_s),
     }
-    with TorchServe(model_store=store, workdir=work / "server", properties=properties) as server:
+    own = read_properties(base_config) if base_config else {}
+    properties = {k: v for k, v in room.items() if k not in own}
+    with TorchServe(
+        model_store=store, workdir=work / "server", base_config=base_config, properties=properties
+    ) as server:
         resp = server.register(
             "tuned",
             batch_size=load.batch_size,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import METRICS_YAML
+from .cpu import cpu_per_request, read_cpu
 from .runs import flatten_pipeline, summarize
 from .scrape import summarize as summarize_scrape
 from .server import TorchServe
@@ -109,17 +110,11 @@ def measure(
             before = settled_scrape(server)
         else:  # where the measured run's lines will start
             logs = {name: len(server.log(name)) for name in ("model_metrics.log", "ts_metrics.log")}
-        cpu_before = cpu_seconds(server)
+        cpu_before = read_cpu(server)
         summary, latency = send(url, token, point["requests"], server_dir, label)
-        cpu_after = cpu_seconds(server)
         # Where each request's CPU goes: the frontend (HTTP, batching, the bodies' bytes)
-        # and the worker (decoding, the pipeline, the model).
-        cpu_ms = {
-            f"{side}_cpu_ms_per_request": 1000
-            * (cpu_after[side] - cpu_before[side])
-            / max(1.0, summary["complete_requests"])
-            for side in cpu_before
-        }
+        # and the worker (decoding, the pipeline, the model), by thread group.
+        cpu_ms = cpu_per_request(cpu_before, read_cpu(server), summary["complete_requests"])
         samples = sample_responses(server, model, *sample)
         samples_path = scrape_path.parent.parent / "samples" / f"{scrape_path.stem}.json"
         samples_path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,23 +184,9 @@ def settled_scrape(server: TorchServe, timeout_s: float = 10.0) -> str:
 
 def cpu_seconds(server: TorchServe) -> dict[str, float]:
     """CPU seconds (user + system) used so far by the server's frontend (Java) and by its
-    Python worker processes, from its process group."""
-    import psutil
-
-    used = {"frontend": 0.0, "workers": 0.0}
-    if server.process is None:
-        return used
-    root = psutil.Process(server.process.pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            times, cmdline = proc.cpu_times(), " ".join(proc.cmdline())
-        except psutil.Error:
-            continue  # gone in between
-        if "model_service_worker" in cmdline:
-            used["workers"] += times.user + times.system
-        elif "java" in cmdline:
-            used["frontend"] += times.user + times.system
-    return used
+    Python worker processes."""
+    reading = read_cpu(server)
+    return {"frontend": reading.frontend_s, "workers": reading.workers_s}
 
 
 # -- TorchServe metric logs (metrics_mode=log) -----------------------------------------------

@@ -40,6 +40,9 @@ TABLE_COLUMNS = (
     "p90_ms",
     "p99_ms",
     "errors",
+    # CPU per request (ms): what the throughput follows on a shared machine
+    "frontend_cpu_ms_per_request",
+    "workers_cpu_ms_per_request",
     "ideal_requests_per_s",
     "efficiency",
 )
@@ -118,6 +121,8 @@ def _cell(column: str, value: Any) -> str:
     if isinstance(value, float):
         if column == "spread":
             return f"{value:.0%}"
+        if column.endswith("cpu_ms_per_request"):
+            return f"{value:.2f}"
         return f"{value:.3f}" if column == "efficiency" else f"{value:.1f}"
     return str(value)
 

@@ -13,7 +13,7 @@ import sys
 import urllib.parse
 from pathlib import Path
 
-from ._cli import prog
+from ._cli import SAFE_BESIDE, prog
 from .server import TorchServe, TorchServeError, read_properties
 
 # Overridable so that tests can run the README commands verbatim on free ports.
@@ -111,7 +111,9 @@ def stop(_: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog("ts_microbatch.tools.serve"), description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("start", help="start TorchServe, register a model, send one request")
+    p = sub.add_parser(
+        "start", help="start TorchServe, register a model, send one request", epilog=SAFE_BESIDE
+    )
     p.add_argument("--mar", required=True, help="file name of the .mar in the model store")
     p.add_argument("--input", "--image", required=True, help="file to send as the sample request")
     p.add_argument("--model-store", default="model_store")

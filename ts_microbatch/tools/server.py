@@ -1,18 +1,18 @@
 """Start, drive and stop a TorchServe on loopback: for `make serve`, tests and benchmarks.
 
 Nothing here knows about a particular model. The server runs in its own process group
-(frontend and backend workers), so that stopping it leaves nothing behind.
+(frontend and backend workers), so that stopping it leaves nothing behind. It is safe
+beside any other TorchServe on the machine: free HTTP and gRPC ports, a block of free
+worker ports and a temp directory of its own for the worker sockets (ts_microbatch.tools.ports
+says why a server left at TorchServe's defaults takes over another's worker).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,18 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
+from .ports import LOOPBACK, free_port, free_worker_ports, socket_dir_for, without_java_tmpdir
+from .processes import stop_process_group
+
+__all__ = [
+    "LOOPBACK",
+    "Response",
+    "TorchServe",
+    "TorchServeError",
+    "free_port",
+    "java_problem",
+    "read_properties",
+    "stop_process_group",
+]
 
 logger = logging.getLogger(__name__)
-
-LOOPBACK = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def read_properties(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -87,6 +90,8 @@ class TorchServe:
         workdir: where the generated config, logs and key file go.
         base_config: a config.properties to start from; addresses and model store are set here.
         ports: (inference, management, metrics); free ports when None.
+        worker_port: TorchServe's initial_worker_port; when None, the first port of a block
+            that no other server's workers use (ports.free_worker_ports), chosen at start.
         token_auth: keep TorchServe's token authorization on (its default).
         properties: extra config.properties entries, applied last.
         env: extra environment variables for TorchServe and its workers (such as
@@ -97,6 +102,7 @@ class TorchServe:
     workdir: Path
     base_config: Path | None = None
     ports: tuple[int, int, int] | None = None
+    worker_port: int | None = None
     token_auth: bool = True
     properties: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -113,6 +119,7 @@ class TorchServe:
         # TorchServe also listens for gRPC, on 7070 and 7071 unless told otherwise: two
         # servers on one machine would collide there.
         self._grpc_ports = (free_port(), free_port())
+        self._auto_worker_port = self.worker_port is None
 
     # -- addresses and files -----------------------------------------------------------
 
@@ -141,12 +148,31 @@ class TorchServe:
     def config_path(self) -> Path:
         return self.workdir / "config.properties"
 
+    @property
+    def socket_dir(self) -> Path:
+        """Java's temp directory for this server: its worker sockets, its unpacked models."""
+        return socket_dir_for(self.workdir)
+
+    def choose_worker_port(self) -> int:
+        """A new block of free worker ports (with ``worker_port`` given: that one)."""
+        if self._auto_worker_port:
+            self.worker_port = free_worker_ports([self.socket_dir])
+        if self.worker_port is None:  # for mypy: set just above
+            raise TorchServeError("no worker port chosen")
+        return self.worker_port
+
     def write_config(self) -> Path:
         props = read_properties(self.base_config) if self.base_config else {}
         metrics_config = props.get("metrics_config")
         if self.base_config and metrics_config and not os.path.isabs(metrics_config):
             # TorchServe would resolve it against its working directory, which is ours.
             props["metrics_config"] = str(Path(self.base_config).resolve().parent / metrics_config)
+        # Java's temp directory must be this server's own (TEMP, in _start_once): its worker
+        # sockets would otherwise sit beside other servers' and replace them.
+        props = without_java_tmpdir(props)
+        worker_port = (
+            self.worker_port if self.worker_port is not None else self.choose_worker_port()
+        )
         props.update(
             {
                 "inference_address": self.inference_url,
@@ -154,6 +180,7 @@ class TorchServe:
                 "metrics_address": self.metrics_url,
                 "grpc_inference_port": str(self._grpc_ports[0]),
                 "grpc_management_port": str(self._grpc_ports[1]),
+                "initial_worker_port": str(worker_port),
                 "model_store": str(self.model_store),
                 "enable_model_api": "true",
                 "disable_token_authorization": "false" if self.token_auth else "true",
@@ -198,13 +225,19 @@ class TorchServe:
         problem = java_problem()
         if problem:
             raise TorchServeError(problem)
+        # Chosen again at every start: a block free at the last one may be taken since.
+        self.choose_worker_port()
         self.write_config()
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.socket_dir.mkdir(parents=True, exist_ok=True)
         env = dict(
             os.environ,
             LOG_LOCATION=str(self.log_dir),
             METRICS_LOCATION=str(self.log_dir),
             TMPDIR=str(self.workdir),  # TorchServe keeps its pid file in the temp dir
+            # ts/model_server.py passes TEMP to Java as java.io.tmpdir, where the frontend
+            # puts the worker sockets (.ts.sock.<port>); /tmp is every other server's.
+            TEMP=str(self.socket_dir),
             **self.env,
         )
         torchserve = str(Path(sys.executable).with_name("torchserve"))
@@ -267,6 +300,8 @@ class TorchServe:
             self.process.wait(timeout=timeout_s)
         pid_file.unlink(missing_ok=True)
         self.process = None
+        # Its sockets are gone with its workers; what is left is unpacked model copies.
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def __enter__(self) -> TorchServe:
         return self.start()
@@ -384,37 +419,3 @@ class TorchServe:
 
     def scrape_metrics(self) -> str:
         return self.request("GET", f"{self.metrics_url}/metrics").body.decode()
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the group still runs (zombies, which no one may reap in a
-    container without an init, do not count)."""
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return False
-
-
-def stop_process_group(
-    pid: int, timeout_s: float = 30.0, leader: subprocess.Popen[bytes] | None = None
-) -> None:
-    """SIGTERM the process group led by ``pid``, then SIGKILL what is left after ``timeout_s``."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if leader is not None:
-            leader.poll()  # reap our own child so that it does not linger as a zombie
-        if not _group_alive(pid):
-            return
-        time.sleep(0.1)
-    logger.warning(
-        "TorchServe process group %d ignored SIGTERM for %.0f s; killing it", pid, timeout_s
-    )
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)

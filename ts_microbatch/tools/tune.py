@@ -37,37 +37,20 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..core.config import MicroBatchingConfig, load_config
 from ..torchserve.micro_batching import MicroBatching
-from ._cli import prog
+from ._cli import SAFE_BESIDE, prog
 from .ab import ab_problem
 from .confirm import Load, measure_configs, model_dir_of
 from .corpus import Body, Corpus, CorpusError, read_corpus, rows_of
+from .ranking import Confirmed, Trial, print_confirmed, print_ranking
+from .results import OutputError, ResultsLog, output_dir, output_file
 from .server import java_problem
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One measured combination."""
-
-    micro_batch_size: int
-    parallelism: dict[str, int]
-    requests_per_s: float
-    batch_ms: float
-    max_micro_batch_tokens: int | None = None
-
-    def as_config(self, base: MicroBatchingConfig) -> dict[str, Any]:
-        settings = base.as_dict()
-        settings.update(
-            micro_batch_size=self.micro_batch_size,
-            parallelism=self.parallelism,
-            max_micro_batch_tokens=self.max_micro_batch_tokens,
-        )
-        return settings
 
 
 def make_context(
@@ -183,10 +166,12 @@ def tune(
     threads: list[int],
     inference_threads: list[int],
     budgets: list[int | None] | None = None,
+    record: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[Trial]:
     """Every combination measured on the same ``batches`` (the first a warm-up); fastest
     first. ``budgets``: the max_micro_batch_tokens values to try (sizes are then the most
-    items a micro-batch holds); None: the config's own."""
+    items a micro-batch holds); None: the config's own. ``record`` gets each trial as it
+    is measured (a line of the trials file)."""
     base = mb.config
     grid = list(
         itertools.product(
@@ -205,6 +190,8 @@ def tune(
         seconds = measure(mb, context, batches)
         trial = Trial(size, parallelism, len(batches[0]) / seconds, seconds * 1000, budget)
         trials.append(trial)
+        if record is not None:
+            record({"kind": "in-process", **asdict(trial)})
         tokens = "" if budget is None else f" tokens<={budget:<5}"
         print(
             f"[{i}/{len(grid)}] micro_batch_size={size:<3}{tokens} threads "
@@ -215,26 +202,12 @@ def tune(
     return sorted(trials, key=lambda t: -t.requests_per_s)
 
 
-@dataclass(frozen=True)
-class Confirmed:
-    """A config as measured on a real TorchServe; ``trial`` is None for ``"auto"``, which
-    has no in-process measurement."""
-
-    trial: Trial | None
-    config: dict[str, Any]
-    requests_per_s: float
-    p99_ms: float
-    errors: int
-
-
 def confirm(
     ranked: list[Trial], base: MicroBatchingConfig, args: argparse.Namespace, workdir: Path
 ) -> list[Confirmed]:
-    """Measures the ``args.confirm`` best trials on a real TorchServe with `ab`; fastest
-    first, those with errors last."""
-    problem = ab_problem() or java_problem()
-    if problem:
-        raise SystemExit(f"--confirm needs TorchServe and ab: {problem}")
+    """Measures the ``args.confirm`` best trials on a real TorchServe with `ab`, each on a
+    server of its own (``args.ts_config`` when given); fastest first, those with errors
+    last. Every run is a line of ``args.confirm_out``/results.jsonl as it is measured."""
     top: list[Trial | None] = list(ranked[: args.confirm])
     configs = [t.as_config(base) for t in ranked[: args.confirm]]
     if args.with_auto:  # "auto" with the best threads, measured against the fixed sizes
@@ -248,48 +221,19 @@ def confirm(
         requests=max(args.requests, concurrency),
         warmup_requests=max(100, concurrency),
     )
-    out = args.confirm_out or workdir / "confirm"
+    out = args.confirm_out
     print(f"\nConfirming {len(top)} configs on TorchServe (results in {out})", flush=True)
     model_dir = model_dir_of(args.mar, workdir / "confirm-model")
     sent: Path | Corpus = args.input.resolve() if args.corpus is None else tuning_corpus(args)
-    measured = measure_configs(model_dir, sent, configs, load, args.confirm_repeats, Path(out))
+    measured = measure_configs(
+        model_dir, sent, configs, load, args.confirm_repeats, Path(out), base_config=args.ts_config
+    )
     confirmed = [
         Confirmed(trial, m.config, m.requests_per_s, m.p99_ms, m.errors)
         for trial, m in zip(top, measured)
     ]
     # A config that answered any request with an error loses to every one that did not.
     return sorted(confirmed, key=lambda c: (c.errors > 0, -c.requests_per_s))
-
-
-def threads_of(parallelism: dict[str, int]) -> str:
-    return f"{parallelism['preprocess']}/{parallelism['inference']}/{parallelism['postprocess']}"
-
-
-def print_ranking(ranked: list[Trial]) -> None:
-    print(
-        "\nrank | micro_batch_size | max_micro_batch_tokens | threads pre/inf/post |"
-        " requests/s | ms per batch"
-    )
-    for rank, t in enumerate(ranked, start=1):
-        print(
-            f"{rank:4} | {t.micro_batch_size:16} | {t.max_micro_batch_tokens!s:>22} |"
-            f" {threads_of(t.parallelism):>20} | {t.requests_per_s:10.1f} | {t.batch_ms:.1f}"
-        )
-
-
-def print_confirmed(confirmed: list[Confirmed], ranked: list[Trial]) -> None:
-    print(
-        "\nOn TorchServe:\nrank | in-process rank | micro_batch_size | threads pre/inf/post |"
-        " requests/s | p99 ms | errors"
-    )
-    for rank, c in enumerate(confirmed, start=1):
-        in_process = "-" if c.trial is None else str(ranked.index(c.trial) + 1)
-        parallelism = c.config["parallelism"]
-        print(
-            f"{rank:4} | {in_process:>15} | {c.config['micro_batch_size']!s:>16} |"
-            f" {threads_of(parallelism):>20} | {c.requests_per_s:10.1f} |"
-            f" {c.p99_ms:6.0f} | {c.errors}"
-        )
 
 
 def ints(text: str) -> list[int]:
@@ -326,7 +270,9 @@ def default_budgets(base: MicroBatchingConfig) -> list[int | None]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog("ts_microbatch.tools.tune"), description=__doc__.split("\n\n")[0]
+        prog=prog("ts_microbatch.tools.tune"),
+        description=__doc__.split("\n\n")[0],
+        epilog=SAFE_BESIDE,
     )
     parser.add_argument(
         "--mar", required=True, type=Path, help=".mar file or unpacked model directory"
@@ -378,13 +324,46 @@ def build_parser() -> argparse.ArgumentParser:
         help='also benchmark "auto" with the best threads; written if it measures fastest',
     )
     confirming.add_argument(
-        "--confirm-out", type=Path, default=None, help="keep the benchmark's results here"
+        "--confirm-out",
+        type=Path,
+        default=None,
+        help="the benchmark's results (results.jsonl as runs come, results.json at the end); "
+        "default: <out>-confirm/ beside --out",
+    )
+    confirming.add_argument(
+        "--ts-config",
+        type=Path,
+        help="a config.properties every server starts from; it keeps its settings but the "
+        "addresses, worker ports and model store",
     )
     return parser
 
 
+def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
+    """Before anything is measured: the folders of ``--out`` and ``--confirm-out`` made
+    (the default --confirm-out is ``<out>-confirm/`` beside it, kept), ``--confirm``'s
+    needs checked, and the trials file (``<out>.trials.jsonl``) that every measurement is
+    appended to as it comes."""
+    if args.confirm:
+        # ab sends one --input; a --corpus goes through the package's own driver.
+        problem = (ab_problem() if args.corpus is None else None) or java_problem()
+        if problem:
+            needs = "TorchServe and ab" if args.corpus is None else "TorchServe"
+            raise SystemExit(f"--confirm needs {needs}: {problem}")
+    try:
+        output_file(args.out, "--out")
+        if args.confirm:
+            default = args.out.with_name(f"{args.out.stem}-confirm")
+            args.confirm_out = output_dir(args.confirm_out or default, "--confirm-out")
+        return ResultsLog(args.out.with_name(f"{args.out.stem}.trials.jsonl"))
+    except OutputError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    trials = prepare_outputs(args)
+    print(f"Each measurement is appended to {trials.path} as it comes", flush=True)
     sizes = [s for s in args.micro_batch_sizes if s <= args.batch_size] or [args.batch_size]
     corpus = tuning_corpus(args)
     batches = corpus.batches(args.batch_size, args.repeats + 1)
@@ -401,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         try:
-            ranked = tune(mb, context, batches, sizes, args.threads, args.inference_threads, tried)
+            grid = (sizes, args.threads, args.inference_threads, tried)
+            ranked = tune(mb, context, batches, *grid, record=trials.append)
         finally:
             mb.shutdown()
         print_ranking(ranked)
@@ -410,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             confirmed = confirm(ranked, base, args, Path(scratch))
             print_confirmed(confirmed, ranked)
             best = confirmed[0].config
+    trials.append({"kind": "best", "micro_batching": best, "out": str(args.out)})
     args.out.write_text(json.dumps(best, indent=4) + "\n")
     print(f"\nWrote the best config to {args.out}")
     return 0

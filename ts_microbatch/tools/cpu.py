@@ -1,0 +1,141 @@
+"""The CPU a TorchServe spends, by process and by thread: what each request cost.
+
+Throughput on a shared machine follows the CPU each request costs the frontend (Java:
+HTTP, batching, the bodies' bytes) and the worker (decoding, the pipeline, the model). A
+run is read twice, before and after its load, and the difference over the requests
+answered is its CPU per request: the frontend's from its process, the worker's from its
+processes and, by the OS thread name, from each group of its threads (stage threads are
+``tsmb-<stage>-<i>``; their OpenMP workers inherit the name).
+
+Shared by ``ts-microbatch-benchmark`` (through ts_microbatch.tools.measure) and the
+repository's benchmarks/compare.py.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def thread_cpu(pid: int) -> dict[str, tuple[float, int]]:
+    """For each thread name of process ``pid``: CPU seconds (user + system) and the times
+    its threads went to sleep (voluntary context switches: each is a wake-up later), summed
+    over the threads of that name. Empty where /proc cannot be read."""
+    used: dict[str, tuple[float, int]] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return used
+    for tid in tasks:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue  # the thread ended in between
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        seconds = (int(fields[11]) + int(fields[12])) / _TICKS
+        sleeps = next(
+            (int(line.split()[1]) for line in status.splitlines() if line.startswith("voluntary_")),
+            0,
+        )
+        before = used.get(name, (0.0, 0))
+        used[name] = (before[0] + seconds, before[1] + sleeps)
+    return used
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used; 0.0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except OSError:
+        pass
+    import psutil
+
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(times.user + times.system)
+
+
+def thread_group(name: str) -> str:
+    """A worker thread's group in a report: its stage for ``tsmb-<stage>-<i>``."""
+    if name.startswith("tsmb-"):
+        return name.rsplit("-", 1)[0]
+    return "other"
+
+
+def server_pids(server: Any) -> tuple[int | None, list[int]]:
+    """The server's frontend (the Java process: the torchserve launcher's child, or the
+    launcher itself) and its Python worker processes, from its process tree."""
+    import psutil
+
+    if server.process is None:
+        return None, []
+    root = psutil.Process(server.process.pid)
+    frontend, workers = None, []
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            cmdline = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue  # a worker that exited, not reaped yet
+        if "model_service_worker" in cmdline:
+            workers.append(int(proc.pid))
+        elif "java" in cmdline and frontend is None:
+            frontend = int(proc.pid)
+    return frontend, workers
+
+
+def frontend_pid(server: Any) -> int:
+    """The Java process: the torchserve launcher's child, or itself."""
+    frontend, _ = server_pids(server)
+    return frontend if frontend is not None else int(server.process.pid)
+
+
+@dataclass
+class CpuReading:
+    """CPU seconds used so far by a server's frontend and workers, and by each group of
+    the workers' threads (seconds, wake-ups)."""
+
+    frontend_s: float = 0.0
+    workers_s: float = 0.0
+    threads: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+
+def read_cpu(server: Any) -> CpuReading:
+    """What ``server`` (a running ts_microbatch.tools.server.TorchServe) has used so far."""
+    frontend, workers = server_pids(server)
+    reading = CpuReading(frontend_s=process_cpu(frontend) if frontend is not None else 0.0)
+    for pid in workers:
+        reading.workers_s += process_cpu(pid)
+        for name, (seconds, sleeps) in thread_cpu(pid).items():
+            group = thread_group(name)
+            before = reading.threads.get(group, (0.0, 0))
+            reading.threads[group] = (before[0] + seconds, before[1] + sleeps)
+    return reading
+
+
+def cpu_per_request(before: CpuReading, after: CpuReading, requests: float) -> dict[str, Any]:
+    """Milliseconds of CPU per request between two readings: the frontend's, the
+    workers', and each thread group's (with its wake-ups per request)."""
+    n = max(1.0, requests)
+    threads = {
+        group: 1000 * (seconds - before.threads.get(group, (0.0, 0))[0]) / n
+        for group, (seconds, _) in sorted(after.threads.items())
+    }
+    wakeups = {
+        group: (sleeps - before.threads.get(group, (0.0, 0))[1]) / n
+        for group, (_, sleeps) in sorted(after.threads.items())
+    }
+    return {
+        "frontend_cpu_ms_per_request": 1000 * (after.frontend_s - before.frontend_s) / n,
+        "workers_cpu_ms_per_request": 1000 * (after.workers_s - before.workers_s) / n,
+        "worker_threads_ms_per_request": threads,
+        "worker_threads_wakeups_per_request": wakeups,
+    }

@@ -1,0 +1,71 @@
+"""Where a long tool keeps what it measured: output folders made before the first run, and
+one JSON line per run appended as it comes.
+
+``ts-microbatch-tune`` once ran every configuration (75 s) and then crashed writing the
+winner, because the output folder did not exist: nothing was written. A tool now makes its
+folders before it measures anything (a path it cannot use fails at once, naming it) and
+appends each run to a ``.jsonl`` file the moment it is measured, so a crash at the end
+loses nothing but the summary, which the lines allow to rebuild.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+class OutputError(OSError):
+    """An output path a tool cannot create or write."""
+
+
+def output_dir(path: Path, what: str = "output folder") -> Path:
+    """``path`` created (with its parents) and writable, before any run.
+
+    Raises:
+        OutputError: it cannot be made or written, with the path and why.
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{what} {path}: cannot create it: {exc.strerror or exc}") from exc
+    if not os.access(path, os.W_OK):
+        raise OutputError(f"{what} {path}: not writable")
+    return path
+
+
+def output_file(path: Path, what: str = "output file") -> Path:
+    """A file to be written later: its folder created now, ``path`` not a directory."""
+    path = Path(path)
+    output_dir(path.parent, f"the folder of the {what}")
+    if path.is_dir():
+        raise OutputError(f"{what} {path}: is a directory")
+    return path
+
+
+class ResultsLog:
+    """A ``.jsonl`` file of runs: each ``append`` writes one line and flushes it to disk.
+
+    Args:
+        path: the file; its folder is created here, the file at the first line. Lines
+            already in it are kept (a run repeated into the same folder adds to them, each
+            line says when it was taken).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = output_file(path, "results file")
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **record}, default=str)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read(self) -> list[dict[str, Any]]:
+        """Every line so far, as written."""
+        text = self.path.read_text(encoding="utf-8") if self.path.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
