@@ -59,8 +59,9 @@ def test_the_sweep_stops_one_rate_after_the_model_fell_behind(
         return FakeResult(row(rate, min(rate, capacity), 50 if rate <= capacity else 5000))
 
     monkeypatch.setattr(curves, "run_open_loop", fake_run)
-    rows = curves.sweep("http://x/", [b"a"], [50, 90, 200, 400, 800],
-                        requests_per_rate=lambda rate: int(rate * 2))  # fmt: skip
+    results = curves.sweep("http://x/", [b"a"], [50, 90, 200, 400, 800],
+                           requests_per_rate=lambda rate: int(rate * 2))  # fmt: skip
+    rows = [result.summary() for result in results]
     assert [r["offered_per_s"] for r in rows] == [50, 90, 200, 400]  # 200 behind, 400 shown
     assert [count for _, count in offered] == [100, 180, 400, 800]  # ~2 s a point
 

@@ -31,9 +31,10 @@ from typing import Any
 
 from ._cli import SAFE_BESIDE, prog
 from .corpus import Corpus, CorpusError, read_corpus
+from .curves import CurveSender, parse_rates, write_curves
 from .drive import send_corpus
 from .mar import MarError, override_mar, read_entries, settings_of
-from .measure import RegistrationError, measure
+from .measure import RegistrationError, Send, measure
 from .results import ResultsLog, output_dir
 from .rounds import CPU_SIDES, cpu_drift, format_runs, new_seed, round_order
 from .runs import compare_rounds, format_comparisons, format_table, machine_info, medians, write_csv
@@ -96,6 +97,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "recorded in results.json; give it to repeat a run's orders)",
     )
     group.add_argument("--response-timeout", type=int, default=120, help="seconds")
+    curve = parser.add_argument_group("latency against offered load (open loop)")
+    curve.add_argument(
+        "--rates",
+        type=parse_rates,
+        help="offer these request rates, Poisson, open loop, instead of parallel clients "
+        "(20,40,80 or 20:200:20): per variant P50/P90/P99 against offered load, curves.md, "
+        "curves.json and p99.png; a sweep stops one rate after the model fell behind",
+    )
+    curve.add_argument(
+        "--rate-seconds", type=float, default=5.0, help="seconds of requests per rate"
+    )
+    curve.add_argument(
+        "--slo-p99-ms", type=float, help="report the highest rate each variant holds within it"
+    )
+
+
+def curve_sender(args: argparse.Namespace, corpus: Corpus, concurrency: int) -> Send | None:
+    """With ``--rates``: each run's load is an open-loop sweep over them (warm-up as usual)."""
+    if not getattr(args, "rates", None):
+        return None
+    return CurveSender(corpus, args.rates, args.rate_seconds, concurrency, log, args.seed or 0)
 
 
 def frontend_of(args: argparse.Namespace, mar: Path) -> dict[str, int]:
@@ -193,6 +215,7 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
             base_config,
             results,
             args.seed,
+            curve_sender(args, corpus, point["concurrency"]),
         )
     except BaseException:
         log(f"stopped: the runs measured so far are in {results.path}")
@@ -214,17 +237,21 @@ def run_rounds(
     base_config: Path | None = None,
     results: ResultsLog | None = None,
     seed: int = 0,
+    sender: Send | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Every variant once per round, in an order shuffled from ``seed`` and the round
     (rounds.round_order); one row per run, with its CPU per request, each also appended to
     ``results`` as it comes. A variant whose CPU per request moves by more than a quarter
     between rounds is warned about at once (rounds.cpu_drift). A variant TorchServe will
     not register (a setting this ts_microbatch refuses) is reported and left out of the
-    later rounds; the others go on."""
+    later rounds; the others go on. ``sender``: the load instead of parallel clients (the
+    latency-load sweep of ``--rates``)."""
 
     def send(
         url: str, token: str | None, requests: int, work: Path, label: str
     ) -> tuple[dict[str, Any], dict[str, float]]:
+        if sender is not None:
+            return sender(url, token, requests, work, label)
         return send_corpus(
             url, corpus, requests, point["concurrency"], token=token, label=label, progress=log
         )
@@ -356,6 +383,11 @@ def report(
         print(f"\nWARNING {warning}")
     for name, why in refused.items():
         print(f"\n{name}: not measured: {why.splitlines()[0]}")
+    if any(row.get("curve") for row in rows):
+        title = f"{Path(args.mar).name}, {corpus.label}"
+        print("\nlatency against offered load (open loop, medians over rounds):\n")
+        print(write_curves(out, rows, args.slo_p99_ms, title))
+        print(f"\n{out / 'p99.png'}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,12 +12,16 @@ P99 against offered load on one PNG.
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .openloop import run_open_loop
+from .corpus import Corpus
+from .drive import send_corpus, summarize
+from .openloop import OpenLoopResult, run_open_loop
 
 # A rate where fewer than this share of the offered requests were answered per second is
 # past the model's capacity: one more point is kept to show it, then the sweep stops.
@@ -60,11 +64,11 @@ def sweep(
     seed: int = 0,
     timeout_s: float = 60.0,
     progress: Callable[[dict[str, Any]], None] | None = None,
-) -> list[dict[str, Any]]:
-    """One row per rate offered (``OpenLoopResult.summary``), rising, until one past the
-    point where the model fell behind. ``requests_per_rate``: a count, or one per rate (so
-    that every point lasts about as long)."""
-    rows: list[dict[str, Any]] = []
+) -> list[OpenLoopResult]:
+    """One result per rate offered, rising, until one past the point where the model fell
+    behind. ``requests_per_rate``: a count, or one per rate (so that every point lasts about
+    as long)."""
+    results: list[OpenLoopResult] = []
     behind = False
     for index, rate in enumerate(rates):
         count = requests_per_rate(rate) if callable(requests_per_rate) else requests_per_rate
@@ -72,14 +76,99 @@ def sweep(
             url, bodies, rate, max(1, count), seed=seed + index, headers=headers,
             timeout_s=timeout_s,
         )  # fmt: skip
+        results.append(result)
         row = result.summary()
-        rows.append(row)
         if progress is not None:
             progress(row)
         if behind:
             break
         behind = row["achieved_per_s"] < FELL_BEHIND * rate or row["p99_ms"] > GAVE_UP_P99_MS
-    return rows
+    return results
+
+
+class CurveSender:
+    """A ``measure.Send`` for the benchmark's ``--rates``: the warm-up from parallel
+    clients as usual, the measured run a sweep over ``rates`` on the same server (the
+    curve rides in the summary under ``"curve"``; the summary's own figures are over every
+    request of the sweep, latency from each one's scheduled send)."""
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        rates: Sequence[float],
+        seconds_per_rate: float,
+        concurrency: int,
+        log: Callable[[str], None],
+        seed: int = 0,
+    ) -> None:
+        self.corpus = corpus
+        self.rates = list(rates)
+        self.seconds_per_rate = seconds_per_rate
+        self.concurrency = concurrency
+        self.log = log
+        self.seed = seed
+
+    def __call__(
+        self, url: str, token: str | None, requests: int, work: Path, label: str
+    ) -> tuple[dict[str, Any], dict[str, float]]:
+        if label.endswith("warm-up"):
+            return send_corpus(url, self.corpus, requests, self.concurrency, token=token)
+        bodies = [self.corpus.bodies[i].data for i in self.corpus.sequence(len(self.corpus.order))]
+        headers = {"Content-Type": self.corpus.bodies[self.corpus.order[0]].content_type}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+
+        def progress(row: dict[str, Any]) -> None:
+            self.log(
+                f"  {label}: {row['offered_per_s']:g}/s offered, {row['achieved_per_s']:.1f} "
+                f"answered, P99 {row['p99_ms']:.0f} ms, {row['late_sends']} late sends"
+            )
+
+        results = sweep(
+            url, bodies, self.rates, headers=headers, seed=self.seed, progress=progress,
+            requests_per_rate=lambda rate: max(50, int(rate * self.seconds_per_rate)),
+        )  # fmt: skip
+        every = [
+            (s.status, math.inf if s.latency_s is None else 1000 * s.latency_s)
+            for result in results
+            for s in result.sends
+        ]
+        summary, latency = summarize(
+            every, sum(r.elapsed_s for r in results), sum(r.cpu_s for r in results)
+        )
+        summary["curve"] = [result.summary() for result in results]
+        return summary, latency
+
+
+def median_curves(runs: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per variant (``handler``), per offered rate: the median over rounds of each figure."""
+    points: dict[str, dict[float, list[dict[str, Any]]]] = {}
+    for run in runs:
+        for row in run.get("curve") or ():
+            points.setdefault(run["handler"], {}).setdefault(row["offered_per_s"], []).append(row)
+    return {
+        name: [
+            {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+            for _, rows in sorted(by_rate.items())
+        ]
+        for name, by_rate in points.items()
+    }
+
+
+def write_curves(
+    out: Path, runs: Sequence[dict[str, Any]], slo_p99_ms: float | None, title: str = ""
+) -> str:
+    """curves.json (every round's points, and the medians), curves.md and p99.png in
+    ``out``; returns the markdown."""
+    middle = median_curves(runs)
+    every = [{"handler": r["handler"], "round": r.get("repeat"), "curve": r.get("curve")}
+             for r in runs if r.get("curve")]  # fmt: skip
+    (out / "curves.json").write_text(json.dumps({"medians": middle, "runs": every}, indent=2))
+    table = format_curves(middle, slo_p99_ms)
+    (out / "curves.md").write_text(table + "\n")
+    if plot(middle, out / "p99.png", title=title, slo_p99_ms=slo_p99_ms) is None:
+        table += "\n(no p99.png: matplotlib is not installed)"
+    return table
 
 
 def sustained(rows: Iterable[dict[str, Any]], slo_p99_ms: float) -> float:

@@ -1,0 +1,35 @@
+"""Latency against offered load through a real TorchServe: ``ts-microbatch-benchmark
+--rates`` on the text example, the plain baseline and ours as packaged, each round a
+sweep of open-loop rates on one server (ts_microbatch.tools.curves)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.helpers import load_module
+from ts_microbatch.tools import benchmark
+
+text_build = load_module("examples/text_classifier/build_mar.py", "ts_microbatch_text_build_mar")
+
+
+def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> None:
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    body = tmp_path / "body.txt"
+    body.write_text("a short text to classify\n")
+    out = tmp_path / "run"
+    argv = ["--mar", str(mar), "--body", str(body), "--rounds", "1", "--batch-size", "4"]
+    argv += ["--warmup-requests", "8", "--rates", "10,20", "--rate-seconds", "3"]
+    assert benchmark.main([*argv, "--slo-p99-ms", "5000", "--out", str(out)]) == 0
+    runs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    curves = {r["handler"]: r["curve"] for r in runs if r.get("kind") == "run"}
+    assert set(curves) == {"plain", "ours"}
+    for points in curves.values():
+        # The scenario: each rate's requests were sent, open loop, and answered.
+        assert [p["offered_per_s"] for p in points] == [10, 20]
+        assert [p["requests"] for p in points] == [50, 60]
+        assert all(p["errors"] == 0 and p["timeouts"] == 0 for p in points)
+    medians = json.loads((out / "curves.json").read_text())["medians"]
+    assert set(medians) == {"plain", "ours"}
+    assert (out / "p99.png").read_bytes()[:4] == b"\x89PNG"
+    assert "holds" in (out / "curves.md").read_text()
