@@ -20,16 +20,20 @@ def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> Non
     out = tmp_path / "run"
     argv = ["--mar", str(mar), "--body", str(body), "--rounds", "1", "--batch-size", "4"]
     argv += ["--warmup-requests", "8", "--rates", "10,20", "--rate-seconds", "3"]
+    argv += ["--variant", 'w5={"maxBatchDelay": 5}']  # the frontend's window, this variant
     assert benchmark.main([*argv, "--slo-p99-ms", "5000", "--out", str(out)]) == 0
     runs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     curves = {r["handler"]: r["curve"] for r in runs if r.get("kind") == "run"}
-    assert set(curves) == {"plain", "ours"}
+    assert set(curves) == {"plain", "ours", "w5"}
     for points in curves.values():
         # The scenario: each rate's requests were sent, open loop, and answered.
         assert [p["offered_per_s"] for p in points] == [10, 20]
         assert [p["requests"] for p in points] == [50, 60]
         assert all(p["errors"] == 0 and p["timeouts"] == 0 for p in points)
     medians = json.loads((out / "curves.json").read_text())["medians"]
-    assert set(medians) == {"plain", "ours"}
+    assert set(medians) == {"plain", "ours", "w5"}
+    variants = json.loads((out / "results.json").read_text())["variants"]
+    assert variants["w5"]["frontend"] == {"batchSize": 4, "maxBatchDelay": 5}
+    assert variants["ours"]["frontend"]["maxBatchDelay"] != 5
     assert (out / "p99.png").read_bytes()[:4] == b"\x89PNG"
     assert "holds" in (out / "curves.md").read_text()

@@ -44,6 +44,7 @@ from .variants import (
     handlers_of,
     parse_handler_variant,
     parse_variant,
+    split_frontend,
     variants_of,
 )
 
@@ -175,13 +176,19 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
     concurrency = args.concurrency or 2 * frontend["batchSize"]
     store = out / "store"
     effective = {}
+    served: dict[str, dict[str, int]] = {}  # each variant's batchSize and maxBatchDelay
     try:
         for name, override in variants:
             target = store / f"{name}.mar"
             handler = handlers.get(name)
-            effective[name] = override_mar(args.mar, target, override, frontend, handler)
+            section, own_frontend = split_frontend(override)
+            served[name] = {**frontend, **own_frontend}
+            effective[name] = override_mar(args.mar, target, section, served[name], handler)
             shown_handler = f", handler {handler}" if handler else ""
-            log(f"variant {name}: micro_batching {json.dumps(effective[name])}{shown_handler}")
+            sizes = served[name]
+            window = f"batchSize {sizes['batchSize']}, maxBatchDelay {sizes['maxBatchDelay']}"
+            settings = json.dumps(effective[name])
+            log(f"variant {name}: {window}, micro_batching {settings}{shown_handler}")
     except MarError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -220,7 +227,7 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
     except BaseException:
         log(f"stopped: the runs measured so far are in {results.path}")
         raise
-    report(args, out, corpus, variants, effective, point, rows, refused, handlers)
+    report(args, out, corpus, variants, effective, point, rows, refused, handlers, served)
     for scratch in ("store",) + (() if args.keep_logs else ("servers",)):
         shutil.rmtree(out / scratch, ignore_errors=True)
     return 0
@@ -332,6 +339,7 @@ def report(
     rows: list[dict[str, Any]],
     refused: dict[str, str],
     handlers: dict[str, Path] | None = None,
+    served: dict[str, dict[str, int]] | None = None,
 ) -> None:
     """results.json (what was sent, each variant's settings, medians, every run, ratios),
     results.csv, runs.csv, comparisons.json; the table and ratios printed."""
@@ -355,6 +363,7 @@ def report(
                     n: {
                         "override": o,
                         "micro_batching": effective[n],
+                        "frontend": (served or {}).get(n),
                         "handler": str((handlers or {}).get(n) or "as packaged"),
                     }
                     for n, o in variants

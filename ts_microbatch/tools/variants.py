@@ -14,6 +14,9 @@ BASELINE = "plain"
 AS_PACKAGED = "ours"
 PLAIN_OVERRIDE = {"enabled": False}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+# Keys of a variant's JSON that set the frontend's batching for that variant alone (in its
+# model-config.yaml) instead of the micro-batching section: the batch size and the window.
+FRONTEND_KEYS = {"batchSize": 1, "maxBatchDelay": 0}  # key -> its least value
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
@@ -30,7 +33,25 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
         raise argparse.ArgumentTypeError(f"{name}: not JSON: {exc}") from None
     if not isinstance(override, dict):
         raise argparse.ArgumentTypeError(f"{name}: got {raw!r}, expected a JSON object")
+    for key, least in FRONTEND_KEYS.items():
+        value = override.get(key, least)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise argparse.ArgumentTypeError(
+                f"{name}: {key}: got {value!r}, expected an integer >= {least}"
+            )
     return name, override
+
+
+def split_frontend(
+    override: dict[str, Any] | None,
+) -> tuple[dict[str, Any] | None, dict[str, int]]:
+    """A variant's override without its frontend keys (None stays None: as packaged), and
+    those keys (``FRONTEND_KEYS``)."""
+    if override is None:
+        return None, {}
+    frontend = {k: v for k, v in override.items() if k in FRONTEND_KEYS}
+    rest = {k: v for k, v in override.items() if k not in FRONTEND_KEYS}
+    return (rest if rest or not frontend else None), frontend
 
 
 def parse_handler_variant(text: str) -> tuple[str, dict[str, Any], Path]:
