@@ -44,6 +44,7 @@ from typing import Any
 
 from ..core.config import MicroBatchingConfig, load_config
 from ..torchserve.micro_batching import MicroBatching
+from . import slo
 from ._cli import SAFE_BESIDE, prog
 from .ab import ab_problem
 from .confirm import Load, measure_configs, model_dir_of
@@ -336,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a config.properties every server starts from; it keeps its settings but the "
         "addresses, worker ports and model store",
     )
+    slo.add_arguments(parser, ints)
     return parser
 
 
@@ -346,7 +348,9 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
     appended to as it comes."""
     if args.confirm:
         # ab sends one --input; a --corpus goes through the package's own driver.
-        problem = (ab_problem() if args.corpus is None else None) or java_problem()
+        # A latency objective is confirmed with open-loop load, never through ab.
+        needs_ab = args.corpus is None and not args.slo_p99_ms
+        problem = (ab_problem() if needs_ab else None) or java_problem()
         if problem:
             needs = "TorchServe and ab" if args.corpus is None else "TorchServe"
             raise SystemExit(f"--confirm needs {needs}: {problem}")
@@ -362,8 +366,12 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.slo_p99_ms and args.out == Path("micro_batching.json"):
+        args.out = Path("model-config.yaml")  # the frontend's settings are part of it
     trials = prepare_outputs(args)
     print(f"Each measurement is appended to {trials.path} as it comes", flush=True)
+    if args.slo_p99_ms:
+        return slo.run(args, trials)
     sizes = [s for s in args.micro_batch_sizes if s <= args.batch_size] or [args.batch_size]
     corpus = tuning_corpus(args)
     batches = corpus.batches(args.batch_size, args.repeats + 1)

@@ -1,0 +1,169 @@
+"""What the frontend's batching does to latency: a model of TorchServe's batch formation.
+
+A worker takes its next batch with ``Model.pollBatch`` (TorchServe 0.12, frontend): it waits
+for one request, then polls for more until it has ``batchSize`` or ``maxBatchDelay`` has
+passed since it took the first; requests already queued come at once. With a window of 0
+the loop stops after one more request at most (its remaining delay is then <= 0). The batch
+then runs as long as the handler takes for that many requests, and the worker polls again.
+
+``replay`` follows that for given arrival times and a service time per batch size (one
+worker: on two cores one worker's pipeline already keeps both busy), and says for each
+request how long it waited for the worker (the queue), for its batch to fill (the
+window) and for the batch to run (the service). ``sustained`` scans offered rates
+(Poisson) for the highest whose P99 stays within an objective. Service times come from
+the tuner's in-process measurements of the handler (``service_curve``), which leave out the
+frontend's own CPU: the model ranks configurations, a real server confirms the best.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+ServiceMs = Callable[[int], float]
+
+
+def service_curve(measured_ms: Mapping[int, float]) -> ServiceMs:
+    """Milliseconds a batch of n takes, from batches measured at some sizes: linear between
+    them, and past the largest at its cost per request."""
+    sizes = sorted(measured_ms)
+    if not sizes or any(n < 1 or not measured_ms[n] > 0 for n in sizes):
+        raise ValueError(f"measured_ms: got {dict(measured_ms)!r}, expected sizes >= 1, ms > 0")
+
+    def ms(n: int) -> float:
+        if n <= sizes[0]:
+            return measured_ms[sizes[0]]
+        if n >= sizes[-1]:
+            return measured_ms[sizes[-1]] * n / sizes[-1]
+        k = bisect.bisect_left(sizes, n)
+        lo, hi = sizes[k - 1], sizes[k]
+        share = (n - lo) / (hi - lo)
+        return measured_ms[lo] + share * (measured_ms[hi] - measured_ms[lo])
+
+    return ms
+
+
+@dataclass(frozen=True)
+class Waits:
+    """One request: its wait for the worker, for its batch to fill, and for it to run (ms)."""
+
+    queue_ms: float
+    window_ms: float
+    service_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.queue_ms + self.window_ms + self.service_ms
+
+
+def replay(
+    arrivals_s: Sequence[float], batch_size: int, window_ms: float, service_ms: ServiceMs
+) -> list[Waits]:
+    """Each request's waits, for ``arrivals_s`` (rising) served as pollBatch batches them."""
+    window_s = window_ms / 1000
+    waits: list[Waits] = []
+    free_s, i, n = 0.0, 0, len(arrivals_s)
+    while i < n:
+        start = max(free_s, arrivals_s[i])  # the worker takes the first queued request
+        limit = batch_size if window_ms > 0 else min(batch_size, 2)
+        deadline = start + window_s
+        k = i + 1
+        while k < n and k - i < limit and arrivals_s[k] <= (deadline if window_ms > 0 else start):
+            k += 1
+        # Full (or no window): it leaves with its last request; else the last poll waited
+        # out the window.
+        full = k - i == batch_size or window_ms <= 0
+        dispatch = max(start, arrivals_s[k - 1]) if full else deadline
+        run_s = service_ms(k - i) / 1000
+        for j in range(i, k):
+            joined = max(start, arrivals_s[j])
+            waits.append(
+                Waits(1000 * (joined - arrivals_s[j]), 1000 * (dispatch - joined), 1000 * run_s)
+            )
+        free_s, i = dispatch + run_s, k
+    return waits
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The P99 of a replay, and what the requests at or past it waited for on average."""
+
+    rate_per_s: float
+    p99_ms: float
+    queue_ms: float
+    window_ms: float
+    service_ms: float
+
+    @property
+    def bound(self) -> str:
+        """What the slowest requests spent most on: "queue" (the worker's capacity),
+        "window" (maxBatchDelay) or "service" (the batch's run: batchSize, the pipeline)."""
+        parts = {"queue": self.queue_ms, "window": self.window_ms, "service": self.service_ms}
+        return max(parts, key=lambda name: parts[name])
+
+
+def tail_at(
+    rate_per_s: float,
+    batch_size: int,
+    window_ms: float,
+    service_ms: ServiceMs,
+    *,
+    requests: int = 6000,
+    seed: int = 0,
+) -> Tail:
+    """Replays ``requests`` Poisson arrivals at ``rate_per_s`` (the first tenth left out:
+    the queue starts empty) and returns the tail: a P99 over 5,400 requests, the mean of
+    their slowest 54, however fast the model (a replay's cost is its number of requests)."""
+    rng = random.Random(seed)
+    arrivals, now = [], 0.0
+    for _ in range(requests):
+        now += rng.expovariate(rate_per_s)
+        arrivals.append(now)
+    waits = replay(arrivals, batch_size, window_ms, service_ms)[len(arrivals) // 10 :]
+    ranked = sorted(waits, key=lambda w: w.total_ms)
+    slowest = ranked[max(0, math.ceil(0.99 * len(ranked)) - 1) :]
+    count = len(slowest)
+    return Tail(
+        rate_per_s,
+        slowest[0].total_ms,
+        sum(w.queue_ms for w in slowest) / count,
+        sum(w.window_ms for w in slowest) / count,
+        sum(w.service_ms for w in slowest) / count,
+    )
+
+
+def sustained(
+    slo_p99_ms: float,
+    batch_size: int,
+    window_ms: float,
+    service_ms: ServiceMs,
+    *,
+    steps: int = 12,
+    seed: int = 0,
+) -> Tail | None:
+    """The highest Poisson rate whose replayed P99 is within ``slo_p99_ms`` (a scan up to the
+    worker's capacity, then halving between the last rate held and the first not), and its
+    tail; None when even the lowest rate misses it."""
+    capacity = 1000 * batch_size / service_ms(batch_size)
+    held: Tail | None = None
+    missed = capacity
+    for step in range(1, steps + 1):
+        tail = tail_at(capacity * step / steps, batch_size, window_ms, service_ms, seed=seed)
+        if tail.p99_ms > slo_p99_ms:
+            missed = tail.rate_per_s
+            break
+        held = tail
+    low = held.rate_per_s if held else 0.0
+    for _ in range(5):
+        middle = (low + missed) / 2
+        if middle <= 0:
+            break
+        tail = tail_at(middle, batch_size, window_ms, service_ms, seed=seed)
+        if tail.p99_ms <= slo_p99_ms:
+            held, low = tail, middle
+        else:
+            missed = middle
+    return held
