@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.helpers import load_module
-from ts_microbatch.tools import benchmark
+import yaml
+
+from tests.helpers import ROOT, load_module
+from ts_microbatch.tools import benchmark, tune
 
 text_build = load_module("examples/text_classifier/build_mar.py", "ts_microbatch_text_build_mar")
+SAMPLE = Path(ROOT, "examples/text_classifier/sample.txt")
 
 
 def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> None:
@@ -37,3 +40,29 @@ def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> Non
     assert variants["ours"]["frontend"]["maxBatchDelay"] != 5
     assert (out / "p99.png").read_bytes()[:4] == b"\x89PNG"
     assert "holds" in (out / "curves.md").read_text()
+
+
+def test_the_slo_tuner_confirms_its_choice_on_a_real_torchserve(tmp_path: Path) -> None:
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    out = tmp_path / "tuned" / "model-config.yaml"
+    argv = ["--mar", str(mar), "--input", str(SAMPLE), "--micro-batch-sizes", "1,4"]
+    argv += ["--threads", "1", "--batch-sizes", "1,4", "--windows", "5,20", "--repeats", "1"]
+    argv += ["--slo-p99-ms", "500", "--rate", "20", "--confirm", "2", "--out", str(out)]
+    assert tune.main(argv) == 0
+    lines = [
+        json.loads(x)
+        for x in out.with_name("model-config.trials.jsonl").read_text().split("\n")
+        if x
+    ]
+    confirmed = [line for line in lines if line["kind"] == "confirmed"]
+    # The scenario: the two best were served, each swept open loop around 20 req/s.
+    assert len(confirmed) == 2
+    for line in confirmed:
+        assert [p["offered_per_s"] for p in line["curve"]][:3] == [10.0, 14.0, 17.0]
+        assert all(p["errors"] == 0 for p in line["curve"])
+    best = max(confirmed, key=lambda line: line["measured_per_s"])
+    written = yaml.safe_load(out.read_text())
+    assert best["measured_per_s"] > 0
+    assert (written["batchSize"], written["maxBatchDelay"]) == (
+        best["batchSize"], best["maxBatchDelay"],
+    )  # fmt: skip
