@@ -19,7 +19,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv kserve-venv test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-compare bench-photos bench-detect bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv kserve-venv test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-latency bench-compare bench-photos bench-detect bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -32,6 +32,7 @@ help:
 	@echo "make bert-mar    build $(BERT_MAR)"
 	@echo "make bench   run the default benchmark comparison"
 	@echo "make bench-compare BASE=<commit>  the working tree against a commit and upstream, interleaved (~45 min)"
+	@echo "make bench-latency [WORKLOAD=compute] [TUNED=model-config.yaml]  latency against offered load, open loop (~15 min)"
 	@echo "make bench-photos    upstream vs ours, same stages and best decoder, photo bodies (~17 min)"
 	@echo "make bench-detect    the detector on photos of 7 sizes: grouped, ungrouped, upstream, plain (~25 min)"
 	@echo "make bench-compiled  eager vs torch.compile under the pipeline (~12 min)"
@@ -136,6 +137,14 @@ bench: $(STAMP) ab
 BASE ?=
 ROUNDS ?= 3
 COMPARE_ARGS ?=
+# Latency against offered load, open loop (benchmarks/latency_load.py): plain, upstream and
+# the example at several windows, and with TUNED=<model-config.yaml> the SLO tuner's choice.
+WORKLOAD ?= compute
+LATENCY_OUT ?= benchmarks/results/latency_load/$(WORKLOAD)
+bench-latency: $(STAMP)
+	$(PY) benchmarks/latency_load.py --workload $(WORKLOAD) --rounds $(ROUNDS) \
+	  $(if $(TUNED),--tuned $(TUNED)) --out $(LATENCY_OUT)
+
 bench-compare: $(STAMP) ab
 	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<commit> [HEAD=<commit>] [ROUNDS=3] [COMPARE_ARGS=...]"; exit 2; }
 	$(PY) benchmarks/compare.py --base $(BASE) $(if $(HEAD),--head $(HEAD)) --rounds $(ROUNDS) \

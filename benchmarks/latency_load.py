@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Latency against offered load, open loop: the study behind README's latency table.
+
+    make bench-latency [WORKLOAD=compute] [ROUNDS=2] [TUNED=model-config.yaml]
+    python benchmarks/latency_load.py --workload compute --rates 30:390:60 --rounds 2 \\
+        [--tuned model-config.yaml] --out benchmarks/results/latency_load/compute
+
+A production service runs below saturation, under a latency objective: there the frontend's
+window and batch size set most of a request's latency. This serves, on one workload of
+benchmarks/compare.py (``compute``: the accelerator stand-in with a mean over its input;
+``resnet18``: untrained ResNet-18) and its 720px photo, each variant on a fresh TorchServe,
+rounds in a seeded shuffled order, each run an open-loop sweep of Poisson rates
+(ts_microbatch.tools.curves, the same as ``ts-microbatch-benchmark --rates``):
+
+* ``plain-w<ms>``: TorchServe's image_classifier without micro-batching;
+* ``upstream-w<ms>``: ImageClassifier under upstream's ``MicroBatching`` (0.12.0);
+* ``ours-w<ms>``: the image example as it ships (its micro_batching.json), at each window;
+* ``ours-tuned``: with ``--tuned``, the example with the frontend settings and micro-batching
+  section ``ts-microbatch-tune --slo-p99-ms`` wrote.
+
+Every model keeps batchSize 32 unless tuned. report.md gives, per variant, the highest rate
+held with P99 within ``--slo-p99-ms`` (nothing lost), the P99 at 25/50/75% of ours' capacity
+(the most ``ours-w50`` answered per second in any point), and the ratios the issue set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE)]
+
+import compare  # noqa: E402
+
+from ts_microbatch.tools.corpus import read_corpus  # noqa: E402
+from ts_microbatch.tools.curves import CurveSender, parse_rates, sustained, write_curves  # noqa: E402
+from ts_microbatch.tools.mar import override_mar  # noqa: E402
+from ts_microbatch.tools.measure import measure  # noqa: E402
+from ts_microbatch.tools.rounds import round_order  # noqa: E402
+
+SHIPPED_WINDOW = 50
+MODELS = {"plain": "plain", "upstream": "upstream", "ours": "head-example"}
+
+
+def variants(windows: dict[str, list[int]], tuned: Path | None) -> dict[str, tuple[str, Any]]:
+    """name -> (model built by compare.package, (section override or None, frontend))."""
+    out: dict[str, tuple[str, Any]] = {}
+    for model, model_windows in windows.items():
+        for window in model_windows:
+            out[f"{model}-w{window}"] = (MODELS[model], (None, {"maxBatchDelay": window}))
+    if tuned is not None:
+        chosen = yaml.safe_load(tuned.read_text())
+        frontend = {"batchSize": chosen["batchSize"], "maxBatchDelay": chosen["maxBatchDelay"]}
+        out["ours-tuned"] = (MODELS["ours"], (chosen["micro_batching"], frontend))
+    return out
+
+
+def capacity(rows: list[dict[str, Any]], name: str) -> float:
+    return max(
+        (p["achieved_per_s"] for r in rows if r["handler"] == name for p in r["curve"]), default=0.0
+    )
+
+
+def p99_near(rows: list[dict[str, Any]], name: str, rate: float) -> float | None:
+    """The median over rounds of P99 at the offered rate nearest ``rate``."""
+    points = [p for r in rows if r["handler"] == name for p in r["curve"]]
+    if not points:
+        return None
+    nearest = min({p["offered_per_s"] for p in points}, key=lambda offered: abs(offered - rate))
+    values = sorted(p["p99_ms"] for p in points if p["offered_per_s"] == nearest)
+    return values[len(values) // 2]
+
+
+def report(rows: list[dict[str, Any]], names: list[str], slo: float, info: dict[str, Any]) -> str:
+    held = {n: sorted(sustained(r["curve"], slo) for r in rows if r["handler"] == n) for n in names}
+    median = {n: v[len(v) // 2] if v else 0.0 for n, v in held.items()}
+    ours_capacity = capacity(rows, f"ours-w{SHIPPED_WINDOW}")
+    lines = [
+        f"# Latency against offered load: {info['workload']}, 720px, open loop",
+        "",
+        f"{info['rounds']} rounds (seed {info['seed']}), {info['seconds']} s a rate, "
+        f"2 cores; ours' capacity (most answered/s of ours-w{SHIPPED_WINDOW}): "
+        f"{ours_capacity:.0f} req/s.",
+        "",
+        f"| variant | held within P99 {slo:g} ms, req/s (median; per round) | "
+        "P99 at 25% / 50% / 75% of ours' capacity, ms |",
+        "|---|---|---|",
+    ]
+    for name in names:
+        at = [p99_near(rows, name, f * ours_capacity) for f in (0.25, 0.5, 0.75)]
+        shown = " / ".join("-" if v is None else f"{v:.0f}" for v in at)
+        rounds = ", ".join(f"{v:g}" for v in held[name])
+        lines.append(f"| {name} | **{median[name]:g}** ({rounds}) | {shown} |")
+
+    def best(prefix: str) -> float:
+        return max((median[n] for n in names if n.startswith(prefix)), default=0.0)
+
+    ours = max(median.get("ours-tuned", 0.0), best("ours-"))
+    upstream, plain = best("upstream-"), best("plain-")
+    lines += [
+        "",
+        f"Ours at its best against upstream at its best window: "
+        f"{ours / upstream if upstream else float('inf'):.2f}x; against plain: "
+        f"{ours / plain if plain else float('inf'):.2f}x (rates held within the objective).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=("compute", "idle", "resnet18"), default="compute")
+    parser.add_argument("--rates", type=parse_rates, default=parse_rates("30:390:60"))
+    parser.add_argument("--rate-seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--slo-p99-ms", type=float, default=100.0)
+    parser.add_argument("--windows", default="plain:5,50;upstream:5,20,50;ours:5,50")
+    parser.add_argument("--tuned", type=Path, help="a model-config.yaml from the SLO tuner")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    windows = {
+        m: [int(w) for w in ws.split(",")]
+        for m, ws in (part.split(":") for part in args.windows.split(";"))
+    }
+    chosen = variants(windows, args.tuned)
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="tsmb-latency-"))
+    try:
+        run(args, chosen, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path) -> None:
+    sides = {"head": compare.checkout("head", compare.WORKTREE, work / "head")}
+    built = work / "built"
+    for model in sorted({model for model, _ in chosen.values()}):
+        compare.package(built, work / "build", model, args.workload, sides)
+    store = work / "store"
+    for name, (model, (section, frontend)) in chosen.items():
+        override_mar(built / f"{model}-{args.workload}", store / f"{name}.mar", section, frontend)
+    compare.write_bodies(work, ["720px"])
+    body_path, _ = compare.bodies()["720px"]
+    corpus = read_corpus(body_path.rename(body_path.with_suffix(".jpg")))
+    first = corpus.bodies[0]
+    config = {"metrics_mode": "prometheus", "warmup_requests": 300, "response_timeout": 120}
+    rows: list[dict[str, Any]] = []
+    for round_no in range(args.rounds):
+        for name in round_order(list(chosen), round_no + 1, args.seed):
+            point = {
+                "batch_size": 32,
+                "max_batch_delay": 50,
+                "concurrency": 64,
+                "requests": 1,
+                "workers": 1,
+            }
+            sender = CurveSender(corpus, args.rates, args.rate_seconds, 64, print, args.seed)
+            label = f"[round {round_no + 1}/{args.rounds}] {name}"
+            print(f"{label}: starting TorchServe", flush=True)
+            result = measure(
+                work / "servers" / f"{name}-{round_no}",
+                store,
+                name,
+                config,
+                point,
+                label,
+                args.out / "metrics" / f"{name}-{round_no}.prom",
+                sender,
+                (first.data, first.content_type),
+                archive=f"{name}.mar",
+            )
+            rows.append(
+                {
+                    "handler": name,
+                    "repeat": round_no + 1,
+                    "curve": result["curve"],
+                    "cpu": {k: v for k, v in result.items() if "cpu" in k},
+                }
+            )
+            with (args.out / "runs.jsonl").open("a") as runs:
+                runs.write(json.dumps(rows[-1], default=str) + "\n")
+    info = {
+        "workload": args.workload,
+        "rounds": args.rounds,
+        "seed": args.seed,
+        "seconds": args.rate_seconds,
+        "variants": {n: v[1] for n, v in chosen.items()},
+    }
+    write_curves(args.out, rows, args.slo_p99_ms, f"{args.workload}, 720px")
+    text = report(rows, list(chosen), args.slo_p99_ms, info)
+    (args.out / "report.md").write_text(text)
+    (args.out / "plan.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    print("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
