@@ -21,6 +21,8 @@ def test_the_service_curve_interpolates_and_extrapolates_per_request() -> None:
     ]  # fmt: skip
     with pytest.raises(ValueError, match="measured_ms"):
         service_curve({0: 1.0})
+    noisy = service_curve({1: 17.0, 2: 15.0, 4: 52.0, 8: 41.0})  # a busy machine's noise
+    assert [noisy(1), noisy(2), noisy(4), noisy(8)] == [17.0, 17.0, 52.0, 52.0]
 
 
 def test_a_full_batch_leaves_at_its_last_arrival_a_short_one_at_the_window() -> None:

@@ -18,6 +18,7 @@ frontend's own CPU: the model ranks configurations, a real server confirms the b
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -28,10 +29,13 @@ ServiceMs = Callable[[int], float]
 
 def service_curve(measured_ms: Mapping[int, float]) -> ServiceMs:
     """Milliseconds a batch of n takes, from batches measured at some sizes: linear between
-    them, and past the largest at its cost per request."""
+    them, and past the largest at its cost per request. A batch is never cheaper than a
+    smaller one: a measurement below a smaller size's (noise, a machine busy elsewhere)
+    counts as that one's."""
     sizes = sorted(measured_ms)
     if not sizes or any(n < 1 or not measured_ms[n] > 0 for n in sizes):
         raise ValueError(f"measured_ms: got {dict(measured_ms)!r}, expected sizes >= 1, ms > 0")
+    measured_ms = dict(zip(sizes, itertools.accumulate((measured_ms[n] for n in sizes), max)))
 
     def ms(n: int) -> float:
         if n <= sizes[0]:
