@@ -4,6 +4,7 @@ counted, and its HTTP client against a loopback server (no timing asserted)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import threading
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from ts_microbatch.tools.openloop import (
+    GENERATOR_NICE,
     HttpPool,
     drive,
     poisson_schedule,
@@ -175,3 +177,14 @@ def test_a_refused_connection_is_no_answer_not_a_crash() -> None:
     result = run_open_loop(f"http://127.0.0.1:{port}/", [b"a"], rate_per_s=100.0, count=5)
     assert result.errors == {0: 5}
     assert result.percentile_ms(50) == float("inf")
+
+
+def test_the_generator_runs_ahead_of_the_server_and_restores_its_priority(
+    server: LoopbackServer,
+) -> None:
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    result = run_open_loop(f"http://127.0.0.1:{server.port}/", [b"a"], rate_per_s=200.0, count=20)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+    allowed = os.geteuid() == 0  # root may raise it (CAP_SYS_NICE); others run as they are
+    assert result.nice == (min(GENERATOR_NICE, before) if allowed else before)
+    assert result.summary()["generator_nice"] == result.nice
