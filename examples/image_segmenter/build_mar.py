@@ -120,6 +120,11 @@ def write_photos(out: Path, sizes: list[tuple[int, int]], copies: int = 1) -> li
     return paths
 
 
+def write_corpus(out: Path, copies: int = 3) -> list[Path]:
+    """The benchmark's corpus: ``copies`` photos of each size of CORPUS_SIZES."""
+    return write_photos(out, CORPUS_SIZES, copies)
+
+
 def build_mar(
     export_path: str | Path,
     *,
@@ -189,7 +194,7 @@ def main() -> None:
     for path in write_photos(Path(args.samples), SAMPLE_SIZES):
         print(f"sample: {path}")
     if args.corpus:
-        photos = write_photos(Path(args.corpus), CORPUS_SIZES, copies=3)
+        photos = write_corpus(Path(args.corpus))
         print(f"corpus: {len(photos)} photos in {args.corpus}")
 
 
