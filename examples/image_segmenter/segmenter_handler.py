@@ -2,7 +2,7 @@
 
 ``ImageSegmenter`` resizes every photo to 256 on its short side and crops its centre to
 224x224, so a mask covers the middle of a landscape photo only, and its answer is a nested
-list of [class, probability] per pixel (tens of MB of JSON for one photo). Here:
+list of [class, probability] per pixel (1.4 MB of JSON for its 224x224 crop). Here:
 
 - preprocess keeps each photo at its own aspect ratio, scaled down so its longer side is
   at most ``max_side`` (a setting), and returns a list (a stage may pass any object);
