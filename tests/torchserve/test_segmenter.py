@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.helpers import load_module
 from tests.image_answers import mask_of, masks_close
@@ -33,17 +35,24 @@ MODEL_SIZES = [(96, 72), (72, 96), (96, 72), (96, 96), (96, 72), (64, 48), (96, 
 JPEG = "image/jpeg"
 
 
-def extracted(tmp: Path, **overrides: Any) -> Path:
+def extracted(tmp: Path) -> Path:
     """The example's .mar with a small cap, laid out as TorchServe extracts it."""
-    mar = build.build_mar(
-        tmp / "store",
-        work_dir=tmp / "work",
-        overrides=overrides,
-        handler_settings={"max_side": CAP},
-    )
+    mar = build.build_mar(tmp / "store", work_dir=tmp / "work", handler_settings={"max_side": CAP})
     directory = tmp / "model"
     with zipfile.ZipFile(mar) as archive:
         archive.extractall(directory)
+    return directory
+
+
+def variant(model_dir: Path, tmp: Path, section: str, **settings: Any) -> Path:
+    """A copy of the extracted model with ``settings`` over a section of its
+    model-config.yaml (no second build: the weights are the same)."""
+    directory = tmp / "variant"
+    shutil.copytree(model_dir, directory)
+    config_path = directory / "model-config.yaml"
+    config = yaml.safe_load(config_path.read_text())
+    config[section] = {**config.get(section, {}), **settings}
+    config_path.write_text(yaml.safe_dump(config))
     return directory
 
 
@@ -76,8 +85,13 @@ def record_forwards(service: Any) -> list[list[tuple[int, int]]]:
 
 
 @pytest.fixture(scope="module")
-def grouped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    service = start(extracted(tmp_path_factory.mktemp("segmenter")))
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return extracted(tmp_path_factory.mktemp("segmenter"))
+
+
+@pytest.fixture(scope="module")
+def grouped(model_dir: Path) -> Iterator[Any]:
+    service = start(model_dir)
     yield service
     handler_of(service).micro_batching.shutdown()
 
@@ -106,11 +120,11 @@ def test_photos_of_one_model_size_share_a_forward_and_each_gets_its_mask_alone(
 
 
 def test_with_aspect_groups_a_micro_batch_of_two_sizes_runs_one_forward_per_size(
-    tmp_path: Path, alone: list[Any]
+    model_dir: Path, tmp_path: Path, alone: list[Any]
 ) -> None:
     # 96x72 and 64x48 are one aspect ratio (4:3) but two sizes: inference stacks each size
     # on its own instead of padding the smaller photo.
-    service = start(extracted(tmp_path, shape_groups="aspect"))
+    service = start(variant(model_dir, tmp_path, "micro_batching", shape_groups="aspect"))
     try:
         calls = record_forwards(service)
         got = predict(service, [(PHOTOS[0], JPEG), (PHOTOS[5], JPEG)])
@@ -162,12 +176,6 @@ def test_a_bad_body_gets_a_400_saying_what_was_sent(
     assert masks_close(got[0][1], alone[3]) and masks_close(got[2][1], alone[6])
 
 
-def test_a_bad_cap_fails_the_model_load(tmp_path: Path) -> None:
-    mar = build.build_mar(
-        tmp_path / "store", work_dir=tmp_path / "work", handler_settings={"max_side": 0}
-    )
-    directory = tmp_path / "model"
-    with zipfile.ZipFile(mar) as archive:
-        archive.extractall(directory)
+def test_a_bad_cap_fails_the_model_load(model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="handler.max_side: got 0, expected an integer >= 1"):
-        start(directory)
+        start(variant(model_dir, tmp_path, "handler", max_side=0))
