@@ -88,16 +88,24 @@ def shuffled_rounds(
         (here / "store").symlink_to(store, target_is_directory=True)
         got, failed = benchmark.run_rounds(1, order, effective, corpus, config, point, here)
         refused.update(failed)
-        for row in got:
-            row["repeat"] = repeat
-            for kind, suffix in (("metrics", ".prom"), ("samples", ".json")):
-                kept = here / kind / f"{row['handler']}-r1{suffix}"
-                if kept.exists():
-                    (out / kind).mkdir(exist_ok=True)
-                    kept.rename(out / kind / f"{row['handler']}-r{repeat}{suffix}")
-        rows += got
+        rows += renumbered(got, repeat, here, out)
     report_args = {"corpus": corpus, "variants": variants, "effective": effective, "point": point}
     return rows, refused, orders, {**report_args, "handlers": handlers}
+
+
+def renumbered(
+    rows: list[dict[str, Any]], repeat: int, here: Path, out: Path
+) -> list[dict[str, Any]]:
+    """A round's rows as round ``repeat``, its metrics and samples moved to ``out`` under
+    that number (run_rounds, run one round at a time, numbers each one round 1)."""
+    for row in rows:
+        row["repeat"] = repeat
+        for kind, suffix in (("metrics", ".prom"), ("samples", ".json")):
+            kept = here / kind / f"{row['handler']}-r1{suffix}"
+            if kept.exists():
+                (out / kind).mkdir(exist_ok=True)
+                kept.rename(out / kind / f"{row['handler']}-r{repeat}{suffix}")
+    return rows
 
 
 def main() -> int:
