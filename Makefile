@@ -19,7 +19,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv kserve-venv test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-latency bench-compare bench-photos bench-detect bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv kserve-venv test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-latency bench-compare bench-photos bench-detect bench-segment bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -35,6 +35,7 @@ help:
 	@echo "make bench-latency [WORKLOAD=compute] [TUNED=model-config.yaml]  latency against offered load, open loop (~15 min)"
 	@echo "make bench-photos    upstream vs ours, same stages and best decoder, photo bodies (~17 min)"
 	@echo "make bench-detect    the detector on photos of 7 sizes: grouped, ungrouped, upstream, plain (~25 min)"
+	@echo "make bench-segment   the segmenter on photos of 10 sizes: groupings, micro-batch 1, plain (~25 min)"
 	@echo "make bench-compiled  eager vs torch.compile under the pipeline (~12 min)"
 	@echo "make bench-text  BERT: ours vs upstream vs plain on text of variable length (~30 min)"
 	@echo "make soak    100,000 requests at concurrency 200, the worker's memory sampled (~8 min)"
@@ -156,15 +157,23 @@ bench-photos: $(STAMP) ab
 
 # The detection example on a corpus of photos of 7 sizes: ours as packaged (shape_groups:
 # aspect), ours without grouping, upstream's MicroBatching on the same list-returning stages,
-# and the handler without micro-batching (benchmark-ab.py --mar's baseline).
-DETECT_BUILD := build/detector_mb
-bench-detect: $(STAMP) ab
-	$(PY) examples/object_detector/build_mar.py --export-path $(DETECT_BUILD) --corpus $(DETECT_BUILD)/corpus \
-	  --self-contained
-	$(PY) benchmarks/benchmark-ab.py --mar $(DETECT_BUILD)/detector_mb.mar --corpus $(DETECT_BUILD)/corpus \
+# and the handler without micro-batching (benchmark-ab.py --mar's baseline), each round in a
+# shuffled order (benchmarks/image_sizes.py, which builds the example's .mar and corpus).
+bench-detect: $(STAMP)
+	$(PY) benchmarks/image_sizes.py --example object_detector $(if $(WEIGHTS),--weights $(WEIGHTS)) \
 	  --variant nogroup='{"shape_groups": null}' \
 	  --handler-variant upstream=benchmarks/handlers/upstream_detector_handler.py \
-	  --rounds 3 --requests 240 --warmup-requests 40 --out benchmarks/results/detection
+	  --rounds $(ROUNDS) --requests 240 --warmup-requests 40 --out benchmarks/results/detection
+
+# The segmentation example on photos of 10 sizes (7 after its 520 px cap): ours as packaged
+# (shape_groups: exact, by the size the model sees), ungrouped, grouped by orientation, and
+# at micro-batch 1 (bit-identical answers), against the same handler without micro-batching.
+bench-segment: $(STAMP)
+	$(PY) benchmarks/image_sizes.py --example image_segmenter $(if $(WEIGHTS),--weights $(WEIGHTS)) \
+	  --variant nogroup='{"shape_groups": null}' \
+	  --variant orientation='{"shape_groups": "orientation"}' \
+	  --variant mb1='{"micro_batch_size": 1}' \
+	  --rounds $(ROUNDS) --requests 160 --warmup-requests 32 --out benchmarks/results/segmentation
 
 # Eager vs torch.compile'd ResNet-18, with and without allowed sizes and warm-up.
 bench-compiled: $(STAMP) ab

@@ -49,6 +49,7 @@ def detector_class() -> type:
 def write_weights(out: Path, weights: str | None) -> Path:
     import torch
 
+    torch.manual_seed(0)  # untrained weights, the same at every build: two builds compare
     model = detector_class()()
     path = out / "detector.pth"
     if weights:

@@ -1,7 +1,7 @@
 """The detection example on a real TorchServe: parallel photos of different sizes, batched
-by the frontend, each answered exactly as the same photo alone; and the README's first
-path, TorchServe's stock ObjectDetector behind the mixin with no grouping, answering a
-mixed batch 200 each."""
+by the frontend, each answered as the same photo alone (within the tolerance docs/images.md
+states); and the README's first path, TorchServe's stock ObjectDetector behind the mixin
+with no grouping, answering a mixed batch 200 each."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.helpers import load_module
+from tests.image_answers import boxes_close
 from tests.integration.servers import local_server, scraped, settled_scrape
 from tests.integration.test_torchserve import parallel
 from tests.torchserve.images import make_jpeg
@@ -50,7 +51,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
         yield ts
 
 
-def test_parallel_photos_of_different_sizes_are_each_answered_exactly_as_alone(
+def test_parallel_photos_of_different_sizes_are_each_answered_as_alone(
     server: TorchServe,
 ) -> None:
     alone = [server.predict(NAME, photo, content_type="image/jpeg") for photo in PHOTOS]
@@ -62,7 +63,7 @@ def test_parallel_photos_of_different_sizes_are_each_answered_exactly_as_alone(
     # sizes in batches of up to 8), and photos of one size shared micro-batches.
     assert summary["mean_batch_size"] >= 4 and summary["mean_micro_batch_size"] > 1, summary
     assert [r.status for r in responses] == [200] * len(PHOTOS)
-    assert [r.json() for r in responses] == [r.json() for r in alone]
+    assert all(boxes_close(r.json(), a.json()) for r, a in zip(responses, alone))
     assert all(len(r.json()) == 100 for r in responses)  # untrained: every box answered
 
 
@@ -76,7 +77,8 @@ def test_a_kserve_v1_request_of_several_sizes(server: TorchServe) -> None:
     )
     assert resp.status == 200, resp.body
     alone = [server.predict(NAME, photo).json() for photo in PHOTOS[:3]]
-    assert resp.json()["predictions"] == alone
+    assert len(resp.json()["predictions"]) == 3
+    assert all(boxes_close(got, want) for got, want in zip(resp.json()["predictions"], alone))
 
 
 def test_the_stock_object_detector_behind_the_mixin_answers_mixed_sizes_200(

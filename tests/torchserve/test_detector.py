@@ -1,5 +1,7 @@
 """The detection example (examples/object_detector) through TorchServe's loader and
-``Service.predict``: photos of different sizes, each answered as alone.
+``Service.predict``: photos of different sizes, each answered as alone (within the
+tolerance docs/images.md states for the floats; statuses and which photo gets which answer
+exactly).
 
 The model is torchvision's Faster R-CNN with untrained weights (every box answered,
 threshold 0), so an answer is 100 boxes whose coordinates depend on every pixel the model
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import load_module
+from tests.image_answers import boxes_close
 from tests.torchserve.images import make_jpeg, with_app_segments, wrapped
 from tests.torchserve.ts_machinery import decode, load_service, request
 from ts_microbatch.torchserve.images import HEADER_BYTES_MAX
@@ -81,7 +84,7 @@ def alone(grouped: Any) -> list[Any]:
     return [boxes for _, boxes in answers]
 
 
-def test_with_aspect_groups_every_photo_gets_exactly_its_answer_alone(
+def test_with_aspect_groups_every_photo_gets_its_answer_alone(
     grouped: Any, alone: list[Any]
 ) -> None:
     calls = record_preprocess(grouped)
@@ -91,7 +94,9 @@ def test_with_aspect_groups_every_photo_gets_exactly_its_answer_alone(
     assert any(len(set(call)) > 1 for call in calls), calls
     assert all(len({w * 1000 // h for w, h in call}) == 1 for call in calls), calls
     assert [status for status, _ in got] == [200] * len(PHOTOS)
-    assert [boxes for _, boxes in got] == alone  # exactly: nothing was padded
+    # Nothing was padded: each photo's rows are its rows alone, so its boxes are its boxes
+    # alone up to the kernels' batch dependence (docs/images.md#exact-and-equal).
+    assert all(boxes_close(boxes, want) for (_, boxes), want in zip(got, alone))
 
 
 def test_defect_wrapped_base64_photos_shared_a_padded_micro_batch(
@@ -133,7 +138,7 @@ def test_without_groups_a_photo_beside_another_size_is_padded_and_answered_other
         got = predict(service, [(PHOTOS[0], JPEG), (PHOTOS[1], JPEG)])
         assert calls == [[(640, 480), (480, 640)]]  # the scenario: one mixed micro-batch
         assert [status for status, _ in got] == [200, 200]
-        assert got[1][1] != alone[1]
+        assert not boxes_close(got[1][1], alone[1])  # far beyond the kernels' difference
     finally:
         handler_of(service).micro_batching.shutdown()
 
@@ -145,7 +150,8 @@ def test_kserve_v1_instances_of_different_sizes_each_get_their_boxes(
 
     body = {"instances": [{"b64": base64.b64encode(PHOTOS[i]).decode()} for i in (0, 1, 4)]}
     ((status, answer),) = predict(grouped, [(json.dumps(body).encode(), "application/json")])
-    assert status == 200 and answer["predictions"] == [alone[0], alone[1], alone[4]]
+    assert status == 200 and len(answer["predictions"]) == 3
+    assert all(boxes_close(a, alone[i]) for a, i in zip(answer["predictions"], (0, 1, 4)))
 
 
 @pytest.mark.parametrize(
