@@ -83,3 +83,10 @@ def test_the_plot_has_every_variant(tmp_path: Path) -> None:
     table = curves.format_curves(data, 100)
     assert "**ours**, holds 100 req/s within P99 100 ms" in table
     assert "**plain**, holds 0 req/s" in table
+
+
+def test_a_point_is_behind_when_its_queue_grows_or_answers_fall_short() -> None:
+    assert not curves.behind(row(100, 98, 80, queue_growth=1.2))
+    assert curves.behind(row(100, 98, 80, queue_growth=3.0))
+    assert curves.behind(row(100, 80, 80))
+    assert not curves.sustained([row(100, 99, 80, queue_growth=3.0)], 100)

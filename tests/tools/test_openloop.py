@@ -188,3 +188,17 @@ def test_the_generator_runs_ahead_of_the_server_and_restores_its_priority(
     allowed = os.geteuid() == 0  # root may raise it (CAP_SYS_NICE); others run as they are
     assert result.nice == (min(GENERATOR_NICE, before) if allowed else before)
     assert result.summary()["generator_nice"] == result.nice
+
+
+def test_a_growing_queue_shows_in_the_last_quarter_and_achieved_counts_the_offered_span() -> None:
+    from ts_microbatch.tools.openloop import OpenLoopResult, Sent
+
+    def run(latencies: list[float]) -> OpenLoopResult:
+        sends = [Sent(i / 10, i / 10, i / 10 + ms / 1000, 200) for i, ms in enumerate(latencies)]
+        return OpenLoopResult(10.0, sends, elapsed_s=99.0, cpu_s=0.0)
+
+    steady = run([50.0] * 40)
+    assert steady.queue_growth == pytest.approx(1.0)
+    assert steady.achieved_per_s == pytest.approx(10.0)  # the span offered, not the tail's
+    growing = run([50.0 + 100 * i for i in range(40)])
+    assert growing.queue_growth > 10

@@ -23,10 +23,22 @@ from .corpus import Corpus
 from .drive import send_corpus, summarize
 from .openloop import OpenLoopResult, run_open_loop
 
-# A rate where fewer than this share of the offered requests were answered per second is
-# past the model's capacity: one more point is kept to show it, then the sweep stops.
+# Past the model's capacity the queue grows through a run: the last quarter's median latency
+# is this many times the first quarter's (or fewer than FELL_BEHIND of the requests offered
+# were answered, or P99 passed GAVE_UP_P99_MS). One more point is kept to show it, then the
+# sweep stops.
+QUEUE_GROWTH = 2.0
 FELL_BEHIND = 0.9
 GAVE_UP_P99_MS = 10_000.0
+
+
+def behind(row: dict[str, Any]) -> bool:
+    """Whether a point is past the model's capacity (module constants)."""
+    return bool(
+        row.get("queue_growth", 1.0) > QUEUE_GROWTH
+        or row["achieved_per_s"] < FELL_BEHIND * row["offered_per_s"]
+        or row["p99_ms"] > GAVE_UP_P99_MS
+    )
 
 
 def parse_rates(text: str) -> list[float]:
@@ -69,7 +81,7 @@ def sweep(
     behind. ``requests_per_rate``: a count, or one per rate (so that every point lasts about
     as long)."""
     results: list[OpenLoopResult] = []
-    behind = False
+    past = False
     for index, rate in enumerate(rates):
         count = requests_per_rate(rate) if callable(requests_per_rate) else requests_per_rate
         result = run_open_loop(
@@ -80,9 +92,9 @@ def sweep(
         row = result.summary()
         if progress is not None:
             progress(row)
-        if behind:
+        if past:
             break
-        behind = row["achieved_per_s"] < FELL_BEHIND * rate or row["p99_ms"] > GAVE_UP_P99_MS
+        past = behind(row)
     return results
 
 
@@ -173,14 +185,14 @@ def write_curves(
 
 def sustained(rows: Iterable[dict[str, Any]], slo_p99_ms: float) -> float:
     """The highest offered rate held within the objective: P99 at most ``slo_p99_ms``, no
-    error nor timeout, and achieved within ``FELL_BEHIND`` of offered; 0 if none was."""
+    error nor timeout, and not past the model's capacity (``behind``); 0 if none was."""
     held = [
         row["offered_per_s"]
         for row in rows
         if row["p99_ms"] <= slo_p99_ms
         and row["errors"] == 0
         and row["timeouts"] == 0
-        and row["achieved_per_s"] >= FELL_BEHIND * row["offered_per_s"]
+        and not behind(row)
     ]
     return max(held, default=0.0)
 

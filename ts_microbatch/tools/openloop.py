@@ -88,13 +88,34 @@ class OpenLoopResult:
 
     @property
     def achieved_per_s(self) -> float:
-        """Requests answered 200 per second of the run."""
-        return len(self.answered) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        """Requests answered 200 per second, over the span the requests were offered in
+        (their last scheduled send, plus one mean gap): equal to the rate drawn when every
+        request is answered, however long the last answers took."""
+        span = self.sends[-1].due_s + 1 / self.offered_per_s if self.sends else 0.0
+        return len(self.answered) / span if span > 0 else 0.0
+
+    @property
+    def queue_growth(self) -> float:
+        """The median latency of the last quarter of requests over the first quarter's: about
+        1 while the server keeps up, growing with a queue that grows (past capacity)."""
+        quarter = max(1, len(self.sends) // 4)
+        first, last = self.sends[:quarter], self.sends[-quarter:]
+
+        def median(sends: list[Sent]) -> float:
+            values = sorted(math.inf if s.latency_s is None else s.latency_s for s in sends)
+            return values[len(values) // 2]
+
+        return median(last) / max(median(first), 1e-6)
 
     @property
     def late(self) -> int:
         """Sends made more than ``LATE_AFTER_S`` after their time."""
         return sum(1 for s in self.sends if s.late_s > LATE_AFTER_S)
+
+    def late_percentile_ms(self, q: float) -> float:
+        """The ``q``-th percentile of how late the generator sent (0 when on time)."""
+        lateness = sorted(max(0.0, s.late_s) for s in self.sends)
+        return 1000 * lateness[max(0, math.ceil(q / 100 * len(lateness)) - 1)]
 
     def percentile_ms(self, q: float) -> float:
         """The ``q``-th percentile (0-100, nearest rank) of the latency of every request,
@@ -116,6 +137,8 @@ class OpenLoopResult:
             "errors": sum(n for status, n in self.errors.items() if status != 0),
             "timeouts": self.errors.get(0, 0),
             "late_sends": self.late,
+            "late_p99_ms": round(self.late_percentile_ms(99), 2),
+            "queue_growth": round(min(self.queue_growth, 1e6), 2),
             "generator_cpu_ms_per_request": round(1000 * self.cpu_s / max(1, len(self.sends)), 3),
             "generator_nice": self.nice,
         }
