@@ -201,4 +201,4 @@ def test_a_growing_queue_shows_in_the_last_quarter_and_achieved_counts_the_offer
     assert steady.queue_growth == pytest.approx(1.0)
     assert steady.achieved_per_s == pytest.approx(10.0)  # the span offered, not the tail's
     growing = run([50.0 + 100 * i for i in range(40)])
-    assert growing.queue_growth > 10
+    assert growing.queue_growth > 6  # medians 3,550 ms over 550 ms
