@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,8 @@ def confirm(
             f"(predicted {candidate.held_per_s:.0f})",
             flush=True,
         )
+    for scratch in ("store", "servers"):  # the repackaged .mars and the servers' logs
+        shutil.rmtree(out / scratch, ignore_errors=True)
     return sorted(top, key=lambda c: -(c.measured_per_s or 0.0))
 
 
