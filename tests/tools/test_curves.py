@@ -86,7 +86,8 @@ def test_the_plot_has_every_variant(tmp_path: Path) -> None:
 
 
 def test_a_point_is_behind_when_its_queue_grows_or_answers_fall_short() -> None:
-    assert not curves.behind(row(100, 98, 80, queue_growth=1.2))
-    assert curves.behind(row(100, 98, 80, queue_growth=3.0))
+    assert not curves.behind(row(100, 98, 80, queue_growth_ms=30))
+    assert curves.behind(row(100, 98, 80, queue_growth_ms=400))
     assert curves.behind(row(100, 80, 80))
-    assert not curves.sustained([row(100, 99, 80, queue_growth=3.0)], 100)
+    assert not curves.behind(row(100, 80, 80, realized_per_s=85))  # the draw was slow
+    assert not curves.sustained([row(100, 99, 80, queue_growth_ms=400)], 100)

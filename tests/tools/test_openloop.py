@@ -198,7 +198,8 @@ def test_a_growing_queue_shows_in_the_last_quarter_and_achieved_counts_the_offer
         return OpenLoopResult(10.0, sends, elapsed_s=99.0, cpu_s=0.0)
 
     steady = run([50.0] * 40)
-    assert steady.queue_growth == pytest.approx(1.0)
+    assert steady.queue_growth_ms == pytest.approx(0.0)
     assert steady.achieved_per_s == pytest.approx(10.0)  # the span offered, not the tail's
+    assert steady.realized_per_s == pytest.approx(10.0)
     growing = run([50.0 + 100 * i for i in range(40)])
-    assert growing.queue_growth > 6  # medians 3,550 ms over 550 ms
+    assert growing.queue_growth_ms == pytest.approx(3000.0)  # medians 3,550 and 550 ms

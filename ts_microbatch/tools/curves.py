@@ -24,10 +24,10 @@ from .drive import send_corpus, summarize
 from .openloop import OpenLoopResult, run_open_loop
 
 # Past the model's capacity the queue grows through a run: the last quarter's median latency
-# is this many times the first quarter's (or fewer than FELL_BEHIND of the requests offered
+# is this much over the first quarter's (or fewer than FELL_BEHIND of the requests drawn
 # were answered, or P99 passed GAVE_UP_P99_MS). One more point is kept to show it, then the
 # sweep stops.
-QUEUE_GROWTH = 2.0
+QUEUE_GROWTH_MS = 100.0
 FELL_BEHIND = 0.9
 GAVE_UP_P99_MS = 10_000.0
 
@@ -35,8 +35,8 @@ GAVE_UP_P99_MS = 10_000.0
 def behind(row: dict[str, Any]) -> bool:
     """Whether a point is past the model's capacity (module constants)."""
     return bool(
-        row.get("queue_growth", 1.0) > QUEUE_GROWTH
-        or row["achieved_per_s"] < FELL_BEHIND * row["offered_per_s"]
+        row.get("queue_growth_ms", 0.0) > QUEUE_GROWTH_MS
+        or row["achieved_per_s"] < FELL_BEHIND * row.get("realized_per_s", row["offered_per_s"])
         or row["p99_ms"] > GAVE_UP_P99_MS
     )
 
