@@ -155,9 +155,12 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
     rows: list[dict[str, Any]] = []
     for round_no in range(args.rounds):
         for name in round_order(list(chosen), round_no + 1, args.seed):
+            # Registered with its own window: TorchServe 0.12 takes the registration's
+            # maxBatchDelay over the .mar's model-config.yaml.
+            frontend = chosen[name][1][1]
             point = {
-                "batch_size": 32,
-                "max_batch_delay": 50,
+                "batch_size": frontend.get("batchSize", 32),
+                "max_batch_delay": frontend.get("maxBatchDelay", 50),
                 "concurrency": 64,
                 "requests": 1,
                 "workers": 1,
@@ -182,6 +185,7 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
                     "handler": name,
                     "repeat": round_no + 1,
                     "curve": result["curve"],
+                    "served_frontend": result["served_frontend"],
                     "cpu": {k: v for k, v in result.items() if "cpu" in k},
                 }
             )

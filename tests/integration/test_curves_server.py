@@ -28,6 +28,10 @@ def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> Non
     runs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     curves = {r["handler"]: r["curve"] for r in runs if r.get("kind") == "run"}
     assert set(curves) == {"plain", "ours", "w5"}
+    # What the server batched with, as it described the model: w5's own window.
+    served = {r["handler"]: r["served_frontend"] for r in runs if r.get("kind") == "run"}
+    assert served["w5"] == {"batchSize": 4, "maxBatchDelay": 5}
+    assert served["ours"]["maxBatchDelay"] != 5
     for points in curves.values():
         # The scenario: each rate's requests were sent, open loop, and answered.
         assert [p["offered_per_s"] for p in points] == [10, 20]

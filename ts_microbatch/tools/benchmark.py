@@ -114,6 +114,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def registered(point: dict[str, Any], frontend: dict[str, int] | None) -> dict[str, Any]:
+    """``point`` with a variant's own batch size and window, as it is registered."""
+    if not frontend:
+        return point
+    return {
+        **point,
+        "batch_size": frontend["batchSize"],
+        "max_batch_delay": frontend["maxBatchDelay"],
+    }
+
+
 def curve_sender(args: argparse.Namespace, corpus: Corpus, concurrency: int) -> Send | None:
     """With ``--rates``: each run's load is an open-loop sweep over them (warm-up as usual)."""
     if not getattr(args, "rates", None):
@@ -123,7 +134,9 @@ def curve_sender(args: argparse.Namespace, corpus: Corpus, concurrency: int) -> 
 
 def frontend_of(args: argparse.Namespace, mar: Path) -> dict[str, int]:
     """batchSize and maxBatchDelay: the flags, else the .mar's model-config.yaml, else 32/50.
-    Written into every variant's YAML, where they win over the registration's."""
+    Written into every variant's YAML and given to its registration: TorchServe 0.12 takes
+    the registration's maxBatchDelay over the YAML's (a variant whose YAML said 5 ms ran at
+    the 50 ms it was registered with)."""
     packaged = settings_of(read_entries(mar))["yaml"] or {}
     return {
         "batchSize": args.batch_size or int(packaged.get("batchSize", 32)),
@@ -223,6 +236,7 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
             results,
             args.seed,
             curve_sender(args, corpus, point["concurrency"]),
+            served,
         )
     except BaseException:
         log(f"stopped: the runs measured so far are in {results.path}")
@@ -245,6 +259,7 @@ def run_rounds(
     results: ResultsLog | None = None,
     seed: int = 0,
     sender: Send | None = None,
+    served: dict[str, dict[str, int]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Every variant once per round, in an order shuffled from ``seed`` and the round
     (rounds.round_order); one row per run, with its CPU per request, each also appended to
@@ -283,7 +298,7 @@ def run_rounds(
                     out / "store",
                     f"mar-{name}",
                     config,
-                    point,
+                    registered(point, (served or {}).get(name)),
                     label,
                     out / "metrics" / f"{name}-r{repeat}.prom",
                     send,

@@ -99,6 +99,10 @@ def measure(
             raise RegistrationError(
                 f"registering {model} failed: {resp.status} {resp.body!r}\n{server.log()[-3000:]}"
             )
+        # What the server batches with (TorchServe 0.12 takes the registration's window
+        # over the .mar's model-config.yaml): recorded, so a run shows it.
+        described = server.describe(model)
+        frontend = {k: described.get(k) for k in ("batchSize", "maxBatchDelay")}
         url = f"{server.inference_url}/predictions/{model}"
         token = server.token("inference")
         server_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +141,7 @@ def measure(
         **summary,
         **latency,
         **cpu_ms,
+        "served_frontend": frontend,
         "errors": int(summary["failed_requests"] + summary["non_2xx_responses"]),
         "server_handler_ms": summarize([ms for ms, _ in handler_times]),
         "server_queue_ms": summarize(queue_times),
