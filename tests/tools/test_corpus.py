@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ts_microbatch.tools import tune
+from ts_microbatch.tools import inprocess, tune
 from ts_microbatch.tools.corpus import Body, Corpus, CorpusError, read_corpus, rows_of
 
 
@@ -136,12 +136,12 @@ def test_tune_measures_batches_drawn_from_the_corpus_in_order(tmp_path: Path) ->
         def get_response_status(self, i: int) -> tuple[int, str]:
             return 200, ""
 
-    original = tune.fresh_batch
-    tune.fresh_batch = lambda context, n: None  # type: ignore[assignment]
+    original = inprocess.fresh_batch
+    inprocess.fresh_batch = lambda context, n: None  # type: ignore[assignment]
     try:
-        tune.measure(FakeMicroBatching(), FakeContext(), batches)  # type: ignore[arg-type]
+        inprocess.measure(FakeMicroBatching(), FakeContext(), batches)  # type: ignore[arg-type]
     finally:
-        tune.fresh_batch = original
+        inprocess.fresh_batch = original
     assert seen == [[b.torchserve_value() for b in batch] for batch in batches]
 
 

@@ -14,7 +14,7 @@ from PIL import Image
 from ts.context import Context
 
 from tests.helpers import load_module
-from ts_microbatch.tools import tune
+from ts_microbatch.tools import inprocess
 
 prepare = load_module("examples/image_classifier/prepare.py", "ts_microbatch_example_prepare")
 make_jpeg = prepare.make_jpeg
@@ -28,10 +28,10 @@ def make_context(model_dir: Path, batch: int, yaml_config: dict[str, Any] | None
             "modelFile": "model.py",
         }
     }
-    return tune.make_context(model_dir, batch, manifest, yaml_config or {})
+    return inprocess.make_context(model_dir, batch, manifest, yaml_config or {})
 
 
-new_batch = tune.fresh_batch
+new_batch = inprocess.fresh_batch
 
 
 def statuses(context: Context, batch: int) -> list[int]:

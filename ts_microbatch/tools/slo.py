@@ -93,7 +93,7 @@ def stage_costs(
     record: ResultsLog,
 ) -> list[tuple[dict[str, Any], dict[int, float]]]:
     """Step 1: per combination, milliseconds per batch of each size, in-process."""
-    from .tune import measure as seconds_per_batch
+    from .inprocess import measure as seconds_per_batch
 
     costs = []
     for index, combo in enumerate(combos, start=1):
@@ -256,7 +256,7 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
 
     from ..core.config import load_config
     from .confirm import model_dir_of
-    from .tune import load_handler, make_context, tuning_corpus
+    from .inprocess import load_handler, make_context, tuning_corpus
 
     corpus = tuning_corpus(args)
     batch_sizes = sorted({n for n in args.batch_sizes if n >= 1})
