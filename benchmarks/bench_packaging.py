@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ import prepare
 import yaml
 
 from ts_microbatch.core.config import MicroBatchingConfig
+from ts_microbatch.tools.archiver import run_archiver
 from ts_microbatch.tools.confirm import model_dir_of, with_config
 
 HERE = Path(__file__).resolve().parent
@@ -84,7 +83,6 @@ def package(
     yaml_path = work / f"{name}.yaml"
     yaml_path.write_text(yaml.safe_dump(model_yaml(config, point, handler), sort_keys=False))
     cmd = [
-        str(Path(sys.executable).with_name("torch-model-archiver")),
         "--force",
         "--model-name",
         name,
@@ -108,9 +106,7 @@ def package(
             "--extra-files",
             ",".join(extra),
         ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"torch-model-archiver failed for {name}:\n{proc.stdout}{proc.stderr}")
+    run_archiver(cmd)
     return name
 
 

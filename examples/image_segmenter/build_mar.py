@@ -17,13 +17,14 @@ import argparse
 import importlib.util
 import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 from PIL import Image
+
+from ts_microbatch.tools.archiver import run_archiver
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -157,7 +158,6 @@ def build_mar(
 
         extra.append(str(vendor(work / "vendor")))
     Path(export_path).mkdir(parents=True, exist_ok=True)
-    archiver = Path(sys.executable).with_name("torch-model-archiver")
     arguments = {
         "--model-name": model_name,
         "--version": "1.0",
@@ -168,8 +168,7 @@ def build_mar(
         "--extra-files": ",".join(extra),
         "--export-path": str(export_path),
     }
-    command = [str(archiver), "--force", *(part for pair in arguments.items() for part in pair)]
-    subprocess.run(command, check=True)
+    run_archiver(["--force", *(part for pair in arguments.items() for part in pair)])
     mar = Path(export_path) / f"{model_name}.mar"
     print(f"Built {mar}")
     return mar

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 import yaml
+
+from ts_microbatch.tools.archiver import run_archiver
 
 HERE = Path(__file__).resolve().parent
 WEIGHTS = "tiny.pt"
@@ -75,10 +76,8 @@ def build_mar(store: Path, work: Path, name: str, config_yaml: str) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     torch.save(eager_model().state_dict(), work / WEIGHTS)
     (work / "model-config.yaml").write_text(config_yaml)
-    archiver = Path(sys.executable).with_name("torch-model-archiver")
-    subprocess.run(
+    run_archiver(
         [
-            str(archiver),
             "--force",
             "--model-name",
             name,
@@ -96,7 +95,6 @@ def build_mar(store: Path, work: Path, name: str, config_yaml: str) -> Path:
             str(store),
             "--archive-format",
             "zip-store",
-        ],
-        check=True,
+        ]
     )
     return store / f"{name}.mar"

@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import ROOT, load_module
 from ts_microbatch import MicroBatchingConfig, load_config
 from ts_microbatch.tools import tune
+from ts_microbatch.tools.archiver import run_archiver
 from ts_microbatch.tools.confirm import Load, Measured
 from ts_microbatch.tools.tune import main
 
@@ -119,14 +120,10 @@ def test_tuner_refuses_a_handler_without_micro_batching(tmp_path: Path) -> None:
         "class Plain(BaseHandler):\n    def initialize(self, context):\n"
         "        self.initialized = True\n"
     )
-    import subprocess
-    import sys
-
     work = tmp_path / "store"
     work.mkdir()
-    subprocess.run(
+    run_archiver(
         [
-            str(Path(sys.executable).with_name("torch-model-archiver")),
             "--model-name",
             "plain",
             "--version",
@@ -137,8 +134,7 @@ def test_tuner_refuses_a_handler_without_micro_batching(tmp_path: Path) -> None:
             str(work),
             "--archive-format",
             "no-archive",
-        ],
-        check=True,
+        ]
     )
     with pytest.raises(SystemExit, match="does not use ts_microbatch"):
         main(["--mar", str(work / "plain"), "--input", str(handler), "--batch-size", "2"])
