@@ -64,9 +64,10 @@ def test_the_slo_tuner_confirms_its_choice_on_a_real_torchserve(tmp_path: Path) 
     for line in confirmed:
         assert [p["offered_per_s"] for p in line["curve"]][:3] == [6.0, 9.0, 12.0]
         assert all(p["errors"] == 0 for p in line["curve"])
+    # The one the server held most with is written (the model's first when none held: no
+    # latency is asserted here, only which measurement decides).
     best = max(confirmed, key=lambda line: line["measured_per_s"])
     written = yaml.safe_load(out.read_text())
-    assert best["measured_per_s"] > 0
     assert (written["batchSize"], written["maxBatchDelay"]) == (
         best["batchSize"], best["maxBatchDelay"],
     )  # fmt: skip
