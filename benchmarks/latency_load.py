@@ -48,13 +48,25 @@ from ts_microbatch.tools.rounds import round_order  # noqa: E402
 
 SHIPPED_WINDOW = 50
 MODELS = {"plain": "plain", "upstream": "upstream", "ours": "head-example"}
+MODELS["continuous"] = MODELS["ours"]
+# The asynchronous worker: requests stream to it one by one (TorchServe 0.12's asynchronous
+# frontend fails on larger batches), the continuous batcher forms the micro-batches.
+ASYNC_FRONTEND = {"batchSize": 1, "maxBatchDelay": 1, "asyncCommunication": True}
 
 
-def variants(windows: dict[str, list[int]], tuned: Path | None) -> dict[str, tuple[str, Any]]:
-    """name -> (model built by compare.package, (section override or None, frontend))."""
+def variants(
+    windows: dict[str, list[int]], tuned: Path | None, max_latency_ms: float | None = None
+) -> dict[str, tuple[str, Any]]:
+    """name -> (model built by compare.package, (section override or None, frontend)).
+    ``continuous-w<ms>``: the example on the asynchronous worker, ``max_window_ms`` <ms>,
+    with ``max_latency_ms`` when given."""
     out: dict[str, tuple[str, Any]] = {}
     for model, model_windows in windows.items():
         for window in model_windows:
+            if model == "continuous":
+                section = {"max_window_ms": window, "max_latency_ms": max_latency_ms}
+                out[f"{model}-w{window}"] = (MODELS[model], (section, ASYNC_FRONTEND))
+                continue
             out[f"{model}-w{window}"] = (MODELS[model], (None, {"maxBatchDelay": window}))
     if tuned is not None:
         chosen = yaml.safe_load(tuned.read_text())
@@ -77,6 +89,27 @@ def p99_near(rows: list[dict[str, Any]], name: str, rate: float) -> float | None
     nearest = min({p["offered_per_s"] for p in points}, key=lambda offered: abs(offered - rate))
     values = sorted(p["p99_ms"] for p in points if p["offered_per_s"] == nearest)
     return values[len(values) // 2]
+
+
+def overload_table(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
+    """Per variant and offered rate, every round: what was answered 200 and how fast, what
+    was refused 429 and how fast it was told, and what failed otherwise or timed out."""
+    lines = [
+        "| variant | offered req/s | answered 200/s | P99 of 200s, ms | refused 429 | "
+        "slowest 429, ms | other errors | timeouts |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        for run in (r for r in rows if r["handler"] == name):
+            for p in run["curve"]:
+                lines.append(
+                    f"| {name} (round {run['repeat']}) | {p['offered_per_s']:g} | "
+                    f"{p['achieved_per_s']:.0f} | {p.get('accepted_p99_ms', 0):.0f} | "
+                    f"{p.get('refused', 0)} of {p['requests']} | "
+                    f"{p.get('refused_max_ms', 0):.0f} | "
+                    f"{p['errors'] - p.get('refused', 0)} | {p['timeouts']} |"
+                )
+    return lines
 
 
 def report(rows: list[dict[str, Any]], names: list[str], slo: float, info: dict[str, Any]) -> str:
@@ -111,6 +144,9 @@ def report(rows: list[dict[str, Any]], names: list[str], slo: float, info: dict[
         f"{ours / upstream if upstream else float('inf'):.2f}x; against plain: "
         f"{ours / plain if plain else float('inf'):.2f}x (rates held within the objective).",
     ]
+    if info.get("max_latency_ms") is not None:
+        lines += ["", f"With max_latency_ms {info['max_latency_ms']:g} (continuous):", ""]
+        lines += overload_table(rows, names)
     return "\n".join(lines) + "\n"
 
 
@@ -124,13 +160,19 @@ def main() -> None:
     parser.add_argument("--slo-p99-ms", type=float, default=100.0)
     parser.add_argument("--windows", default="plain:5,50;upstream:5,20,50;ours:5,50")
     parser.add_argument("--tuned", type=Path, help="a model-config.yaml from the SLO tuner")
+    parser.add_argument(
+        "--max-latency-ms",
+        type=float,
+        help="the continuous variants' max_latency_ms (429 past it); with one rate in --rates "
+        "past capacity, the overload run",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     windows = {
         m: [int(w) for w in ws.split(",")]
         for m, ws in (part.split(":") for part in args.windows.split(";"))
     }
-    chosen = variants(windows, args.tuned)
+    chosen = variants(windows, args.tuned, args.max_latency_ms)
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tsmb-latency-"))
     try:
@@ -197,6 +239,7 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
         "seed": args.seed,
         "seconds": args.rate_seconds,
         "variants": {n: v[1] for n, v in chosen.items()},
+        "max_latency_ms": args.max_latency_ms,
     }
     write_curves(args.out, rows, args.slo_p99_ms, f"{args.workload}, 720px")
     text = report(rows, list(chosen), args.slo_p99_ms, info)

@@ -44,6 +44,21 @@ def _positive_seconds(value: Any, key: str, *, allow_none: bool) -> float | None
     return float(value)
 
 
+def _milliseconds(value: Any, key: str, *, allow_none: bool) -> float | None:
+    """Milliseconds >= 0 (a window may be 0: never wait), or null where allowed."""
+    if value is None and allow_none:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        allowed = "a number of milliseconds >= 0" + (" or null" if allow_none else "")
+        raise ConfigError(f"{key}: got {value!r}, expected {allowed}")
+    return float(value)
+
+
 MAX_METRICS_INTERVAL_S = 3600.0
 
 
@@ -173,4 +188,6 @@ _FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "truncate": _boolean,
     "shape_groups": check_groups,
     "max_micro_batch_pixels": lambda v, k: None if v is None else _positive_int(v, k),
+    "max_window_ms": lambda v, k: _milliseconds(v, k, allow_none=False),
+    "max_latency_ms": lambda v, k: _milliseconds(v, k, allow_none=True),
 }

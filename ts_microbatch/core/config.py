@@ -73,6 +73,14 @@ Schema (every key optional)::
                                      # "data"}]}, exactly one input); true also
                                      # {"instances": ...} (v1) and any {"inputs": ...} (the KServe
                                      # bundle sets it); false none: every body is the handler's
+    max_window_ms: 5                 # asynchronous worker (asyncCommunication: true) only:
+                                     # the longest a gathered micro-batch waits to fill while
+                                     # a stage thread is free (ts_microbatch.core.continuous)
+    max_latency_ms: null             # asynchronous worker only: a request predicted to take
+                                     # longer (queue ahead x measured stage costs) is answered
+                                     # 429 with Retry-After at once, before any stage; the
+                                     # header x-envoy-expected-rq-timeout-ms lowers it per
+                                     # request; null: every request is queued
 
 Where both exist, ``micro_batching.json`` in the model directory is read first and the
 ``micro_batching:`` section of model-config.yaml is applied over it, key by key (and stage
@@ -201,6 +209,8 @@ class MicroBatchingConfig:
     truncate: bool = False
     shape_groups: str | int | None = None
     max_micro_batch_pixels: int | None = None
+    max_window_ms: float = 5.0
+    max_latency_ms: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallelism, Parallelism):

@@ -407,13 +407,14 @@ class TorchServe:
         body: bytes,
         timeout_s: float = 120.0,
         content_type: str = "application/octet-stream",
+        headers: dict[str, str] | None = None,
     ) -> Response:
         # Without a content type urllib sends a form encoding, which TorchServe would parse.
         return self.request(
             "POST",
             f"{self.inference_url}/predictions/{model_name}",
             body=body,
-            headers={"Content-Type": content_type},
+            headers={"Content-Type": content_type, **(headers or {})},
             timeout_s=timeout_s,
         )
 

@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..core.config import STAGES, MicroBatchingConfig, Parallelism, _positive_int
+from ..core.continuous import StageCosts, StreamPolicy
 from ..core.errors import PipelineStalledError
 from ..core.metrics import GuardedObserver, PipelineObserver
 from ..core.micro_batch import MicroBatchInfo
@@ -42,6 +43,7 @@ from .envelopes import check_envelope, plain_handle
 from .images import image_shape
 from .metrics import TorchServeMetricsObserver
 from .settings import apply_size, body_length, in_place, new_pipeline, shape_count
+from .stream import ContinuousBatcher
 from .timeouts import default_timeout_s
 from .warmup import WarmUp
 
@@ -94,6 +96,9 @@ class MicroBatching:
         # Guarded once for every consumer (pipeline, answers, compiled model): a metrics hook
         # that raises is logged, and changes no answer.
         self._observer = GuardedObserver.wrap(observer or PipelineObserver())
+        # The stage costs the asynchronous worker's batcher decides from; the metrics after.
+        self._costs = StageCosts(STAGES, self._observer)
+        self._stream: ContinuousBatcher | None = None  # made on the first asynchronous call
         handler = self.handler
 
         def stage(name: str) -> Any:
@@ -112,7 +117,7 @@ class MicroBatching:
         self._pipeline = self._new_pipeline(config)
 
     def _new_pipeline(self, config: MicroBatchingConfig) -> Pipeline:
-        return new_pipeline(self._stages, config, self._observer, self.item_length, self.item_shape)
+        return new_pipeline(self._stages, config, self._costs, self.item_length, self.item_shape)
 
     def item_length(self, item: Any) -> Any:
         """One item's length: what the handler's ``item_length(item)`` returns (a
@@ -167,6 +172,8 @@ class MicroBatching:
         if self.compiled is not None:
             self.compiled.on_recompile = config.on_recompile
             self.compiled.recompile_limit = shape_count(config)
+        if self._stream is not None:
+            self._stream.configure(*_stream_limits_s(config))
         self._config = config
 
     @property
@@ -283,6 +290,26 @@ class MicroBatching:
         return default_timeout_s(getattr(submitted.view, "model_yaml_config", None))
 
     def _submit(self, data: Sequence[Any], context: Any) -> SubmittedBatch:
+        submitted, items, owners = self._unpack(data, context)
+        if not items:
+            return submitted
+        # When rows are not requests, stage calls reach no request at all.
+        view = submitted.view
+        stages_view = view if submitted.target is not None or view is None else view.for_rows(())
+        try:
+            submitted.batch = self._pipeline.submit_batch(items, stages_view, owners=owners)
+        except PipelineStalledError as stalled:
+            # Answered at once: waiting would only turn this into TorchServe's timeout.
+            logger.error("batch of %d refused: %s", len(data), stalled)
+            submitted.refused = stalled
+        return submitted
+
+    def _unpack(
+        self, data: Sequence[Any], context: Any
+    ) -> tuple[SubmittedBatch, list[Any], list[int]]:
+        """The batch's requests, its items and the request each item came from (stage
+        helpers, statuses, metric lines and failure isolation go by requests: a KServe
+        request is several items, a malformed one none)."""
         live = context if context is not None else getattr(self.handler, "context", None)
         view = BatchContext(live) if live is not None else None
         requests, items = kserve.unpack(list(data), self._config.kserve, view)
@@ -296,21 +323,7 @@ class MicroBatching:
                 view.request_count,
             )
         submitted = SubmittedBatch(view if aligned else None, view, requests)
-        if not items:
-            return submitted
-        # Item -> the request it came from: stage helpers, statuses, metric lines and
-        # failure isolation go by requests (a KServe request is several items, a malformed
-        # one none). When rows are not requests, stage calls reach no request at all.
-        stages_view = view if aligned or view is None else view.for_rows(())
-        try:
-            submitted.batch = self._pipeline.submit_batch(
-                items, stages_view, owners=kserve.owners(requests)
-            )
-        except PipelineStalledError as stalled:
-            # Answered at once: waiting would only turn this into TorchServe's timeout.
-            logger.error("batch of %d refused: %s", len(data), stalled)
-            submitted.refused = stalled
-        return submitted
+        return submitted, items, kserve.owners(requests)
 
     def __call__(self, data: Sequence[Any], context: Any) -> Any:
         """Replaces ``BaseHandler.handle``: describe, explain and profiler paths as upstream,
@@ -334,9 +347,18 @@ class MicroBatching:
         start = time.time()
         output = self._special(data, context)
         if output is None:
-            output = await self.handle_async(data, context)
+            output = await self.continuous_batcher().handle(list(data), context)
         self._add_handler_time(context, start)
         return output
+
+    def continuous_batcher(self) -> ContinuousBatcher:
+        """The batcher that forms micro-batches across the asynchronous worker's calls
+        (``ts_microbatch.torchserve.stream``); made on first use."""
+        if self._stream is None:
+            window_s, latency_s = _stream_limits_s(self._config)
+            policy = StreamPolicy(self._costs, window_s)
+            self._stream = ContinuousBatcher(_StreamHost(self), policy, latency_s)
+        return self._stream
 
     def _special(self, data: Sequence[Any], context: Any) -> list[Any] | None:
         """Upstream's profiler, describe and explain paths; None for plain inference."""
@@ -419,3 +441,43 @@ class MicroBatching:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown(wait=True)
+
+
+def _stream_limits_s(config: MicroBatchingConfig) -> tuple[float, float | None]:
+    """``max_window_ms`` and ``max_latency_ms`` in seconds."""
+    latency_ms = config.max_latency_ms
+    return config.max_window_ms / 1000, None if latency_ms is None else latency_ms / 1000
+
+
+class _StreamHost:
+    """What the continuous batcher does through a ``MicroBatching``: submit a micro-batch's
+    rows, answer them (or refuse them unrun), and read the size and threads in force."""
+
+    def __init__(self, owner: MicroBatching) -> None:
+        self._owner = owner
+
+    def submit_rows(self, data: list[Any], context: Any) -> SubmittedBatch:
+        return self._owner._submit(data, context)
+
+    def refuse_rows(self, data: list[Any], context: Any, error: BaseException) -> list[Any]:
+        submitted, _, _ = self._owner._unpack(data, context)
+        submitted.refused = error
+        return answer_batch(submitted, self._owner._observer)
+
+    def answer_rows(self, submitted: SubmittedBatch) -> list[Any]:
+        return answer_batch(submitted, self._owner._observer)
+
+    def rows_timeout_s(self, context: Any) -> float:
+        config = self._owner.base_config
+        if config.timeout_s is not None:
+            return config.timeout_s
+        return default_timeout_s(getattr(context, "model_yaml_config", None))
+
+    def gather_size(self) -> int:
+        config = self._owner.base_config
+        if isinstance(config.micro_batch_size, int):
+            return self._owner.micro_batch_size
+        return config.max_micro_batch_size  # "auto": the pipeline's policy cuts it
+
+    def stage_threads(self) -> Mapping[str, int]:
+        return self._owner.parallelism

@@ -32,6 +32,7 @@ from typing import Any
 from ..core.config import YAML_SECTION, MicroBatchingConfig, WarmupConfig, load_config
 from ..core.errors import ConfigError
 from ..core.metrics import PipelineObserver
+from ._async import install_lean_predict
 from .compiled import check_inference_threads, is_compiled, recompile_limit
 from .metrics import TorchServeMetricsObserver
 from .micro_batching import MicroBatching
@@ -91,6 +92,8 @@ class MicroBatchingMixin:
 
     def _checked_config(self, context: Any) -> MicroBatchingConfig:
         warn_if_async_batches_break(context)
+        if (getattr(context, "model_yaml_config", None) or {}).get("asyncCommunication") is True:
+            install_lean_predict()  # before the worker binds its predict, after this load
         config = check_timeout(
             self.micro_batching_config(context), getattr(context, "model_yaml_config", None)
         )
