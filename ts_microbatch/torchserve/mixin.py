@@ -274,7 +274,7 @@ def warn_if_async_batches_break(context: Any) -> None:
             "asyncCommunication: true with batchSize %s: TorchServe 0.12's asynchronous "
             "frontend fails on batches of more than one request "
             "(ConcurrentModificationException in AsyncBatchAggregator). Set batchSize: 1 "
-            "(requests are still awaited concurrently and share the pipeline), or remove "
-            "asyncCommunication to let the frontend batch.",
+            "(the worker forms micro-batches across requests itself: docs/continuous.md), "
+            "or remove asyncCommunication to let the frontend batch.",
             batch_size,
         )
