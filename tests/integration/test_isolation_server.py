@@ -9,19 +9,22 @@ gets it."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import random
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from tests.integration.servers import build, local_server
+from tests.integration.servers import build, local_server, settled_scrape
 from tests.integration.test_faults import wait_for_log
 from tests.integration.test_torchserve import parallel
 from tests.torchserve.images import make_jpeg
+from ts_microbatch.tools.scrape import summarize
 from ts_microbatch.tools.server import TorchServe
 
 HANDLER = Path(__file__).parent / "handlers" / "stacking_handler.py"
@@ -44,7 +47,7 @@ def server(
     batch_size, extra = WORKERS[request.param]
     store = tmp_path_factory.mktemp("stacking_store")
     work = tmp_path_factory.mktemp("stacking_build")
-    (work / "mb.json").write_text(json.dumps({"micro_batch_size": 2}))
+    (work / "mb.json").write_text(json.dumps({"micro_batch_size": 2, "kserve": True}))
     (work / "model-config.yaml").write_text(
         f"minWorkers: 1\nmaxWorkers: 1\nbatchSize: {batch_size}\nmaxBatchDelay: 100\n" + extra
     )
@@ -109,3 +112,54 @@ def test_past_a_deadline_the_asynchronous_worker_answers_429_with_retry_after(
     assert tight.json()["code"] == 429
     roomy = server.predict(NAME, photo, headers={"x-envoy-expected-rq-timeout-ms": "60000"})
     assert roomy.status == 200
+
+
+def test_kserve_v1_v2_and_plain_requests_sharing_micro_batches_each_get_their_own_answer(
+    server: TorchServe,
+) -> None:
+    photos = [make_jpeg(950 + i, size=(64, 48)) for i in range(10)]
+    b64 = [base64.b64encode(photo).decode() for photo in photos]
+    alone = [server.predict(NAME, photo).json() for photo in photos]
+    before = settled_scrape(server, NAME)
+
+    def v1(*indices: int) -> bytes:
+        return json.dumps({"instances": [{"b64": b64[i]} for i in indices]}).encode()
+
+    def v2(*indices: int, request_id: str) -> bytes:
+        tensor = {"name": "image", "shape": [len(indices)], "datatype": "BYTES"}
+        return json.dumps(
+            {"id": request_id, "inputs": [{**tensor, "data": [b64[i] for i in indices]}]}
+        ).encode()
+
+    v1_url, v2_url = f"/v1/models/{NAME}:predict", f"/v2/models/{NAME}/infer"
+    calls = [(v1_url, v1(i)) for i in range(5)] + [
+        (v1_url, v1(5, 6, 7)),
+        (v2_url, v2(8, request_id="one")),
+        (v2_url, v2(8, 9, request_id="two")),
+        (f"/predictions/{NAME}", photos[9]),
+        (v1_url, json.dumps({"instances": [{"b64": base64.b64encode(b"no").decode()}]}).encode()),
+    ]
+    with ThreadPoolExecutor(len(calls)) as pool:
+        got = list(
+            pool.map(
+                lambda call: server.request(
+                    "POST", server.inference_url + call[0], body=call[1],
+                    headers={"Content-Type": "application/json"},
+                ),
+                calls,
+            )
+        )  # fmt: skip
+    assert [r.status for r in got] == [200] * 9 + [400], [r.body for r in got]
+    for i in range(5):
+        assert got[i].json()["predictions"] == [alone[i]]
+    assert got[5].json()["predictions"] == alone[5:8]
+    for answer, request_id, indices in ((got[6], "one", [8]), (got[7], "two", [8, 9])):
+        body = answer.json()
+        assert body["id"] == request_id
+        (output,) = body["outputs"]  # each photo's three means: FP64 of shape [n, 3]
+        assert output["shape"] == [len(indices), 3], output
+        assert output["data"] == [v for i in indices for v in alone[i]]
+    assert got[8].json() == alone[9]
+    # The scenario: micro-batches held instances of several requests, on either worker.
+    summary = summarize(settled_scrape(server, NAME), before, NAME)
+    assert summary["mean_micro_batch_size"] > 1, summary

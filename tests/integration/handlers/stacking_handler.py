@@ -4,11 +4,12 @@ Each photo is decoded at its own size, so a micro-batch holding a landscape and 
 photo fails to stack (``stack expects each tensor to be equal size``: a failure of company,
 each photo alone is served), and a grayscale photo fails at inference on its own (a
 RuntimeError with no 4xx meaning: 500, alone as in any batch). The answer is each photo's
-per-channel mean, which depends on the photo alone.
+per-channel mean, which depends on the photo alone. KServe instances carry base64.
 """
 
 from __future__ import annotations
 
+import base64
 import io
 from typing import Any
 
@@ -25,6 +26,8 @@ class StackingHandler(MicroBatchingMixin, ImageClassifier):  # type: ignore[misc
         rows = []
         for row in data:
             body = row.get("data") or row.get("body")
+            if isinstance(body, str):  # a KServe instance: base64
+                body = base64.b64decode(body, validate=True)
             image = Image.open(io.BytesIO(bytes(body)))
             rows.append(pil_to_tensor(image).float())
         return rows
