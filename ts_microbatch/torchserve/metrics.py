@@ -235,6 +235,11 @@ class TorchServeMetricsObserver(PipelineObserver):
         if request_id is not None:
             return request_id
         ids = getattr(self._metrics, "request_ids", None)
+        if isinstance(ids, str):
+            # The loader's placeholder (a uuid), which no batch replaces on the asynchronous
+            # worker (each request gets a copy of the metrics): TorchServe's add_metric
+            # would look an index up in it and raise, losing the line.
+            return ids
         live = ids.get(0) if isinstance(ids, dict) else None
         return live if isinstance(live, str) else None
 
