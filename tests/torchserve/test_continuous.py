@@ -257,6 +257,31 @@ def test_a_stuck_first_stage_answers_every_request_at_its_timeout_none_waits_for
     handler.micro_batching.shutdown()
 
 
+def test_requests_gathered_at_shutdown_are_run_not_left_waiting(
+    tmp_path: Path, original_predict: None
+) -> None:
+    worker, handler = start(tmp_path)
+
+    async def scenario() -> list[bytes]:
+        handler.gate.clear()
+        batcher = handler.micro_batching.continuous_batcher()
+        tasks = [asyncio.ensure_future(ask(worker, i, str(i).encode())) for i in range(16)]
+        while in_batcher(batcher) < 16:
+            await asyncio.sleep(0.001)
+        # The scenario: at most 3 slots x 4 are in flight, so some wait for a slot.
+        assert batcher.stats().gathered >= 4
+        loop = asyncio.get_running_loop()
+        stopped = loop.run_in_executor(None, handler.micro_batching.shutdown)
+        while batcher.stats().gathered:  # only the flush submits them: the gate holds all
+            await asyncio.sleep(0.001)
+        handler.gate.set()
+        await stopped
+        return list(await asyncio.gather(*tasks))
+
+    got = answers(asyncio.run(scenario()))
+    assert got == [(f"req-{i}", 200, {"double": 2 * i}) for i in range(16)]
+
+
 @settings(max_examples=15, deadline=None)
 @given(
     gaps_ms=st.lists(st.integers(0, 4), min_size=1, max_size=24),

@@ -429,7 +429,11 @@ class MicroBatching:
 
     def shutdown(self, wait: bool = True, *, cancel_pending: bool = False) -> None:
         """Stops the stage threads; idempotent. See :meth:`Pipeline.shutdown`. With ``wait``,
-        the metric lines of what ran are written (and the metrics thread stopped) first."""
+        the metric lines of what ran are written (and the metrics thread stopped) first.
+        Requests the asynchronous worker's batcher has gathered are submitted first (or,
+        with ``cancel_pending``, answered 503), so none is left waiting."""
+        if self._stream is not None:
+            self._stream.flush(self._config.join_timeout_s, cancel=cancel_pending)
         self._pipeline.shutdown(wait, cancel_pending=cancel_pending)
         observer = self._observer.observer
         if wait and isinstance(observer, TorchServeMetricsObserver):

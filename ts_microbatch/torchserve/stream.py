@@ -19,7 +19,8 @@ Timeouts: a request still gathered after its timeout is answered 504; one in the
 expires with its batch (``Batch.expire``), as on the synchronous path.
 
 Everything here runs on the event loop's thread; the pipeline's answers come back to it
-through ``call_soon_threadsafe``. So no lock is needed.
+through ``call_soon_threadsafe`` (and ``flush``, at shutdown from another thread, runs there
+too). So no lock is needed.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ import contextlib
 import copy
 import logging
 import math
+import threading
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from ..core.continuous import StreamPolicy, retry_after_s
-from ..core.errors import OverloadedError, RequestTimeoutError
+from ..core.errors import OverloadedError, PipelineClosedError, RequestTimeoutError
 from .answers import SubmittedBatch
 
 logger = logging.getLogger(__name__)
@@ -95,6 +97,7 @@ class ContinuousBatcher:
         self._in_flight = 0  # micro-batches submitted and not answered yet
         self._in_flight_items = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the worker's, at the first call
 
     def configure(self, max_window_s: float, max_latency_s: float | None) -> None:
         """New limits, in force from the next arrival; what is gathered stays."""
@@ -107,7 +110,7 @@ class ContinuousBatcher:
     async def handle(self, data: list[Any], context: Any) -> list[Any]:
         """One call's answers, one per row, once its micro-batch is answered (or at once:
         refused by the latency objective)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         now = loop.time()
         self.policy.arrived(now)
         refusal = self._refusal(len(data), context)
@@ -125,6 +128,40 @@ class ContinuousBatcher:
             expiry.cancel()
             if waiting in self._gathered:  # cancelled while gathered
                 self._drop(waiting)
+
+    def flush(self, timeout_s: float, *, cancel: bool = False) -> None:
+        """Submits every gathered request now, whatever the slots (or, with ``cancel``,
+        answers them 503): before the pipeline shuts down, so none is left waiting. From
+        another thread, it runs on the event loop and is waited for up to ``timeout_s``."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        def flush_now() -> None:
+            try:
+                while self._gathered:
+                    group = self._take(self._host.gather_size())
+                    if cancel:
+                        closed = PipelineClosedError("the pipeline shut down first")
+                        for waiting in group:
+                            _resolve(waiting, self._refuse(waiting, closed))
+                    else:
+                        self._submit(group)
+            finally:
+                done.set()
+
+        done = threading.Event()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            flush_now()
+            return
+        with contextlib.suppress(RuntimeError):  # closed in between: nothing is gathered
+            loop.call_soon_threadsafe(flush_now)
+            if not done.wait(timeout_s):
+                logger.warning("gathered requests not flushed within %.1f s", timeout_s)
 
     # -- admission -----------------------------------------------------------------------
 
@@ -204,7 +241,7 @@ class ContinuousBatcher:
         except Exception as exc:  # the pipeline shut down: each request gets its error
             logger.warning("micro-batch of %d requests not submitted: %s", len(group), exc)
             for waiting in group:
-                _resolve(waiting, self._host.refuse_rows(waiting.data, waiting.context, exc))
+                _resolve(waiting, self._refuse(waiting, exc))
             return
         self._in_flight += 1
         self._in_flight_items += len(data)
@@ -251,7 +288,10 @@ class ContinuousBatcher:
             return  # submitted: it expires with its batch
         self._drop(waiting)
         error = RequestTimeoutError(f"no answer within timeout_s={timeout_s} (still queued)")
-        _resolve(waiting, self._host.refuse_rows(waiting.data, waiting.context, error))
+        _resolve(waiting, self._refuse(waiting, error))
+
+    def _refuse(self, waiting: _Waiting, error: BaseException) -> list[Any]:
+        return self._host.refuse_rows(waiting.data, waiting.context, error)
 
     def _drop(self, waiting: _Waiting) -> None:
         self._gathered.remove(waiting)
