@@ -93,3 +93,14 @@ def test_failed_calls_do_not_count_and_every_report_reaches_the_metrics() -> Non
 def test_retry_after_is_whole_seconds_at_least_one() -> None:
     assert retry_after_s(0.3, 0.2) == 1
     assert retry_after_s(3.5, 0.2) == 4
+
+
+def test_a_slower_measured_drain_than_the_stages_say_is_the_one_predicted_from() -> None:
+    policy = StreamPolicy(measured(preprocess=0.004, inference=0.004, postprocess=0.004), 0.005)
+    threads = dict.fromkeys(STAGES, 1)
+    assert policy.predicted_s(10, threads) == pytest.approx(10 * 0.001 + 0.012)
+    policy.answered(1.000, 4, busy=False)
+    policy.answered(1.100, 4, busy=False)  # idle in between: says nothing of the rate
+    assert policy.predicted_s(10, threads) == pytest.approx(10 * 0.001 + 0.012)
+    policy.answered(1.120, 4, busy=True)  # 5 ms an item while never idle
+    assert policy.predicted_s(10, threads) == pytest.approx(10 * 0.005 + 0.012)

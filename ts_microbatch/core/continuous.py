@@ -19,11 +19,13 @@ micro-batch instead, so micro-batches grow with the load). With a free slot it g
   time as the rate rises, and never past ``max_window_s``.
 
 **Admission** (``StreamPolicy.predicted_s``). A request is predicted to be answered after
-the items ahead of it (gathered, and in flight) drain at the rate of the slowest stage
-(its measured time per item over its threads), plus one micro-batch's pass through every
-stage. Predicted past its budget, it is refused before any stage (the adapter answers 429
-with ``Retry-After``). Until every stage has run once nothing is refused: there is nothing
-to predict from.
+the items ahead of it (gathered, and in flight) drain, plus one micro-batch's pass through
+every stage. They drain at the rate of the slowest stage (its measured time per item over
+its threads), or at the rate measured while the pipeline was busy, whichever is slower:
+stage threads share the cores and the interpreter, so threads do not divide a stage's time
+on a loaded machine. Predicted past its budget, it is refused before any stage (the adapter
+answers 429 with ``Retry-After``). Until every stage has run once nothing is refused: there
+is nothing to predict from.
 
 Stage costs are measured by ``StageCosts``, an observer of the pipeline: an exponentially
 weighted mean of each stage's run time and micro-batch size.
@@ -113,12 +115,22 @@ class StreamPolicy:
         self.max_window_s = max_window_s
         self._last_arrival: float | None = None
         self._gap_s: float | None = None  # running mean of the time between arrivals
+        self._last_answer: float | None = None
+        self._drain_s: float | None = None  # running mean of the time per item answered, busy
 
     def arrived(self, now: float) -> None:
         """A request arrived at ``now`` (seconds, any monotonic clock)."""
         if self._last_arrival is not None:
             self._gap_s = _mean(self._gap_s, max(0.0, now - self._last_arrival))
         self._last_arrival = now
+
+    def answered(self, now: float, items: int, busy: bool) -> None:
+        """``items`` were answered at ``now``; ``busy``: work was waiting all along since the
+        answer before, so the time between the two is what the pipeline took per item when
+        it never stood idle (every overhead included, which the stage costs leave out)."""
+        last, self._last_answer = self._last_answer, now
+        if busy and last is not None and items > 0:
+            self._drain_s = _mean(self._drain_s, (now - last) / items)
 
     @property
     def arrival_gap_s(self) -> float | None:
@@ -148,6 +160,8 @@ class StreamPolicy:
             cost.run_s / max(cost.items, 1.0) / max(threads.get(stage, 1), 1)
             for stage, cost in costs.items()
         )
+        if self._drain_s is not None:  # measured busy: threads share the cores and the GIL
+            per_item_s = max(per_item_s, self._drain_s)
         return ahead * per_item_s + sum(cost.run_s for cost in costs.values())
 
 

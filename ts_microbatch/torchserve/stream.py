@@ -206,7 +206,7 @@ class ContinuousBatcher:
             self._timer.cancel()
             self._timer = None
         loop = asyncio.get_running_loop()
-        slots = sum(self._host.stage_threads().values())
+        slots = self._slots()
         while self._gathered and self._in_flight < slots:
             size = self._host.gather_size()
             waited_s = loop.time() - self._gathered[0].arrived
@@ -215,6 +215,10 @@ class ContinuousBatcher:
                 self._timer = loop.call_later(wait_s, self._pump)
                 return
             self._submit(self._take(size))
+
+    def _slots(self) -> int:
+        """Micro-batches in flight at most: one per stage thread."""
+        return sum(self._host.stage_threads().values())
 
     def _take(self, size: int) -> list[_Waiting]:
         """The oldest calls, whole, up to ``size`` rows (at least one call); a context that
@@ -265,6 +269,9 @@ class ContinuousBatcher:
         if expiry is not None:
             expiry.cancel()
         rows = sum(len(waiting.data) for waiting in group)
+        # Busy since the last answer: the pipeline was full, or requests waited for a slot.
+        busy = self._in_flight >= self._slots() or bool(self._gathered)
+        self.policy.answered(asyncio.get_running_loop().time(), rows, busy)
         self._in_flight -= 1
         self._in_flight_items -= rows
         try:
