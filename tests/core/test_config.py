@@ -90,6 +90,17 @@ def test_reference_format_is_read() -> None:
             "micro_batching.intra_op_threads.decode: unknown key",
         ),
         ({"intra_op_threads": 1}, "micro_batching.intra_op_threads: got 1, expected a mapping"),
+        (
+            {"max_window_ms": -1},
+            "micro_batching.max_window_ms: got -1, expected a number of milliseconds >= 0",
+        ),
+        ({"max_window_ms": None}, "micro_batching.max_window_ms: got None"),
+        (
+            {"max_latency_ms": "200ms"},
+            "micro_batching.max_latency_ms: got '200ms', expected a number of milliseconds >= 0 "
+            "or null",
+        ),
+        ({"max_latency_ms": float("inf")}, "micro_batching.max_latency_ms: got inf"),
     ],
 )
 def test_bad_values_name_the_key(mapping: dict[str, Any], message: str) -> None:

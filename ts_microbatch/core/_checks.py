@@ -30,33 +30,30 @@ def _positive_int(value: Any, key: str) -> int:
     return value
 
 
-def _positive_seconds(value: Any, key: str, *, allow_none: bool) -> float | None:
+def _number(value: Any, key: str, *, allow_none: bool, zero: bool, allowed: str) -> float | None:
+    """A finite number > 0 (>= 0 with ``zero``), or null where allowed; ``allowed`` says
+    which in the error."""
     if value is None and allow_none:
         return None
     if (
-        isinstance(value, bool)
+        isinstance(value, bool)  # `timeout_s: true` is a mistake, not 1
         or not isinstance(value, (int, float))
         or not math.isfinite(value)
-        or value <= 0
+        or value < 0
+        or (value == 0 and not zero)
     ):
-        allowed = "a number > 0 or null" if allow_none else "a number > 0"
-        raise ConfigError(f"{key}: got {value!r}, expected {allowed}")
+        raise ConfigError(f"{key}: got {value!r}, expected {allowed}" + (" or null" * allow_none))
     return float(value)
+
+
+def _positive_seconds(value: Any, key: str, *, allow_none: bool) -> float | None:
+    return _number(value, key, allow_none=allow_none, zero=False, allowed="a number > 0")
 
 
 def _milliseconds(value: Any, key: str, *, allow_none: bool) -> float | None:
     """Milliseconds >= 0 (a window may be 0: never wait), or null where allowed."""
-    if value is None and allow_none:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        allowed = "a number of milliseconds >= 0" + (" or null" if allow_none else "")
-        raise ConfigError(f"{key}: got {value!r}, expected {allowed}")
-    return float(value)
+    allowed = "a number of milliseconds >= 0"
+    return _number(value, key, allow_none=allow_none, zero=True, allowed=allowed)
 
 
 MAX_METRICS_INTERVAL_S = 3600.0
