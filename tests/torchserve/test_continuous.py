@@ -282,6 +282,21 @@ def test_requests_gathered_at_shutdown_are_run_not_left_waiting(
     assert got == [(f"req-{i}", 200, {"double": 2 * i}) for i in range(16)]
 
 
+def test_enabled_false_runs_the_handler_s_own_handle_on_the_asynchronous_worker(
+    tmp_path: Path, original_predict: None
+) -> None:
+    worker, handler = start(tmp_path, enabled=False)
+
+    async def two() -> list[bytes]:
+        return list(await asyncio.gather(ask(worker, 0, b"3"), ask(worker, 1, b"4")))
+
+    assert [a[1:] for a in answers(asyncio.run(two()))] == [
+        (200, {"double": 6}),
+        (200, {"double": 8}),
+    ]
+    assert handler.micro_batches == [1, 1]  # BaseHandler.handle: no pipeline, a call each
+
+
 @settings(max_examples=15, deadline=None)
 @given(
     gaps_ms=st.lists(st.integers(0, 4), min_size=1, max_size=24),

@@ -332,7 +332,10 @@ class MicroBatching:
         In TorchServe's asynchronous worker (called from its event loop) it returns a
         coroutine, which that worker awaits; otherwise the list of answers."""
         if not self._config.enabled:
-            # As without micro-batching: the handler's own handle on the whole batch.
+            # As without micro-batching: the handler's own handle on the whole batch (on the
+            # asynchronous worker, which awaits what handle returns, in a coroutine).
+            if in_event_loop():
+                return _returning(plain_handle(self.handler)(data, context))
             return plain_handle(self.handler)(data, context)
         if in_event_loop():
             return self._call_async(data, context)
@@ -445,6 +448,10 @@ class MicroBatching:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown(wait=True)
+
+
+async def _returning(value: Any) -> Any:
+    return value
 
 
 def _stream_limits_s(config: MicroBatchingConfig) -> tuple[float, float | None]:
