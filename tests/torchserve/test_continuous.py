@@ -297,6 +297,29 @@ def test_enabled_false_runs_the_handler_s_own_handle_on_the_asynchronous_worker(
     assert handler.micro_batches == [1, 1]  # BaseHandler.handle: no pipeline, a call each
 
 
+def test_lean_predict_answers_byte_for_byte_as_torchserve_s_predict(
+    tmp_path: Path, original_predict: None
+) -> None:
+    torchserve_predict = async_service.predict
+    worker, handler = start(tmp_path)  # installs lean_predict
+    assert async_service.predict is lean_predict and torchserve_predict is not lean_predict
+    service = worker.service
+    bodies = [b"5", b"bad", b"boom", b"6"]
+
+    async def each(predict: Any) -> list[bytes]:
+        return [
+            await predict(service, [request(i, body, "text/plain")])
+            for i, body in enumerate(bodies)
+        ]
+
+    asyncio.run(_warm(worker))  # the same first-stage record for both
+    lean, theirs = asyncio.run(each(lean_predict)), asyncio.run(each(torchserve_predict))
+    assert [decode(m)[1][0][1] for m in lean] == [200, 400, 500, 200]
+    assert lean == theirs
+    assert service.context.request_ids is None  # the model's own context is never written
+    handler.micro_batching.shutdown()
+
+
 @settings(max_examples=15, deadline=None)
 @given(
     gaps_ms=st.lists(st.integers(0, 4), min_size=1, max_size=24),
