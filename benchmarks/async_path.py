@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import socket
-import struct
 import sys
 import tempfile
 import threading
@@ -35,7 +34,12 @@ sys.path[:0] = [str(HERE.parent)]
 from ts import async_service  # noqa: E402
 from ts.async_service import AsyncService  # noqa: E402
 
-from tests.torchserve.ts_machinery import load_service, write_manifest  # noqa: E402
+from tests.torchserve.ts_machinery import (  # noqa: E402
+    ResponseReader,
+    load_service,
+    predict_message,
+    write_manifest,
+)
 from ts_microbatch.torchserve._async import lean_predict  # noqa: E402
 
 HANDLER = """
@@ -68,57 +72,6 @@ micro_batching:
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ORIGINAL_PREDICT = async_service.predict
 PREDICTS = {"torchserve": ORIGINAL_PREDICT, "lean": lean_predict}
-
-
-def message(request_id: int, body: bytes) -> bytes:
-    """One predict command of one request, as the frontend writes it."""
-
-    def chunk(data: bytes) -> bytes:
-        return struct.pack("!i", len(data)) + data
-
-    rid = str(request_id).encode()
-    header = chunk(b"Content-Type") + chunk(b"application/octet-stream")
-    parameter = chunk(b"body") + chunk(b"application/octet-stream") + chunk(body)
-    end = struct.pack("!i", -1)
-    return b"I" + chunk(rid) + header + end + parameter + end + end
-
-
-class Reader:
-    """Reads whole responses off the frontend's end of the socket."""
-
-    def __init__(self, conn: socket.socket) -> None:
-        self.conn = conn
-        self.buf = bytearray()
-
-    def take(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            data = self.conn.recv(1 << 16)
-            if not data:
-                raise EOFError("the worker closed the socket")
-            self.buf += data
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
-
-    def integer(self) -> int:
-        return int(struct.unpack("!i", self.take(4))[0])
-
-    def response(self) -> int:
-        """Reads one response; returns its number of answers."""
-        self.integer()  # code
-        self.take(self.integer())  # message
-        answers = 0
-        while (length := self.integer()) != -1:
-            self.take(length)  # request id
-            self.take(self.integer())  # content type
-            self.integer()  # status
-            self.take(self.integer())  # phrase
-            for _ in range(self.integer()):
-                self.take(self.integer())
-                self.take(self.integer())
-            self.take(self.integer())  # body
-            answers += 1
-        return answers
 
 
 def thread_cpu_s() -> dict[int, float]:
@@ -167,10 +120,10 @@ def run(predict: str, requests: int, in_flight: int, work: Path) -> dict[str, An
 
     loop_thread = threading.Thread(target=serve, name="event_loop", daemon=True)
     loop_thread.start()
-    reader = Reader(frontend)
+    reader = ResponseReader(frontend)
     body = b"x" * 64
     for i in range(in_flight):  # warm-up: every stage has run, the threads exist
-        frontend.sendall(message(i, body))
+        frontend.sendall(predict_message(i, body))
     for _ in range(in_flight):
         reader.response()
     names = thread_names()
@@ -178,7 +131,7 @@ def run(predict: str, requests: int, in_flight: int, work: Path) -> dict[str, An
     sent = answered = 0
     while answered < requests:
         while sent < requests and sent - answered < in_flight:
-            frontend.sendall(message(sent, body))
+            frontend.sendall(predict_message(sent, body))
             sent += 1
         answered += reader.response()
     elapsed = time.perf_counter() - wall

@@ -11,8 +11,11 @@ deep enough to refuse) from what the handler recorded before it asserts the answ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import random
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +27,19 @@ from hypothesis import strategies as st
 from ts import async_service
 from ts.async_service import AsyncService
 
-from tests.torchserve.ts_machinery import decode, load_service, request, write_manifest
-from ts_microbatch.torchserve._async import lean_predict
+from tests.torchserve.ts_machinery import (
+    ResponseReader,
+    decode,
+    load_service,
+    predict_message,
+    request,
+    write_manifest,
+)
+from ts_microbatch.torchserve._async import (
+    _no_received_line,
+    lean_predict,
+    lean_receive_requests,
+)
 
 # Answers each body (an integer) with twice its value; "bad" fails preprocess alone (a
 # bad input), "boom" fails inference alone (500). A gate held by the test stops the first
@@ -82,12 +96,22 @@ def extract(directory: Path, config: str) -> Path:
     return directory
 
 
+@contextlib.contextmanager
+def torchserve_s_own_worker() -> Iterator[None]:
+    """TorchServe's own asynchronous worker back afterwards: installing ours is per process."""
+    service = async_service.AsyncService
+    saved = (async_service.predict, service.receive_requests, service.call_predict)
+    try:
+        yield
+    finally:
+        async_service.predict, service.receive_requests, service.call_predict = saved
+        logging.getLogger().removeFilter(_no_received_line)
+
+
 @pytest.fixture
 def original_predict() -> Iterator[None]:
-    """TorchServe's own predict back after each test: installing ours is per process."""
-    saved = async_service.predict
-    yield
-    async_service.predict = saved
+    with torchserve_s_own_worker():
+        yield
 
 
 def start(tmp_path: Path, **section: Any) -> tuple[AsyncService, Any]:
@@ -320,6 +344,35 @@ def test_lean_predict_answers_byte_for_byte_as_torchserve_s_predict(
     handler.micro_batching.shutdown()
 
 
+def test_the_worker_s_transport_over_its_socket_answers_every_request_without_a_log_line_each(
+    tmp_path: Path, original_predict: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)  # the level TorchServe's worker logs at
+    # As the frontend talks to the worker: predict messages streamed on the worker's socket,
+    # responses read back; AsyncService.run on a thread of its own with its event loop.
+    worker, handler = start(tmp_path)
+    assert worker.receive_requests.__func__ is lean_receive_requests  # installed at load
+    frontend, worker_end = socket.socketpair()
+    worker.service.set_cl_socket(worker_end)
+
+    def serve() -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        worker.run()
+
+    threading.Thread(target=serve, daemon=True).start()
+    count = 40
+    for i in range(count):  # 40 in flight at once: several per micro-batch
+        frontend.sendall(predict_message(i, str(i).encode()))
+    reader = ResponseReader(frontend)
+    assert sum(reader.response() for _ in range(count)) == count  # one answer each
+    assert max(handler.micro_batches) > 1  # the scenario: micro-batches across requests
+    frontend.close()
+    handler.micro_batching.shutdown()
+    assert "Backend received inference" not in caplog.text
+    logging.info("Backend received inference at: %d", 1)  # as TorchServe's reader does
+    assert "Backend received inference" not in caplog.text
+
+
 @settings(max_examples=15, deadline=None)
 @given(
     gaps_ms=st.lists(st.integers(0, 4), min_size=1, max_size=24),
@@ -329,8 +382,7 @@ def test_lean_predict_answers_byte_for_byte_as_torchserve_s_predict(
 def test_any_arrival_schedule_answers_every_request_once_with_its_own_answer(
     tmp_path_factory: pytest.TempPathFactory, gaps_ms: list[int], bad: set[int], seed: int
 ) -> None:
-    saved = async_service.predict
-    try:
+    with torchserve_s_own_worker():
         worker, handler = start(tmp_path_factory.mktemp("schedule"), max_window_ms=2)
         rng = random.Random(seed)
         slow = threading.Event()
@@ -352,5 +404,3 @@ def test_any_arrival_schedule_answers_every_request_once_with_its_own_answer(
             else:
                 assert (status, body) == (200, {"double": 2 * i})
         handler.micro_batching.shutdown()
-    finally:
-        async_service.predict = saved

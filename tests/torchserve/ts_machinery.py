@@ -4,6 +4,7 @@ and the binary response the frontend reads."""
 from __future__ import annotations
 
 import json
+import socket
 import struct
 import sys
 from pathlib import Path
@@ -85,3 +86,54 @@ def decode(message: bytes) -> tuple[int, list[tuple[str, int, bytes]]]:
             chunk(integer())
         answers.append((request_id, status, chunk(integer())))
     return code, answers
+
+
+def predict_message(request_id: int, body: bytes) -> bytes:
+    """One predict command of one request, as the frontend writes it."""
+
+    def chunk(data: bytes) -> bytes:
+        return struct.pack("!i", len(data)) + data
+
+    rid = str(request_id).encode()
+    header = chunk(b"Content-Type") + chunk(b"application/octet-stream")
+    parameter = chunk(b"body") + chunk(b"application/octet-stream") + chunk(body)
+    end = struct.pack("!i", -1)
+    return b"I" + chunk(rid) + header + end + parameter + end + end
+
+
+class ResponseReader:
+    """Reads whole responses off the frontend's end of a worker's socket."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.buf = bytearray()
+
+    def take(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            data = self.conn.recv(1 << 16)
+            if not data:
+                raise EOFError("the worker closed the socket")
+            self.buf += data
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def integer(self) -> int:
+        return int(struct.unpack("!i", self.take(4))[0])
+
+    def response(self) -> int:
+        """Reads one response; returns its number of answers."""
+        self.integer()  # code
+        self.take(self.integer())  # message
+        answers = 0
+        while (length := self.integer()) != -1:
+            self.take(length)  # request id
+            self.take(self.integer())  # content type
+            self.integer()  # status
+            self.take(self.integer())  # phrase
+            for _ in range(self.integer()):
+                self.take(self.integer())
+                self.take(self.integer())
+            self.take(self.integer())  # body
+            answers += 1
+        return answers

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import copy
 import logging
-import time
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -42,12 +41,13 @@ PINNED_TORCHSERVE = "0.12.0"
 
 
 def install_lean_predict() -> bool:
-    """Makes TorchServe's asynchronous worker use ``lean_predict`` for this process;
-    returns whether it does.
+    """Makes TorchServe's asynchronous worker cheaper per request for this process: its
+    predict (``lean_predict``), its transport (``lean_receive_requests``,
+    ``lean_call_predict``) and no log line per request received. Returns whether it did.
 
     Called while the model loads, before the worker wraps its service in ``AsyncService``,
     which binds ``ts.async_service.predict`` then. Only on the pinned release, and only
-    over TorchServe's own function (a predict someone else installed is left alone).
+    over TorchServe's own functions (what someone else installed is left alone).
     """
     try:
         from ts import async_service
@@ -57,29 +57,89 @@ def install_lean_predict() -> bool:
     current = async_service.predict
     if current is lean_predict:
         return True
-    if (
-        __version__ != PINNED_TORCHSERVE
-        or getattr(current, "__module__", "") != async_service.__name__
+    service = async_service.AsyncService
+    theirs = (current, service.receive_requests, service.call_predict)
+    if __version__ != PINNED_TORCHSERVE or any(
+        getattr(f, "__module__", "") != async_service.__name__ for f in theirs
     ):
         logger.info(
-            "TorchServe %s: its asynchronous predict is kept (lean_predict is for %s)",
+            "TorchServe %s: its asynchronous worker is kept as it is (lean_predict is for %s)",
             __version__,
             PINNED_TORCHSERVE,
         )
         return False
     async_service.predict = lean_predict
-    logger.info("asynchronous worker: each request's context is a shallow copy (lean_predict)")
+    service.receive_requests = lean_receive_requests
+    service.call_predict = lean_call_predict
+    logging.getLogger().addFilter(_no_received_line)
+    logger.info(
+        "asynchronous worker: requests read in large reads and handed to the event loop, "
+        "responses sent from it, each context a shallow copy (lean_predict)"
+    )
     return True
+
+
+def _no_received_line(record: logging.LogRecord) -> bool:
+    """Drops TorchServe's "Backend received inference at" line: written to the root logger
+    for each predict message, which on this worker is each request, and read back by the
+    frontend line by line."""
+    return not (record.name == "root" and record.msg == _RECEIVED_LINE)
+
+
+_RECEIVED_LINE = "Backend received inference at: %d"  # ts.protocol.otf_message_handler
+
+
+class _BufferedSocket:
+    """``recv`` for TorchServe's message reader from a large buffered reader: a request of
+    100 kB is read in a few system calls, not one per arriving piece, each of which takes
+    the interpreter's lock back from the stage threads."""
+
+    def __init__(self, sock: Any) -> None:
+        self._file = sock.makefile("rb", buffering=1 << 20)
+
+    def recv(self, length: int) -> bytes:
+        data: bytes = self._file.read(length)
+        return data  # b"" at end of stream: the reader exits as it does on a closed socket
+
+
+def lean_receive_requests(self: Any) -> None:
+    """``AsyncService.receive_requests`` reading through ``_BufferedSocket`` and handing each
+    request straight to the event loop (TorchServe's goes through a queue and a batching
+    thread that forms batches of one)."""
+    from ts.protocol.otf_message_handler import retrieve_msg
+
+    conn = _BufferedSocket(self.service.cl_socket)
+    loop = self.loop
+    while True:
+        cmd, msg = retrieve_msg(conn)
+        if cmd == b"I":
+            loop.call_soon_threadsafe(_start_predict, self, msg)
+        else:
+            logger.debug("unexpected command %r", cmd)
+
+
+def _start_predict(service: Any, msg: Any) -> None:
+    service.loop.create_task(service.call_predict(msg))
+
+
+async def lean_call_predict(self: Any, batch: Any) -> None:
+    """``AsyncService.call_predict`` sending the response from the event loop itself
+    (TorchServe's hands it to a sending thread through a coroutine run on this loop)."""
+    response = await self.service.predict(batch)
+    if response is not None:  # None on a rank other than 0
+        self.service.cl_socket.sendall(response)
 
 
 async def lean_predict(self: Any, batch: Any) -> Any:
     """``ts.async_service.predict`` of TorchServe 0.12.0 without what it costs per request
     for nothing: a deep copy of the model's whole context (manifest, model config, metrics
-    cache) and a debug ``print`` the frontend logs. Each request gets a shallow copy
-    instead, with its own request ids, request processors and metrics cache copy, which is
-    all a request writes. The answers, statuses and errors are TorchServe's own."""
+    cache), a debug ``print`` the frontend logs, and a PredictionTime metric line per
+    request, which the frontend reads back (``MicroBatching`` writes it, and HandlerTime,
+    once per micro-batch). Each request gets a shallow copy of the context instead, with its
+    own request ids, request processors and metrics cache copy, which is all a request
+    writes. The answers, statuses and errors are TorchServe's own."""
     from ts.handler_utils.utils import create_predict_response
-    from ts.service import PREDICTION_METRIC, PredictionException, Service
+    from ts.service import PredictionException, Service
 
     headers, input_batch, req_id_map = Service.retrieve_data_for_inference(batch)
     context = copy.copy(self.context)
@@ -88,7 +148,6 @@ async def lean_predict(self: Any, batch: Any) -> Any:
     context.cl_socket = self.cl_socket
     metrics = context.metrics = copy.copy(self.context.metrics)
     metrics.request_ids = req_id_map
-    start = time.time()
     try:
         ret = await self._entry_point(input_batch, context)
     except MemoryError:
@@ -107,5 +166,4 @@ async def lean_predict(self: Any, batch: Any) -> Any:
             "model: %s, invalid output for %d requests", context.model_name, len(input_batch)
         )
         return create_predict_response(None, req_id_map, "Invalid model predict output", 503)
-    metrics.add_time(PREDICTION_METRIC, round((time.time() - start) * 1000, 2))
     return create_predict_response(ret, req_id_map, "Prediction success", 200, context=context)

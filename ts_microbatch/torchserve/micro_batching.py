@@ -335,7 +335,11 @@ class MicroBatching:
             # As without micro-batching: the handler's own handle on the whole batch (on the
             # asynchronous worker, which awaits what handle returns, in a coroutine).
             if in_event_loop():
-                return _returning(plain_handle(self.handler)(data, context))
+                start = time.time()
+                output = plain_handle(self.handler)(data, context)
+                # lean_predict leaves PredictionTime to the handler (_async.py says why).
+                self._add_time(context, "PredictionTime", start)
+                return _returning(output)
             return plain_handle(self.handler)(data, context)
         if in_event_loop():
             return self._call_async(data, context)
@@ -350,8 +354,10 @@ class MicroBatching:
         start = time.time()
         output = self._special(data, context)
         if output is None:
-            output = await self.continuous_batcher().handle(list(data), context)
+            # HandlerTime and PredictionTime: once per micro-batch (_StreamHost.report_time).
+            return await self.continuous_batcher().handle(list(data), context)
         self._add_handler_time(context, start)
+        self._add_time(context, "PredictionTime", start)
         return output
 
     def continuous_batcher(self) -> ContinuousBatcher:
@@ -378,9 +384,14 @@ class MicroBatching:
 
     @staticmethod
     def _add_handler_time(context: Any, start: float) -> None:
+        MicroBatching._add_time(context, "HandlerTime", start)
+
+    @staticmethod
+    def _add_time(context: Any, name: str, start: float) -> None:
+        """TorchServe's ``name`` metric (HandlerTime, PredictionTime): ms since ``start``."""
         metrics = getattr(context, "metrics", None)
         if metrics is not None:
-            metrics.add_time("HandlerTime", round((time.time() - start) * 1000, 2), None, "ms")
+            metrics.add_time(name, round((time.time() - start) * 1000, 2), None, "ms")
 
     # -- helpers for stages ----------------------------------------------------------
 
@@ -483,6 +494,16 @@ class _StreamHost:
         if config.timeout_s is not None:
             return config.timeout_s
         return default_timeout_s(getattr(context, "model_yaml_config", None))
+
+    def report_time(self, context: Any, start: float) -> None:
+        """A micro-batch answered: TorchServe's HandlerTime and PredictionTime since its
+        oldest request arrived (``start``, wall clock), once for the micro-batch; per
+        request, they were two metric lines each, which the frontend reads back."""
+        try:
+            for name in ("HandlerTime", "PredictionTime"):
+                MicroBatching._add_time(context, name, start)
+        except Exception:  # a metric changes no answer and stops no batcher
+            logger.warning("HandlerTime/PredictionTime not written", exc_info=True)
 
     def gather_size(self) -> int:
         config = self._owner.base_config

@@ -31,6 +31,7 @@ import copy
 import logging
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ class StreamHost(Protocol):
 
     def rows_timeout_s(self, context: Any) -> float: ...
 
+    def report_time(self, context: Any, start: float) -> None: ...
+
     def gather_size(self) -> int: ...
 
     def stage_threads(self) -> Mapping[str, int]: ...
@@ -75,8 +78,9 @@ class _Waiting:
 
     data: list[Any]
     context: Any
-    arrived: float
+    arrived: float  # the loop's clock
     answer: asyncio.Future[list[Any]]
+    arrived_wall: float = 0.0  # time.time(), for TorchServe's metrics
 
 
 class ContinuousBatcher:
@@ -116,7 +120,7 @@ class ContinuousBatcher:
         refusal = self._refusal(len(data), context)
         if refusal is not None:
             return self._host.refuse_rows(data, context, refusal)
-        waiting = _Waiting(list(data), context, now, loop.create_future())
+        waiting = _Waiting(list(data), context, now, loop.create_future(), time.time())
         timeout_s = self._host.rows_timeout_s(context)
         expiry = loop.call_later(timeout_s, self._expire_gathered, waiting, timeout_s)
         self._gathered.append(waiting)
@@ -286,6 +290,7 @@ class ContinuousBatcher:
             for waiting in group:
                 _resolve(waiting, answers[start : start + len(waiting.data)])
                 start += len(waiting.data)
+            self._host.report_time(group[0].context, group[0].arrived_wall)
         self._pump()
 
     # -- timeouts ------------------------------------------------------------------------
