@@ -259,17 +259,28 @@ def _read_sample(context: Any, name: str) -> bytes:
 
 
 def warn_if_async_batches_break(context: Any) -> None:
-    """Logs why an asynchronous worker with batchSize > 1 will fail, before it does.
+    """Logs how TorchServe 0.12's asynchronous frontend will fail, before it does.
 
-    With ``asyncCommunication: true`` TorchServe 0.12's frontend (``AsyncBatchAggregator``)
-    removes jobs from the map it is iterating when it polls more than one request, and the
-    worker dies with a ConcurrentModificationException. Failing the load here would not
-    help: the asynchronous frontend does not fail a registration whose worker dies at load,
-    it retries forever. So this is a warning, naming the fix.
+    With ``asyncCommunication: true`` its ``AsyncBatchAggregator``:
+
+    * removes jobs from the map it is iterating when it polls more than one request, and the
+      worker dies with a ConcurrentModificationException (batchSize > 1);
+    * keeps every job it sent in ``jobs_in_backend`` for the life of the worker (a plain
+      response never removes it) and reads that map from the Netty thread while its worker
+      thread adds to it, unsynchronized: when the map grows past a resize threshold (1536
+      jobs, then 3072, ...) under load, a response can miss its job, the frontend throws
+      "Unexpected job in sendResponse()", drops the worker, and the requests in flight wait
+      for their client's timeout. Reproduced with a handler without this package
+      (docs/continuous.md).
+
+    Failing the load would not help: the asynchronous frontend does not fail a registration
+    whose worker dies at load, it retries forever. So these are logged, naming the fix.
     """
     yaml_config = getattr(context, "model_yaml_config", None) or {}
+    if yaml_config.get("asyncCommunication") is not True:
+        return
     batch_size = (getattr(context, "system_properties", None) or {}).get("batch_size", 1)
-    if yaml_config.get("asyncCommunication") is True and (batch_size or 1) > 1:
+    if (batch_size or 1) > 1:
         logger.error(
             "asyncCommunication: true with batchSize %s: TorchServe 0.12's asynchronous "
             "frontend fails on batches of more than one request "
@@ -278,3 +289,10 @@ def warn_if_async_batches_break(context: Any) -> None:
             "or remove asyncCommunication to let the frontend batch.",
             batch_size,
         )
+    logger.warning(
+        "asyncCommunication: true: TorchServe 0.12's asynchronous frontend keeps every job "
+        "in an unsynchronized map and, under load, drops the worker when that map resizes "
+        "(about the 1536th request, then the 3072nd, ...; 'Unexpected job in "
+        "sendResponse()' in ts_log.log), and the requests in flight time out. Serve "
+        "production traffic on the synchronous worker (docs/continuous.md)."
+    )
