@@ -6,17 +6,24 @@
         [--tuned model-config.yaml] --out benchmarks/results/latency_load/compute
 
 A production service runs below saturation, under a latency objective: there the frontend's
-window and batch size set most of a request's latency. This serves, on one workload of
-benchmarks/compare.py (``compute``: the accelerator stand-in with a mean over its input;
-``resnet18``: untrained ResNet-18) and its 720px photo, each variant on a fresh TorchServe,
-rounds in a seeded shuffled order, each run an open-loop sweep of Poisson rates
-(ts_microbatch.tools.curves, the same as ``ts-microbatch-benchmark --rates``):
+window and batch size set most of a request's latency. This serves one workload, each
+variant on a fresh TorchServe, rounds in a seeded shuffled order, each run an open-loop
+sweep of Poisson rates (ts_microbatch.tools.curves, the same as ``ts-microbatch-benchmark
+--rates``). The image workloads are benchmarks/compare.py's on its 720px photo
+(``compute``: the accelerator stand-in with a mean over its input; ``resnet18``: untrained
+ResNet-18):
 
 * ``plain-w<ms>``: TorchServe's image_classifier without micro-batching;
 * ``upstream-w<ms>``: ImageClassifier under upstream's ``MicroBatching`` (0.12.0);
 * ``ours-w<ms>``: the image example as it ships (its micro_batching.json), at each window;
 * ``ours-tuned``: with ``--tuned``, the example with the frontend settings and micro-batching
   section ``ts-microbatch-tune --slo-p99-ms`` wrote.
+
+``text`` is benchmarks/text_lengths.py's (``make bench-text``): the BERT example on the
+long-tailed mix of token lengths (70% 8-64, 25% 65-256, 5% 257-512), ``plain`` its handler
+without micro-batching, ``upstream`` the example's stages under upstream's ``MicroBatching``
+at micro-batch 4 (threads 1/1/1), ``ours`` the example as it ships (length order, a token
+budget of 2048); its objective is P99 within 250 ms.
 
 Every model keeps batchSize 32 unless tuned. report.md gives, per variant, the highest rate
 held with P99 within ``--slo-p99-ms`` (nothing lost), the P99 at 25/50/75% of ours' capacity
@@ -39,12 +46,14 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE)]
 
 import compare  # noqa: E402
+import text_lengths  # noqa: E402
 
-from ts_microbatch.tools.corpus import read_corpus  # noqa: E402
+from ts_microbatch.tools.corpus import Corpus, read_corpus  # noqa: E402
 from ts_microbatch.tools.curves import CurveSender, parse_rates, sustained, write_curves  # noqa: E402
 from ts_microbatch.tools.mar import override_mar  # noqa: E402
 from ts_microbatch.tools.measure import measure  # noqa: E402
 from ts_microbatch.tools.rounds import round_order  # noqa: E402
+from ts_microbatch.tools.variants import PLAIN_OVERRIDE  # noqa: E402
 
 SHIPPED_WINDOW = 50
 MODELS = {"plain": "plain", "upstream": "upstream", "ours": "head-example"}
@@ -52,6 +61,15 @@ MODELS["continuous"] = MODELS["ours"]
 # The asynchronous worker: requests stream to it one by one (TorchServe 0.12's asynchronous
 # frontend fails on larger batches), the continuous batcher forms the micro-batches.
 ASYNC_FRONTEND = {"batchSize": 1, "maxBatchDelay": 1, "asyncCommunication": True}
+# Per workload: the rates swept (10% of ours' capacity to past it, measured on this
+# machine), the objective, and what the bodies are.
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "idle": {"rates": "30:390:60", "slo_p99_ms": 100.0, "label": "idle, 720px"},
+    "compute": {"rates": "30:390:60", "slo_p99_ms": 100.0, "label": "compute, 720px"},
+    "resnet18": {"rates": "4:40:4", "slo_p99_ms": 100.0, "label": "ResNet-18, 720px"},
+    "text": {"rates": "10:130:20", "slo_p99_ms": 250.0, "label": "BERT, long-tailed text"},
+}
+TEXT_UPSTREAM_MICRO_BATCH = 4  # upstream's best on this mix at saturation (text_lengths)
 
 
 def variants(
@@ -112,38 +130,59 @@ def overload_table(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
     return lines
 
 
-def report(rows: list[dict[str, Any]], names: list[str], slo: float, info: dict[str, Any]) -> str:
-    held = {n: sorted(sustained(r["curve"], slo) for r in rows if r["handler"] == n) for n in names}
-    median = {n: v[len(v) // 2] if v else 0.0 for n, v in held.items()}
-    ours_capacity = capacity(rows, f"ours-w{SHIPPED_WINDOW}")
+def report(
+    rows: list[dict[str, Any]], names: list[str], slos: list[float], info: dict[str, Any]
+) -> str:
+    """The table: per variant, the rate held within each objective of ``slos`` (the first
+    is the study's) and P99 at 25/50/75% of ours' capacity; then the ratios per objective."""
+    held = {
+        (n, slo): sorted(sustained(r["curve"], slo) for r in rows if r["handler"] == n)
+        for n in names
+        for slo in slos
+    }
+    median = {key: v[len(v) // 2] if v else 0.0 for key, v in held.items()}
+    shipped = f"ours-w{SHIPPED_WINDOW}"
+    reference = (
+        shipped
+        if shipped in names
+        else max(
+            (n for n in names if n.startswith("ours-")),
+            key=lambda n: capacity(rows, n),
+            default=shipped,
+        )
+    )
+    ours_capacity = capacity(rows, reference)
+    within = " | ".join(f"held within P99 {slo:g} ms, req/s (median; per round)" for slo in slos)
     lines = [
-        f"# Latency against offered load: {info['workload']}, 720px, open loop",
+        f"# Latency against offered load: {info['label']}, open loop",
         "",
         f"{info['rounds']} rounds (seed {info['seed']}), {info['seconds']} s a rate, "
-        f"2 cores; ours' capacity (most answered/s of ours-w{SHIPPED_WINDOW}): "
+        f"2 cores; ours' capacity (most answered/s of {reference}): "
         f"{ours_capacity:.0f} req/s.",
         "",
-        f"| variant | held within P99 {slo:g} ms, req/s (median; per round) | "
-        "P99 at 25% / 50% / 75% of ours' capacity, ms |",
-        "|---|---|---|",
+        f"| variant | {within} | P99 at 25% / 50% / 75% of ours' capacity, ms |",
+        "|---|" + "---|" * (len(slos) + 1),
     ]
     for name in names:
         at = [p99_near(rows, name, f * ours_capacity) for f in (0.25, 0.5, 0.75)]
         shown = " / ".join("-" if v is None else f"{v:.0f}" for v in at)
-        rounds = ", ".join(f"{v:g}" for v in held[name])
-        lines.append(f"| {name} | **{median[name]:g}** ({rounds}) | {shown} |")
+        cells = " | ".join(
+            f"**{median[name, slo]:g}** ({', '.join(f'{v:g}' for v in held[name, slo])})"
+            for slo in slos
+        )
+        lines.append(f"| {name} | {cells} | {shown} |")
+    lines.append("")
 
-    def best(prefix: str) -> float:
-        return max((median[n] for n in names if n.startswith(prefix)), default=0.0)
+    def best(prefix: str, slo: float) -> float:
+        return max((median[n, slo] for n in names if n.startswith(prefix)), default=0.0)
 
-    ours = max(median.get("ours-tuned", 0.0), best("ours-"))
-    upstream, plain = best("upstream-"), best("plain-")
-    lines += [
-        "",
-        f"Ours at its best against upstream at its best window: "
-        f"{ours / upstream if upstream else float('inf'):.2f}x; against plain: "
-        f"{ours / plain if plain else float('inf'):.2f}x (rates held within the objective).",
-    ]
+    for slo in slos:
+        ours, upstream, plain = (best(p, slo) for p in ("ours-", "upstream-", "plain-"))
+        lines.append(
+            f"Within P99 {slo:g} ms, ours at its best against upstream at its best window: "
+            f"{ours / upstream if upstream else float('inf'):.2f}x; against plain: "
+            f"{ours / plain if plain else float('inf'):.2f}x (rates held)."
+        )
     if info.get("max_latency_ms") is not None:
         lines += ["", f"With max_latency_ms {info['max_latency_ms']:g} (continuous):", ""]
         lines += overload_table(rows, names)
@@ -152,12 +191,12 @@ def report(rows: list[dict[str, Any]], names: list[str], slo: float, info: dict[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=("compute", "idle", "resnet18"), default="compute")
-    parser.add_argument("--rates", type=parse_rates, default=parse_rates("30:390:60"))
+    parser.add_argument("--workload", choices=tuple(WORKLOADS), default="compute")
+    parser.add_argument("--rates", type=parse_rates, help="default: the workload's")
     parser.add_argument("--rate-seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--slo-p99-ms", type=float, default=100.0)
+    parser.add_argument("--slo-p99-ms", type=float, help="default: the workload's")
     parser.add_argument("--windows", default="plain:5,50;upstream:5,20,50;ours:5,50")
     parser.add_argument("--tuned", type=Path, help="a model-config.yaml from the SLO tuner")
     parser.add_argument(
@@ -166,13 +205,26 @@ def main() -> None:
         help="the continuous variants' max_latency_ms (429 past it); with one rate in --rates "
         "past capacity, the overload run",
     )
+    parser.add_argument(
+        "--also-p99-ms", default="", help="more objectives for report.md, ms, comma-separated"
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="rewrite report.md from --out's runs.jsonl"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    workload = WORKLOADS[args.workload]
+    args.rates = args.rates or parse_rates(workload["rates"])
+    args.slo_p99_ms = args.slo_p99_ms or workload["slo_p99_ms"]
     windows = {
         m: [int(w) for w in ws.split(",")]
         for m, ws in (part.split(":") for part in args.windows.split(";"))
     }
     chosen = variants(windows, args.tuned, args.max_latency_ms)
+    args.slos = [args.slo_p99_ms] + [float(v) for v in args.also_p99_ms.split(",") if v]
+    if args.report_only:
+        write_report(args, [json.loads(line) for line in (args.out / "runs.jsonl").open()])
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tsmb-latency-"))
     try:
@@ -181,17 +233,52 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path) -> None:
+def image_models(workload: str, models: set[str], work: Path) -> tuple[dict[str, Path], Corpus]:
+    """compare.py's models on ``workload`` (model directories) and its 720px photo."""
     sides = {"head": compare.checkout("head", compare.WORKTREE, work / "head")}
     built = work / "built"
-    for model in sorted({model for model, _ in chosen.values()}):
-        compare.package(built, work / "build", model, args.workload, sides)
-    store = work / "store"
-    for name, (model, (section, frontend)) in chosen.items():
-        override_mar(built / f"{model}-{args.workload}", store / f"{name}.mar", section, frontend)
+    for model in sorted(models):
+        compare.package(built, work / "build", model, workload, sides)
     compare.write_bodies(work, ["720px"])
     body_path, _ = compare.bodies()["720px"]
     corpus = read_corpus(body_path.rename(body_path.with_suffix(".jpg")))
+    return {model: built / f"{model}-{workload}" for model in models}, corpus
+
+
+def text_models(models: set[str], work: Path) -> tuple[dict[str, Path], Corpus]:
+    """The BERT example's .mar (built if missing) as text_lengths.py serves it: as packaged
+    (``head-example``), with its plain handler (``plain``) and under upstream's
+    ``MicroBatching`` (``upstream``); and its long-tailed corpus."""
+    mar = text_lengths.ROOT / "model_store" / "bert_mb.mar"
+    text_lengths.ensure_mar(mar)
+    text_lengths.write_corpora(work / "corpora", ["long_tail"])
+    swaps = {
+        "plain": (PLAIN_OVERRIDE, text_lengths.PLAN["baseline_handler"]),
+        "upstream": (
+            text_lengths.upstream_override(TEXT_UPSTREAM_MICRO_BATCH),
+            text_lengths.PLAN["upstream_handler"],
+        ),
+    }
+    sources: dict[str, Path] = {}
+    for model in models:
+        if model in swaps:
+            override, handler = swaps[model]
+            sources[model] = work / "built" / f"{model}-text.mar"
+            override_mar(mar, sources[model], override, None, text_lengths.ROOT / handler)
+        else:
+            sources[model] = mar
+    return sources, read_corpus(work / "corpora" / "long_tail")
+
+
+def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path) -> None:
+    models = {model for model, _ in chosen.values()}
+    if args.workload == "text":
+        sources, corpus = text_models(models, work)
+    else:
+        sources, corpus = image_models(args.workload, models, work)
+    store = work / "store"
+    for name, (model, (section, frontend)) in chosen.items():
+        override_mar(sources[model], store / f"{name}.mar", section, frontend)
     first = corpus.bodies[0]
     config = {"metrics_mode": "prometheus", "warmup_requests": 300, "response_timeout": 120}
     rows: list[dict[str, Any]] = []
@@ -233,18 +320,33 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
             )
             with (args.out / "runs.jsonl").open("a") as runs:
                 runs.write(json.dumps(rows[-1], default=str) + "\n")
+    write_report(args, rows, {n: v[1] for n, v in chosen.items()})
+
+
+def write_report(
+    args: argparse.Namespace, rows: list[dict[str, Any]], served: dict[str, Any] | None = None
+) -> None:
+    """curves (json, md, png), report.md and, after a run (``served``), plan.json."""
     info = {
         "workload": args.workload,
+        "label": WORKLOADS[args.workload]["label"],
+        "rates": args.rates,
+        "slo_p99_ms": args.slo_p99_ms,
         "rounds": args.rounds,
         "seed": args.seed,
         "seconds": args.rate_seconds,
-        "variants": {n: v[1] for n, v in chosen.items()},
-        "max_latency_ms": args.max_latency_ms,
+        "variants": served,
+        "max_latency_ms": getattr(args, "max_latency_ms", None),
     }
-    write_curves(args.out, rows, args.slo_p99_ms, f"{args.workload}, 720px")
-    text = report(rows, list(chosen), args.slo_p99_ms, info)
+    if served is None:  # --report-only: the plan the runs were made with
+        info = json.loads((args.out / "plan.json").read_text())
+        info.setdefault("label", WORKLOADS[info["workload"]]["label"])
+    names = list(dict.fromkeys([*(info["variants"] or {}), *(row["handler"] for row in rows)]))
+    write_curves(args.out, rows, args.slo_p99_ms, info["label"])
+    text = report(rows, names, args.slos, info)
     (args.out / "report.md").write_text(text)
-    (args.out / "plan.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    if served is not None:
+        (args.out / "plan.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     print("\n" + text)
 
 

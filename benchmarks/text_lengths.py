@@ -220,6 +220,36 @@ def pick(sweep: Path, mar: Path, out: Path) -> dict[str, Any]:
     return choice
 
 
+def upstream_override(micro_batch_size: int) -> dict[str, Any]:
+    """The micro_batching section upstream's handler reads: our pipeline off, upstream's at
+    ``micro_batch_size`` with the plan's threads."""
+    return {"enabled": False, "micro_batch_size": micro_batch_size, "parallelism": PLAN["threads"]}
+
+
+def ensure_mar(mar: Path) -> None:
+    """The example's .mar at ``mar`` and the tokenizer the corpora count with, built when
+    either is missing (the latency study, benchmarks/latency_load.py, builds it here too)."""
+    if not mar.exists() or not (ROOT / PLAN["tokenizer"]).is_dir():
+        build = [sys.executable, "examples/bert_classifier/build_mar.py"]
+        build += ["--export-path", str(mar.parent), "--model-name", mar.stem]
+        build += ["--model-config", "examples/bert_classifier/model-config.yaml"]
+        subprocess.run(build, cwd=ROOT, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def write_corpora(out: Path, names: list[str]) -> None:
+    """The plan's corpora ``names`` as ``out/<name>/``, lengths in the example's tokens."""
+    make_text = load_generator(DEFAULT_GENERATOR)
+    count_tokens = token_counter(ROOT / PLAN["tokenizer"])
+    for name in names:
+        spec = PLAN["corpora"][name]
+        mix = parse_mix(spec["mix"])
+        written = write_token_corpus(
+            out / name, mix, spec["count"], make_text, count_tokens, spec["seed"]
+        )
+        print(f"corpus {name}: {len(written)} bodies; tokens per body:")
+        print(describe([count for _, count in written], mix))
+
+
 def load_arguments(load: dict[str, Any]) -> list[str]:
     """benchmark-ab.py's variants for one load: upstream at each micro-batch size on the
     example's stages (and ours in arrival order at the same size, same threads), or the
@@ -227,7 +257,7 @@ def load_arguments(load: dict[str, Any]) -> list[str]:
     threads = PLAN["threads"]
     args = ["--baseline-handler", PLAN["baseline_handler"]]
     for n in load["sizes"]:
-        upstream = {"enabled": False, "micro_batch_size": n, "parallelism": threads}
+        upstream = upstream_override(n)
         args += [
             "--handler-variant",
             f"upstream{n}={PLAN['upstream_handler']}:{json.dumps(upstream)}",
@@ -254,20 +284,8 @@ def ab_command(
 
 def run(mar: Path, run_dir: Path, results: Path, rounds: int, lock: str | None) -> None:
     """The whole study into ``run_dir``; the summary into ``results``."""
-    tokenizer = ROOT / PLAN["tokenizer"]
-    if not mar.exists() or not tokenizer.is_dir():
-        build = [sys.executable, "examples/bert_classifier/build_mar.py"]
-        build += ["--export-path", str(mar.parent), "--model-name", mar.stem]
-        build += ["--model-config", "examples/bert_classifier/model-config.yaml"]
-        subprocess.run(build, cwd=ROOT, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    make_text, count_tokens = load_generator(DEFAULT_GENERATOR), token_counter(tokenizer)
-    for name, spec in PLAN["corpora"].items():
-        mix = parse_mix(spec["mix"])
-        written = write_token_corpus(
-            run_dir / "corpora" / name, mix, spec["count"], make_text, count_tokens, spec["seed"]
-        )
-        print(f"corpus {name}: {len(written)} bodies; tokens per body:")
-        print(describe([count for _, count in written], mix))
+    ensure_mar(mar)
+    write_corpora(run_dir / "corpora", list(PLAN["corpora"]))
 
     def bench(out: str, source: Path, load: dict[str, Any], *extra: str) -> None:
         cmd = ab_command(run_dir, out, source, load, rounds, extra)

@@ -1,0 +1,63 @@
+"""benchmarks/latency_load.py's report (never its speed): the rate each variant held within
+each objective, the ratios at each variant family's best, and the workloads' defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.helpers import load_module
+
+study = load_module("benchmarks/latency_load.py", "latency_load")
+
+
+def point(offered: float, p99_ms: float, achieved: float | None = None) -> dict[str, Any]:
+    return {
+        "offered_per_s": offered,
+        "realized_per_s": offered,
+        "achieved_per_s": offered if achieved is None else achieved,
+        "requests": 50,
+        "p50_ms": p99_ms / 2,
+        "p99_ms": p99_ms,
+        "errors": 0,
+        "timeouts": 0,
+        "late_sends": 0,
+        "queue_growth_ms": 0.0,
+    }
+
+
+def run(name: str, repeat: int, p99s: list[float]) -> dict[str, Any]:
+    return {
+        "handler": name,
+        "repeat": repeat,
+        "curve": [point(10.0 * (i + 1), p) for i, p in enumerate(p99s)],
+    }
+
+
+def test_report_gives_the_rate_held_within_each_objective_and_the_ratios_per_objective() -> None:
+    rows = [
+        run("upstream-w5", 1, [80, 120, 300]),
+        run("upstream-w5", 2, [90, 260, 400]),
+        run("ours-w5", 1, [50, 90, 200]),
+        run("ours-w5", 2, [60, 95, 240]),
+        run("ours-w50", 1, [150, 160, 170]),
+        run("ours-w50", 2, [150, 160, 170]),
+        run("plain-w50", 1, [300, 900, 2000]),
+        run("plain-w50", 2, [300, 900, 2000]),
+    ]
+    names = ["plain-w50", "upstream-w5", "ours-w50", "ours-w5"]
+    info = {"label": "x", "rounds": 2, "seed": 0, "seconds": 5.0}
+    text = study.report(rows, names, [100.0, 250.0], info)
+    assert "| upstream-w5 | **10** (10, 10) | **20** (10, 20) |" in text
+    assert "| ours-w5 | **20** (20, 20) | **30** (30, 30) |" in text
+    assert "| ours-w50 | **0** (0, 0) | **30** (30, 30) |" in text
+    assert "| plain-w50 | **0** (0, 0) | **0** (0, 0) |" in text
+    assert "Within P99 100 ms, ours at its best against upstream at its best window: 2.00x" in text
+    # the better round of two is the median (the upper of the pair), as for the rates
+    assert "Within P99 250 ms, ours at its best against upstream at its best window: 1.50x" in text
+
+
+def test_each_workload_has_rates_and_an_objective_and_text_is_250_ms() -> None:
+    for spec in study.WORKLOADS.values():
+        assert spec["rates"] and spec["slo_p99_ms"] > 0
+    assert study.WORKLOADS["text"]["slo_p99_ms"] == 250.0
+    assert study.WORKLOADS["resnet18"]["rates"] == "4:40:4"
