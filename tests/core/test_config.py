@@ -97,10 +97,11 @@ def test_reference_format_is_read() -> None:
         ({"max_window_ms": None}, "micro_batching.max_window_ms: got None"),
         (
             {"max_latency_ms": "200ms"},
-            "micro_batching.max_latency_ms: got '200ms', expected a number of milliseconds >= 0 "
+            "micro_batching.max_latency_ms: got '200ms', expected a number of milliseconds > 0 "
             "or null",
         ),
         ({"max_latency_ms": float("inf")}, "micro_batching.max_latency_ms: got inf"),
+        ({"max_latency_ms": 0}, "micro_batching.max_latency_ms: got 0"),
     ],
 )
 def test_bad_values_name_the_key(mapping: dict[str, Any], message: str) -> None:

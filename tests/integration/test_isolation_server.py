@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from tests.integration.handlers.stacking_handler import SLOW, SLOW_ENTERED
 from tests.integration.servers import build, local_server, settled_scrape
-from tests.integration.test_faults import wait_for_log
+from tests.integration.test_faults import send_in_background, wait_for_log
 from tests.integration.test_torchserve import parallel
 from tests.torchserve.images import make_jpeg
 from ts_microbatch.tools.scrape import summarize
@@ -102,7 +103,11 @@ def test_past_a_deadline_the_asynchronous_worker_answers_429_with_retry_after(
     photo = make_jpeg(900, size=(64, 48))
     for _ in range(3):  # every stage runs: the batcher has costs to predict from
         assert server.predict(NAME, photo).status == 200
+    slow, slow_answer = send_in_background(server, [SLOW], NAME)
+    wait_for_log(server, SLOW_ENTERED)  # the scenario: a request ahead of the next one
     tight = server.predict(NAME, photo, headers={"x-envoy-expected-rq-timeout-ms": "0.001"})
+    slow.join(60)
+    assert [r.status for r in slow_answer] == [200]
     if "handle_connection_async" not in server.log():
         # The synchronous worker enforces no objective: its frontend forms the batches.
         assert tight.status == 200, tight.body

@@ -66,7 +66,8 @@ class EchoHandler(MicroBatchingMixin, BaseHandler):
         self.micro_batches.append(len(data))
         values = []
         for row in data:
-            text = bytes(row.get("body") or row.get("data")).decode()
+            value = row.get("body") or row.get("data")  # bytes, or a KServe instance
+            text = bytes(value).decode() if isinstance(value, (bytes, bytearray)) else str(value)
             if text == "bad":
                 raise RequestError("not a number")
             values.append(text)
@@ -246,16 +247,86 @@ def test_deadline_header_alone_refuses_when_no_objective_is_set(
     batcher = handler.micro_batching.continuous_batcher()
     batcher.policy._costs.on_stage("inference", 1, 0.0, 5.0, failed=False)  # noqa: SLF001
 
-    async def two() -> list[bytes]:
-        return [
-            await ask(worker, 1, b"3", {"x-envoy-expected-rq-timeout-ms": "100"}),
-            await ask(worker, 2, b"3", {"x-envoy-expected-rq-timeout-ms": "not a number"}),
-        ]
+    async def scenario() -> list[bytes]:
+        handler.gate.clear()
+        first = asyncio.ensure_future(ask(worker, 0, b"3"))  # one ahead of the next two
+        while in_batcher(batcher) < 1:
+            await asyncio.sleep(0.001)
+        tight = await ask(worker, 1, b"3", {"x-envoy-expected-rq-timeout-ms": "100"})
+        unread = asyncio.ensure_future(
+            ask(worker, 2, b"3", {"x-envoy-expected-rq-timeout-ms": "not a number"})
+        )
+        await asyncio.sleep(0.01)
+        handler.gate.set()
+        return [tight, await first, await unread]
 
-    refused, served = asyncio.run(two())
-    assert decode(refused)[1][0][1] == 429
-    assert decode(served)[1][0][1] == 200  # an unreadable header is advisory: ignored
+    tight, first, unread = asyncio.run(scenario())
+    assert decode(tight)[1][0][1] == 429
+    assert decode(first)[1][0][1] == 200
+    assert decode(unread)[1][0][1] == 200  # an unreadable header is advisory: ignored
     handler.micro_batching.shutdown()
+
+
+def test_one_slow_call_does_not_refuse_every_later_request(
+    tmp_path: Path, original_predict: None
+) -> None:
+    # A stage measured far over the objective once (a pause, a recompile): a request with
+    # nothing ahead is still run, and its run is measured again, instead of every request
+    # being refused on the old measure for good (nothing would run to measure it again).
+    worker, handler = start(tmp_path, max_latency_ms=100)
+    asyncio.run(_warm(worker))
+    batcher = handler.micro_batching.continuous_batcher()
+    batcher.policy._costs.on_stage("inference", 1, 0.0, 10.0, failed=False)  # noqa: SLF001
+    predicted = batcher.policy.predicted_s(1, handler.micro_batching.parallelism)
+    assert predicted is not None and predicted > 1.0  # the scenario: one ahead is refused
+
+    async def one_by_one() -> list[bytes]:
+        return [await ask(worker, i, b"2") for i in range(6)]
+
+    assert [decode(m)[1][0][1] for m in asyncio.run(one_by_one())] == [200] * 6
+    handler.micro_batching.shutdown()
+
+
+def test_a_kserve_request_counts_its_instances_and_the_micro_batches_they_make(
+    tmp_path: Path, original_predict: None
+) -> None:
+    worker, handler = start(tmp_path, kserve=True)
+    batcher = handler.micro_batching.continuous_batcher()
+    body = json.dumps({"instances": [str(i) for i in range(8)]}).encode()
+
+    async def scenario() -> tuple[Any, list[bytes]]:
+        handler.gate.clear()
+        task = asyncio.ensure_future(ask(worker, 0, body))
+        while batcher.stats().in_flight == 0:
+            await asyncio.sleep(0.001)
+        stats = batcher.stats()
+        handler.gate.set()
+        return stats, [await task]
+
+    stats, (message,) = asyncio.run(scenario())
+    assert (stats.in_flight, stats.in_flight_requests) == (2, 8)  # 8 instances, micro-batch 4
+    _, ((_, status, answer),) = decode(message)
+    assert status == 200 and json.loads(answer)["predictions"] == [
+        {"double": 2 * i} for i in range(8)
+    ]
+    assert batcher.stats() == (0, 0, 0)
+    handler.micro_batching.shutdown()
+
+
+def test_changing_only_the_batcher_s_limits_keeps_the_pipeline(
+    tmp_path: Path, original_predict: None
+) -> None:
+    from dataclasses import replace
+
+    _, handler = start(tmp_path)
+    micro_batching = handler.micro_batching
+    pipeline = micro_batching._pipeline  # noqa: SLF001
+    micro_batching.configure(
+        replace(micro_batching.base_config, max_window_ms=1.0, max_latency_ms=50.0)
+    )
+    assert micro_batching._pipeline is pipeline  # noqa: SLF001  (no threads rebuilt)
+    assert micro_batching.continuous_batcher().policy.max_window_s == 0.001
+    micro_batching.shutdown()
 
 
 def test_a_stuck_first_stage_answers_every_request_at_its_timeout_none_waits_for_it(

@@ -186,5 +186,7 @@ _FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "shape_groups": check_groups,
     "max_micro_batch_pixels": lambda v, k: None if v is None else _positive_int(v, k),
     "max_window_ms": lambda v, k: _milliseconds(v, k, allow_none=False),
-    "max_latency_ms": lambda v, k: _milliseconds(v, k, allow_none=True),
+    "max_latency_ms": lambda v, k: _number(
+        v, k, allow_none=True, zero=False, allowed="a number of milliseconds > 0"
+    ),
 }

@@ -79,6 +79,16 @@ def install_lean_predict() -> bool:
     return True
 
 
+def lean_predict_installed() -> bool:
+    """Whether this worker's predict is ``lean_predict`` (which leaves PredictionTime to the
+    handler); TorchServe's own writes it for every request."""
+    try:
+        from ts import async_service
+    except ImportError:
+        return False
+    return async_service.predict is lean_predict
+
+
 def _no_received_line(record: logging.LogRecord) -> bool:
     """Drops TorchServe's "Backend received inference at" line: written to the root logger
     for each predict message, which on this worker is each request, and read back by the

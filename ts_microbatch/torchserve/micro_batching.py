@@ -35,7 +35,7 @@ from ..core.metrics import GuardedObserver, PipelineObserver
 from ..core.micro_batch import MicroBatchInfo
 from ..core.pipeline import Pipeline, PipelineStats
 from . import kserve
-from ._async import call_soon, in_event_loop
+from ._async import call_soon, in_event_loop, lean_predict_installed
 from .answers import SubmittedBatch, answer_batch
 from .compiled import CompiledInference, check_inference_threads
 from .context import BatchContext, stage_context, stage_request_ids
@@ -337,8 +337,8 @@ class MicroBatching:
             if in_event_loop():
                 start = time.time()
                 output = plain_handle(self.handler)(data, context)
-                # lean_predict leaves PredictionTime to the handler (_async.py says why).
-                self._add_time(context, "PredictionTime", start)
+                if lean_predict_installed():  # it leaves PredictionTime to the handler
+                    self._add_time(context, "PredictionTime", start)
                 return _returning(output)
             return plain_handle(self.handler)(data, context)
         if in_event_loop():
@@ -357,7 +357,8 @@ class MicroBatching:
             # HandlerTime and PredictionTime: once per micro-batch (_StreamHost.report_time).
             return await self.continuous_batcher().handle(list(data), context)
         self._add_handler_time(context, start)
-        self._add_time(context, "PredictionTime", start)
+        if lean_predict_installed():  # it leaves PredictionTime to the handler
+            self._add_time(context, "PredictionTime", start)
         return output
 
     def continuous_batcher(self) -> ContinuousBatcher:
@@ -499,8 +500,10 @@ class _StreamHost:
         """A micro-batch answered: TorchServe's HandlerTime and PredictionTime since its
         oldest request arrived (``start``, wall clock), once for the micro-batch; per
         request, they were two metric lines each, which the frontend reads back."""
+        # TorchServe's own predict (another release than lean_predict's) writes its own.
+        names = ("HandlerTime", "PredictionTime") if lean_predict_installed() else ("HandlerTime",)
         try:
-            for name in ("HandlerTime", "PredictionTime"):
+            for name in names:
                 MicroBatching._add_time(context, name, start)
         except Exception:  # a metric changes no answer and stops no batcher
             logger.warning("HandlerTime/PredictionTime not written", exc_info=True)

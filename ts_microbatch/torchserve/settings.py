@@ -80,12 +80,20 @@ def apply_size(pipeline: Pipeline, size: Any, config: MicroBatchingConfig) -> No
 
 def in_place(old: MicroBatchingConfig, new: MicroBatchingConfig) -> bool:
     """Whether going from ``old`` to ``new`` changes only what a running pipeline changes
-    in place: the size, the threads, ``on_recompile``."""
+    in place: the size, the threads, ``on_recompile``, and the asynchronous worker's
+    batcher limits (``max_window_ms``, ``max_latency_ms``: not the pipeline's at all)."""
     return _rest(old) == _rest(new)
 
 
 def _rest(config: MicroBatchingConfig) -> MicroBatchingConfig:
-    return replace(config, micro_batch_size=1, parallelism=Parallelism(), on_recompile="warn")
+    return replace(
+        config,
+        micro_batch_size=1,
+        parallelism=Parallelism(),
+        on_recompile="warn",
+        max_window_ms=0.0,
+        max_latency_ms=None,
+    )
 
 
 def shape_count(config: MicroBatchingConfig) -> int | None:

@@ -64,12 +64,19 @@ class StreamHost(Protocol):
     def stage_threads(self) -> Mapping[str, int]: ...
 
 
+class _Load(NamedTuple):
+    """What a submitted group holds in the pipeline."""
+
+    slots: int  # micro-batches: a group of KServe requests may be cut into several
+    items: int
+
+
 class StreamStats(NamedTuple):
     """The batcher's state now."""
 
-    gathered: int  # requests waiting to leave in a micro-batch
+    gathered: int  # rows (requests) waiting to leave in a micro-batch
     in_flight: int  # micro-batches in the pipeline
-    in_flight_requests: int
+    in_flight_requests: int  # their items: a KServe request's instances each count
 
 
 @dataclass(eq=False)
@@ -174,6 +181,11 @@ class ContinuousBatcher:
         if budget_s is None:
             return None
         ahead = self._gathered_items + self._in_flight_items
+        if ahead == 0:
+            # Nothing to wait for: its own run is the freshest measure of the stage costs.
+            # Refusing it on an old measure (one slow call) would refuse every request after
+            # it for good, since nothing would run to measure them again.
+            return None
         predicted_s = self.policy.predicted_s(ahead, self._host.stage_threads())
         if predicted_s is None or predicted_s <= budget_s:
             return None
@@ -251,11 +263,15 @@ class ContinuousBatcher:
             for waiting in group:
                 _resolve(waiting, self._refuse(waiting, exc))
             return
-        self._in_flight += 1
-        self._in_flight_items += len(data)
         batch = submitted.batch
+        # A KServe request may hold several instances: what is in flight is counted in items
+        # and in the micro-batches the pipeline cuts them into, one slot each.
+        items = len(batch) if batch is not None else 0
+        load = _Load(max(1, math.ceil(items / self._host.gather_size())), items)
+        self._in_flight += load.slots
+        self._in_flight_items += load.items
         if batch is None:  # nothing to run (unreadable bodies, or refused): answered now
-            loop.call_soon(self._answered, group, submitted, None)
+            loop.call_soon(self._answered, group, submitted, load, None)
             return
         timeout_s = self._host.rows_timeout_s(context)
         deadline = min(waiting.arrived for waiting in group) + timeout_s
@@ -263,21 +279,25 @@ class ContinuousBatcher:
 
         def answered(_: object) -> None:  # on a stage thread
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits
-                loop.call_soon_threadsafe(self._answered, group, submitted, expiry)
+                loop.call_soon_threadsafe(self._answered, group, submitted, load, expiry)
 
         batch.when_answered(answered)
 
     def _answered(
-        self, group: list[_Waiting], submitted: SubmittedBatch, expiry: asyncio.TimerHandle | None
+        self,
+        group: list[_Waiting],
+        submitted: SubmittedBatch,
+        load: _Load,
+        expiry: asyncio.TimerHandle | None,
     ) -> None:
         if expiry is not None:
             expiry.cancel()
-        rows = sum(len(waiting.data) for waiting in group)
-        # Busy since the last answer: the pipeline was full, or requests waited for a slot.
-        busy = self._in_flight >= self._slots() or bool(self._gathered)
-        self.policy.answered(asyncio.get_running_loop().time(), rows, busy)
-        self._in_flight -= 1
-        self._in_flight_items -= rows
+        if submitted.refused is None and load.items:  # it ran: the drain rate learns from it
+            # Busy since the last answer: the pipeline was full, or requests waited for a slot.
+            busy = self._in_flight >= self._slots() or bool(self._gathered)
+            self.policy.answered(asyncio.get_running_loop().time(), load.items, busy)
+        self._in_flight -= load.slots
+        self._in_flight_items -= load.items
         try:
             answers = self._host.answer_rows(submitted)
         except Exception as exc:  # answer_rows guards each request: only a bug gets here
