@@ -25,7 +25,8 @@ its threads), or at the rate measured while the pipeline was busy, whichever is 
 stage threads share the cores and the interpreter, so threads do not divide a stage's time
 on a loaded machine. Predicted past its budget, it is refused before any stage (the adapter
 answers 429 with ``Retry-After``). Until every stage has run once nothing is refused: there
-is nothing to predict from.
+is nothing to predict from; nor is a request with nothing ahead of it (the adapter's rule:
+its run is the freshest measure of the costs).
 
 Stage costs are measured by ``StageCosts``, an observer of the pipeline: an exponentially
 weighted mean of each stage's run time and micro-batch size.
