@@ -144,7 +144,7 @@ def answers(messages: list[bytes]) -> list[tuple[str, int, Any]]:
 def in_batcher(batcher: Any) -> int:
     """Requests gathered or in the pipeline."""
     stats = batcher.stats()
-    return int(stats.gathered + stats.in_flight_requests)
+    return int(stats.gathered + stats.in_flight_items)
 
 
 async def gathered(worker: AsyncService, handler: Any, bodies: list[bytes]) -> list[bytes]:
@@ -304,7 +304,7 @@ def test_a_kserve_request_counts_its_instances_and_the_micro_batches_they_make(
         return stats, [await task]
 
     stats, (message,) = asyncio.run(scenario())
-    assert (stats.in_flight, stats.in_flight_requests) == (2, 8)  # 8 instances, micro-batch 4
+    assert (stats.in_flight, stats.in_flight_items) == (2, 8)  # 8 instances, micro-batch 4
     _, ((_, status, answer),) = decode(message)
     assert status == 200 and json.loads(answer)["predictions"] == [
         {"double": 2 * i} for i in range(8)

@@ -282,12 +282,15 @@ class MicroBatching:
         return answer_batch(submitted, self._observer)
 
     def _timeout_s(self, submitted: SubmittedBatch) -> float:
+        return self._context_timeout_s(submitted.view)
+
+    def _context_timeout_s(self, context: Any) -> float:
         """How long a batch may take: ``timeout_s``, or when it is null 90% of TorchServe's
         responseTimeout for the model (its default when no context says), so ``handle()``
         answers before the frontend gives up on the worker, however the handler was built."""
         if self._config.timeout_s is not None:
             return self._config.timeout_s
-        return default_timeout_s(getattr(submitted.view, "model_yaml_config", None))
+        return default_timeout_s(getattr(context, "model_yaml_config", None))
 
     def _submit(self, data: Sequence[Any], context: Any) -> SubmittedBatch:
         submitted, items, owners = self._unpack(data, context)
@@ -337,8 +340,7 @@ class MicroBatching:
             if in_event_loop():
                 start = time.time()
                 output = plain_handle(self.handler)(data, context)
-                if lean_predict_installed():  # it leaves PredictionTime to the handler
-                    self._add_time(context, "PredictionTime", start)
+                self._add_async_times(context, start, handler_time=False)
                 return _returning(output)
             return plain_handle(self.handler)(data, context)
         if in_event_loop():
@@ -347,7 +349,7 @@ class MicroBatching:
         output = self._special(data, context)
         if output is None:
             output = self.handle(data, context)
-        self._add_handler_time(context, start)
+        self._add_time(context, "HandlerTime", start)
         return output
 
     async def _call_async(self, data: Sequence[Any], context: Any) -> list[Any]:
@@ -356,9 +358,7 @@ class MicroBatching:
         if output is None:
             # HandlerTime and PredictionTime: once per micro-batch (_StreamHost.report_time).
             return await self.continuous_batcher().handle(list(data), context)
-        self._add_handler_time(context, start)
-        if lean_predict_installed():  # it leaves PredictionTime to the handler
-            self._add_time(context, "PredictionTime", start)
+        self._add_async_times(context, start)
         return output
 
     def continuous_batcher(self) -> ContinuousBatcher:
@@ -384,8 +384,14 @@ class MicroBatching:
         return None
 
     @staticmethod
-    def _add_handler_time(context: Any, start: float) -> None:
-        MicroBatching._add_time(context, "HandlerTime", start)
+    def _add_async_times(context: Any, start: float, *, handler_time: bool = True) -> None:
+        """The asynchronous worker's HandlerTime and, where ``lean_predict`` left it to the
+        handler (TorchServe's own predict writes it per request), PredictionTime."""
+        names: tuple[str, ...] = ("HandlerTime",) if handler_time else ()
+        if lean_predict_installed():
+            names += ("PredictionTime",)
+        for name in names:
+            MicroBatching._add_time(context, name, start)
 
     @staticmethod
     def _add_time(context: Any, name: str, start: float) -> None:
@@ -491,20 +497,14 @@ class _StreamHost:
         return answer_batch(submitted, self._owner._observer)
 
     def rows_timeout_s(self, context: Any) -> float:
-        config = self._owner.base_config
-        if config.timeout_s is not None:
-            return config.timeout_s
-        return default_timeout_s(getattr(context, "model_yaml_config", None))
+        return self._owner._context_timeout_s(context)
 
     def report_time(self, context: Any, start: float) -> None:
         """A micro-batch answered: TorchServe's HandlerTime and PredictionTime since its
         oldest request arrived (``start``, wall clock), once for the micro-batch; per
         request, they were two metric lines each, which the frontend reads back."""
-        # TorchServe's own predict (another release than lean_predict's) writes its own.
-        names = ("HandlerTime", "PredictionTime") if lean_predict_installed() else ("HandlerTime",)
         try:
-            for name in names:
-                MicroBatching._add_time(context, name, start)
+            MicroBatching._add_async_times(context, start)
         except Exception:  # a metric changes no answer and stops no batcher
             logger.warning("HandlerTime/PredictionTime not written", exc_info=True)
 

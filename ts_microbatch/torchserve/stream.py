@@ -76,7 +76,7 @@ class StreamStats(NamedTuple):
 
     gathered: int  # rows (requests) waiting to leave in a micro-batch
     in_flight: int  # micro-batches in the pipeline
-    in_flight_requests: int  # their items: a KServe request's instances each count
+    in_flight_items: int  # their items: a KServe request's instances each count
 
 
 @dataclass(eq=False)
