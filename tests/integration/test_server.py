@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
+from tests.integration.servers import local_server
 from ts_microbatch.tools import server as server_module
+from ts_microbatch.tools.processes import group_members
 from ts_microbatch.tools.server import TorchServe
 
 
@@ -37,3 +39,18 @@ def test_hang_free_port_taken_before_torchserve_binds_it(
             assert "retrying on new ports" in caplog.text  # the first try did hit the port
             assert ts.ports[0] != busy
             assert ts.request("GET", f"{ts.inference_url}/ping").status == 200
+
+
+def test_stop_from_the_pid_file_stops_the_torchserve_it_started(tmp_path: Path) -> None:
+    # `serve stop` runs in another process than `serve start`: it has the pid file only,
+    # whose record (start time, command line) must match the real TorchServe it names.
+    (tmp_path / "store").mkdir()
+    started = local_server(tmp_path / "store", tmp_path / "server")
+    with started:
+        assert started.process is not None
+        pgid = started.process.pid
+        assert len(group_members(pgid)) >= 2  # the torchserve launcher and its Java frontend
+        TorchServe(model_store=tmp_path / "store", workdir=tmp_path / "server").stop()
+        started.process.wait(timeout=60)
+        assert not group_members(pgid)
+        assert not started.pid_file.exists()

@@ -14,6 +14,7 @@ import urllib.parse
 from pathlib import Path
 
 from ._cli import SAFE_BESIDE, prog
+from .processes import PidFileError, StalePidFileError
 from .server import TorchServe, TorchServeError, read_properties
 
 # Overridable so that tests can run the README commands verbatim on free ports.
@@ -48,7 +49,10 @@ def server_from_config(config: Path, model_store: Path, token_auth: bool) -> Tor
 def start(args: argparse.Namespace) -> int:
     token_auth = args.token_auth.lower() not in ("off", "false", "0", "no")
     server = server_from_config(Path(args.config), Path(args.model_store), token_auth)
-    server.stop()  # a server left by an earlier `make serve`
+    try:
+        server.stop()  # a server left by an earlier `make serve`
+    except PidFileError as exc:  # nothing was signalled; a server still there keeps its ports
+        print(f"warning: {exc}", file=sys.stderr)
     print(f"Starting TorchServe (logs in {server.log_dir}) ...", flush=True)
     server.start()
     model_name = Path(args.mar).stem
@@ -100,10 +104,17 @@ def start(args: argparse.Namespace) -> int:
 
 def stop(_: argparse.Namespace) -> int:
     server = TorchServe(model_store=Path("."), workdir=WORKDIR, ports=(0, 0, 0))
-    if not (WORKDIR / "torchserve.pid").exists():
+    if not server.pid_file.exists():
         print("No TorchServe started by `make serve` is running.")
         return 0
-    server.stop()
+    try:
+        server.stop()  # only the process group its pid file records, verified first
+    except StalePidFileError as exc:
+        print(f"No TorchServe started by `make serve` is running: {exc}")
+        return 0
+    except PidFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print("TorchServe stopped.")
     return 0
 

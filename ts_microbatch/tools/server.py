@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .ports import LOOPBACK, free_port, free_worker_ports, socket_dir_for, without_java_tmpdir
-from .processes import stop_process_group
+from .processes import remove_pid_file, stop_from_pid_file, stop_process_group, write_pid_file
 
 __all__ = [
     "LOOPBACK",
@@ -145,6 +145,10 @@ class TorchServe:
         return self.workdir / "logs"
 
     @property
+    def pid_file(self) -> Path:
+        return self.workdir / "torchserve.pid"
+
+    @property
     def config_path(self) -> Path:
         return self.workdir / "config.properties"
 
@@ -262,7 +266,7 @@ class TorchServe:
             start_new_session=True,
         )
         out.close()
-        (self.workdir / "torchserve.pid").write_text(str(self.process.pid))
+        write_pid_file(self.pid_file, self.process.pid)  # what `serve stop` may signal
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -286,20 +290,18 @@ class TorchServe:
         raise TorchServeError(f"TorchServe did not answer /ping within {timeout_s:.0f} s")
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stops the whole process group: frontend and backend workers. Idempotent."""
-        pid_file = self.workdir / "torchserve.pid"
-        pid = (
-            self.process.pid
-            if self.process
-            else (int(pid_file.read_text()) if pid_file.exists() else None)
-        )
-        if pid is None:
-            return
-        stop_process_group(pid, timeout_s, self.process)
+        """Stops the whole process group: frontend and backend workers. Idempotent. One
+        started by another process (``serve stop``): only once the pid file's record shows
+        it is that TorchServe, else PidFileError and nothing signalled (tools.processes)."""
         if self.process is not None:
+            stop_process_group(self.process.pid, timeout_s, self.process)
             self.process.wait(timeout=timeout_s)
-        pid_file.unlink(missing_ok=True)
-        self.process = None
+            remove_pid_file(self.pid_file, self.process.pid)
+            self.process = None
+        elif self.pid_file.exists():
+            stop_from_pid_file(self.pid_file, timeout_s)
+        else:
+            return
         # Its sockets are gone with its workers; what is left is unpacked model copies.
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
