@@ -13,6 +13,17 @@ window) and for the batch to run (the service). ``sustained`` scans offered rate
 (Poisson) for the highest whose P99 stays within an objective. Service times come from
 the tuner's in-process measurements of the handler (``service_curve``), which leave out the
 frontend's own CPU: the model ranks configurations, a real server confirms the best.
+
+**The frontend's CPU** (``cpu_cap_per_s``). The replay's worker runs batches as if it had
+the cores to itself, but TorchServe's frontend (Java: HTTP, batching, every body's bytes)
+shares them: a fraud scorer's MLP modelled at 1,166 req/s held 287-523 on two cores. The
+cap is plain arithmetic: each request costs the frontend ``frontend_cpu_ms`` (read from a
+short run on a real server) and the worker ``worker_cpu_ms`` (the handler's CPU per
+request in-process, at the batch size the rate fills), so ``cores`` cores answer at most
+``1000 * cores / (frontend_cpu_ms + worker_cpu_ms)`` a second, whatever the batching.
+``sustained`` scans no higher than that, and a rate held up to it is bound by "cpu". It
+leaves out what the cores lose to the client and to other processes, and the latency the
+frontend adds; it only stops the model from promising more than the CPU can give.
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ServiceMs = Callable[[int], float]
 
@@ -100,11 +111,15 @@ class Tail:
     queue_ms: float
     window_ms: float
     service_ms: float
+    cpu_bound: bool = False  # held up to the CPU's cap (``cpu_cap_per_s``), not past it
 
     @property
     def bound(self) -> str:
         """What the slowest requests spent most on: "queue" (the worker's capacity),
-        "window" (maxBatchDelay) or "service" (the batch's run: batchSize, the pipeline)."""
+        "window" (maxBatchDelay) or "service" (the batch's run: batchSize, the pipeline);
+        "cpu" when the rate held is the cores' cap for frontend and worker."""
+        if self.cpu_bound:
+            return "cpu"
         parts = {"queue": self.queue_ms, "window": self.window_ms, "service": self.service_ms}
         return max(parts, key=lambda name: parts[name])
 
@@ -139,6 +154,18 @@ def tail_at(
     )
 
 
+def cpu_cap_per_s(frontend_cpu_ms: float, worker_cpu_ms: float, cores: float) -> float:
+    """The most requests a second ``cores`` cores can answer when each costs the frontend
+    ``frontend_cpu_ms`` and the worker ``worker_cpu_ms`` of CPU (the module's docstring)."""
+    per_request_ms = frontend_cpu_ms + worker_cpu_ms
+    if not per_request_ms > 0 or not cores > 0:
+        raise ValueError(
+            f"got {frontend_cpu_ms!r} + {worker_cpu_ms!r} ms a request on {cores!r} cores, "
+            "expected a CPU time > 0 and cores > 0"
+        )
+    return 1000 * cores / per_request_ms
+
+
 def sustained(
     slo_p99_ms: float,
     batch_size: int,
@@ -147,11 +174,16 @@ def sustained(
     *,
     steps: int = 12,
     seed: int = 0,
+    max_rate_per_s: float | None = None,
 ) -> Tail | None:
     """The highest Poisson rate whose replayed P99 is within ``slo_p99_ms`` (a scan up to the
-    worker's capacity, then halving between the last rate held and the first not), and its
-    tail; None when even the lowest rate misses it."""
+    worker's capacity, or ``max_rate_per_s`` when lower: the CPU's cap, then halving
+    between the last rate held and the first not), and its tail; None when even the lowest
+    rate misses it."""
     capacity = 1000 * batch_size / service_ms(batch_size)
+    capped = max_rate_per_s is not None and max_rate_per_s < capacity
+    if max_rate_per_s is not None:
+        capacity = min(capacity, max_rate_per_s)
     held: Tail | None = None
     missed = capacity
     for step in range(1, steps + 1):
@@ -170,4 +202,6 @@ def sustained(
             held, low = tail, middle
         else:
             missed = middle
+    if capped and held is not None and held.rate_per_s >= capacity * (1 - 1e-9):
+        return replace(held, cpu_bound=True)
     return held

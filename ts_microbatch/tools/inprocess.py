@@ -93,14 +93,25 @@ def fresh_batch(context: Any, batch_size: int) -> None:
 
 def measure(mb: MicroBatching, context: Any, batches: list[list[Body]]) -> float:
     """Seconds per batch, the median over ``batches`` after the first (a warm-up)."""
-    times = []
+    return measure_with_cpu(mb, context, batches)[0]
+
+
+def measure_with_cpu(
+    mb: MicroBatching, context: Any, batches: list[list[Body]]
+) -> tuple[float, float]:
+    """Seconds per batch (the median over ``batches`` after the first, a warm-up) and the
+    process's CPU seconds per batch over the same batches (the mean: every stage thread's
+    CPU, the cost a worker would put on the cores)."""
+    times, cpu_s = [], 0.0
     for i, batch in enumerate(batches):
         rows = rows_of(batch)
         fresh_batch(context, len(rows))
+        cpu = time.process_time()
         start = time.perf_counter()
         mb(rows, context)
         if i:
             times.append(time.perf_counter() - start)
+            cpu_s += time.process_time() - cpu
         failed = [s for s in range(len(rows)) if context.get_response_status(s)[0] != 200]
         if failed:
             names = ", ".join(sorted({batch[s].name for s in failed})[:5])
@@ -108,7 +119,9 @@ def measure(mb: MicroBatching, context: Any, batches: list[list[Body]]) -> float
                 f"the sample input failed ({len(failed)} of {len(rows)} requests: {names}): "
                 "give bodies the handler accepts"
             )
-    return sorted(times)[len(times) // 2]
+    if not times:
+        raise ValueError("measure: got one batch, expected a warm-up and at least one more")
+    return sorted(times)[len(times) // 2], cpu_s / len(times)
 
 
 def tuning_corpus(args: argparse.Namespace) -> Corpus:

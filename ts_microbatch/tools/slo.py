@@ -4,208 +4,67 @@ Below saturation the frontend's window and batch size set most of a request's la
 the fastest configuration at saturation is not the one that holds an objective longest. The
 search is in three steps, so that it takes minutes, not hours:
 
-1. **Stage costs, in-process.** For every micro-batching combination of the tuner's grid
-   (micro-batch size, stage threads), the handler runs batches of each size of
-   ``--batch-sizes`` from the corpus: milliseconds per batch of n (``service_curve``).
+1. **Stage costs, in-process** (``ts_microbatch.tools.slo_plan``). For every micro-batching
+   combination of the tuner's grid (micro-batch size, stage threads), the handler runs
+   batches of each size of ``--batch-sizes`` from the corpus: milliseconds and CPU
+   milliseconds per batch of n. A larger batch measured clearly cheaper than a smaller one
+   is measured again, and flagged if it still is.
 2. **Batch formation, modelled.** For every ``batchSize`` x ``maxBatchDelay`` x combination,
    ``ts_microbatch.tools.batching_model`` replays Poisson arrivals as TorchServe's frontend
    batches them and finds the highest rate whose P99 is within the objective (with
    ``--rate``, the P99 at that rate), and what bounds it: the queue (the worker's capacity),
-   the window, or the batch's run.
-3. **Confirmed on a real TorchServe** (``--confirm K``): the K best, each repackaged with its
-   frontend settings, get an open-loop sweep around the rate the model predicted
-   (``ts_microbatch.tools.curves``); the highest rate measured within the objective wins.
+   the window, the batch's run, or the CPU the cores have for the frontend and the worker
+   (the frontend's CPU per request from ``--frontend-cpu-ms``, or with ``--confirm`` read
+   from a short run of the model's rank 1 on a real server).
+3. **Confirmed on a real TorchServe** (``--confirm K``, ``ts_microbatch.tools.slo_confirm``):
+   the K best that differ in more than the window, each repackaged with its frontend
+   settings, get an open-loop ladder of rates from an eighth of the predicted rate to 1.4x
+   it; the highest rate held within the objective on the server decides.
 
-The winner is written as a model-config.yaml: ``batchSize``, ``maxBatchDelay`` and the
-``micro_batching`` section. One worker: on two cores one worker's pipeline keeps both busy.
+What is written (``write_winner``, through ``ts_microbatch.tools.merge``): without
+``--confirm`` the model's best; with it, the best the server confirmed, or **nothing**:
+when every confirmation held nothing within the objective the tuner says what it tried,
+what each held and what was predicted, and exits 1. The file is merged into an existing
+``--out`` (every key the tuner does not set kept, a backup beside it first). One worker:
+on two cores one worker's pipeline keeps both busy.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import shutil
-from dataclasses import dataclass
+import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..core.config import MicroBatchingConfig
-from .batching_model import Tail, service_curve, sustained, tail_at
-from .corpus import Corpus
-from .curves import CurveSender
-from .curves import sustained as measured_sustained
-from .mar import override_mar
-from .measure import RegistrationError, measure
+from .merge import MergeError, write_merged
 from .results import ResultsLog
+from .slo_plan import Candidate, plan, stage_costs
 
 BOUNDS = {
     "window": "maxBatchDelay: the slowest requests waited most for their batch to fill",
     "service": "batchSize and the pipeline: the slowest requests waited most for their batch "
     "to run",
     "queue": "the worker's capacity: the slowest requests waited most for the worker",
+    "cpu": "the CPU: the cores cannot do more for the frontend and the worker together",
 }
 
-
-@dataclass
-class Candidate:
-    """One configuration: its micro-batching section, the frontend's batch size and window,
-    and what the model predicts (``tail``: at the highest rate held, or at ``--rate``)."""
-
-    settings: dict[str, Any]
-    batch_size: int
-    window_ms: int
-    tail: Tail | None
-    measured_per_s: float | None = None  # the rate a real server held within the objective
-
-    @property
-    def held_per_s(self) -> float:
-        return self.tail.rate_per_s if self.tail else 0.0
-
-    def model_config(self) -> dict[str, Any]:
-        return {
-            "minWorkers": 1,
-            "maxWorkers": 1,
-            "batchSize": self.batch_size,
-            "maxBatchDelay": self.window_ms,
-            "micro_batching": self.settings,
-        }
-
-    def describe(self) -> str:
-        p = self.settings["parallelism"]
-        return (
-            f"micro_batch_size {self.settings['micro_batch_size']}, threads "
-            f"{p['preprocess']}/{p['inference']}/{p['postprocess']}, batchSize "
-            f"{self.batch_size}, maxBatchDelay {self.window_ms} ms"
-        )
+# The micro_batching keys the tuner chooses; the others of a section it merges into stay.
+TUNED_KEYS = ("micro_batch_size", "parallelism")
 
 
-def stage_costs(
-    mb: Any,
-    context: Any,
-    corpus: Corpus,
-    base: MicroBatchingConfig,
-    combos: list[dict[str, Any]],
-    batch_sizes: list[int],
-    repeats: int,
-    record: ResultsLog,
-) -> list[tuple[dict[str, Any], dict[int, float]]]:
-    """Step 1: per combination, milliseconds per batch of each size, in-process."""
-    from .inprocess import measure as seconds_per_batch
-
-    costs = []
-    for index, combo in enumerate(combos, start=1):
-        settings = {**base.as_dict(), **combo}
-        mb.configure(MicroBatchingConfig.from_mapping(settings, base))
-        per_size = {}
-        for n in batch_sizes:
-            per_size[n] = 1000 * seconds_per_batch(mb, context, corpus.batches(n, repeats + 1))
-        costs.append((settings, per_size))
-        record.append({"kind": "stage-costs", "settings": settings, "batch_ms": per_size})
-        shown = ", ".join(f"{n}: {ms:.1f}" for n, ms in per_size.items())
-        print(f"[{index}/{len(combos)}] {json.dumps(combo)}: ms per batch of n {shown}", flush=True)
-    return costs
+def available_cores() -> int:
+    """The cores this process may run on (the server the tuner starts gets the same)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
-def plan(
-    costs: list[tuple[dict[str, Any], dict[int, float]]],
-    batch_sizes: list[int],
-    windows: list[int],
-    slo_p99_ms: float,
-    rate: float | None = None,
-) -> list[Candidate]:
-    """Step 2: every configuration through the batching model, best first: the highest
-    rate held within the objective, or with ``rate``, the lowest P99 at it among those
-    within the objective."""
-    candidates = []
-    for (settings, per_size), size, window in itertools.product(costs, batch_sizes, windows):
-        service = service_curve({n: ms for n, ms in per_size.items() if n <= size})
-        if rate is None:
-            tail = sustained(slo_p99_ms, size, window, service)
-        else:
-            at_rate = tail_at(rate, size, window, service)
-            tail = at_rate if at_rate.p99_ms <= slo_p99_ms else None
-        candidates.append(Candidate(settings, size, window, tail))
-    if rate is None:
-        return sorted(candidates, key=lambda c: -c.held_per_s)
-    return sorted(candidates, key=lambda c: c.tail.p99_ms if c.tail else float("inf"))
-
-
-def confirm(
-    top: list[Candidate],
-    mar: Path,
-    corpus: Corpus,
-    slo_p99_ms: float,
-    out: Path,
-    record: ResultsLog,
-    base_config: Path | None = None,
-) -> list[Candidate]:
-    """Step 3: each of ``top`` on a real TorchServe, an open-loop sweep around its
-    predicted rate; ranked by the rate measured within the objective."""
-    first = corpus.bodies[corpus.order[0]]
-    for index, candidate in enumerate(top, start=1):
-        label = f"[confirm {index}/{len(top)}] {candidate.describe()}"
-        predicted = max(candidate.held_per_s, 1.0)
-        # The model leaves out the frontend's CPU, so the sweep starts well below it.
-        rates = sorted({round(predicted * f, 1) for f in (0.3, 0.45, 0.6, 0.75, 0.9, 1.05)})
-        frontend = {"batchSize": candidate.batch_size, "maxBatchDelay": candidate.window_ms}
-        override_mar(mar, out / "store" / f"c{index}.mar", candidate.settings, frontend)
-        point = {
-            "batch_size": candidate.batch_size,
-            "max_batch_delay": candidate.window_ms,
-            "concurrency": 2 * candidate.batch_size,
-            "requests": 1,
-            "workers": 1,
-        }
-        config = {"metrics_mode": "prometheus", "warmup_requests": 100, "response_timeout": 120}
-        sender = CurveSender(corpus, rates, 4.0, point["concurrency"], print)
-        try:
-            result = measure(
-                out / "servers" / f"c{index}",
-                out / "store",
-                f"c{index}",
-                config,
-                point,
-                label,
-                out / "metrics" / f"c{index}.prom",
-                sender,
-                (first.data, first.content_type),
-                archive=f"c{index}.mar",
-                base_config=base_config,
-            )
-        except RegistrationError as err:
-            print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
-            candidate.measured_per_s = 0.0
-            continue
-        candidate.measured_per_s = measured_sustained(result["curve"], slo_p99_ms)
-        record.append(
-            {
-                "kind": "confirmed",
-                **candidate.model_config(),
-                "predicted_per_s": candidate.held_per_s,
-                "measured_per_s": candidate.measured_per_s,
-                "curve": result["curve"],
-            }
-        )
-        print(
-            f"{label}: holds {candidate.measured_per_s:g} req/s within P99 {slo_p99_ms:g} ms "
-            f"(predicted {candidate.held_per_s:.0f})",
-            flush=True,
-        )
-    for scratch in ("store", "servers"):  # the repackaged .mars and the servers' logs
-        shutil.rmtree(out / scratch, ignore_errors=True)
-    return sorted(top, key=lambda c: -(c.measured_per_s or 0.0))
-
-
-_PLAN_HEADER = (
-    "rank | micro_batch_size | threads | batchSize | maxBatchDelay | held req/s | P99 ms | bound"
-)
-
-
-def print_plan(candidates: list[Candidate], slo_p99_ms: float, shown: int = 10) -> None:
-    print(f"\nModelled, P99 within {slo_p99_ms:g} ms (one worker; frontend CPU left out):")
+def print_plan(
+    candidates: list[Candidate], slo_p99_ms: float, frontend: str, shown: int = 10
+) -> None:
+    print(f"\nModelled, P99 within {slo_p99_ms:g} ms (one worker; {frontend}):")
     print(
         "rank | micro_batch_size | threads | batchSize | maxBatchDelay | held req/s | P99 ms"
         " | bound"
@@ -214,18 +73,51 @@ def print_plan(candidates: list[Candidate], slo_p99_ms: float, shown: int = 10) 
         p = c.settings["parallelism"]
         threads = f"{p['preprocess']}/{p['inference']}/{p['postprocess']}"
         tail = c.tail
+        mark = "!" if c.flagged else " "
         print(
-            f"{rank:4} | {c.settings['micro_batch_size']!s:>16} | {threads:>7} | "
+            f"{rank:3}{mark} | {c.settings['micro_batch_size']!s:>16} | {threads:>7} | "
             f"{c.batch_size:9} | {c.window_ms:13} | {c.held_per_s:10.1f} | "
             f"{tail.p99_ms if tail else float('nan'):6.1f} | {tail.bound if tail else '-'}"
         )
+    if any(c.flagged for c in candidates[:shown]):
+        print("  ! stage costs not monotone in the batch size (the warnings above)")
 
 
-def write_winner(winner: Candidate, out: Path, slo_p99_ms: float) -> None:
-    text = yaml.safe_dump(winner.model_config(), sort_keys=False)
-    out.write_text(f"# ts-microbatch-tune --slo-p99-ms {slo_p99_ms:g}\n" + text)
+def print_confirmed(top: list[Candidate], ranked: list[Candidate], slo_p99_ms: float) -> None:
+    print(f"\nOn TorchServe, within P99 {slo_p99_ms:g} ms:")
+    print("model rank | configuration | predicted req/s | held req/s | frontend CPU ms/req")
+    for c in top:
+        cpu = f"{c.frontend_cpu_ms:.2f}" if c.frontend_cpu_ms is not None else "-"
+        print(
+            f"{ranked.index(c) + 1:10} | {c.describe()} | {c.held_per_s:.0f} | "
+            f"{c.measured_per_s or 0.0:g} | {cpu}"
+        )
+
+
+def write_winner(winner: Candidate, out: Path, slo_p99_ms: float, how: str) -> None:
+    """``winner`` merged into ``out`` (``merge.write_merged``): batchSize, maxBatchDelay and
+    the tuned micro_batching keys set; one worker where the file says nothing of workers;
+    the whole measured section where the file has none."""
+    section = {key: winner.settings[key] for key in TUNED_KEYS}
+    values = {
+        "batchSize": winner.batch_size,
+        "maxBatchDelay": winner.window_ms,
+        "micro_batching": section,
+    }
+    defaults = {"minWorkers": 1, "maxWorkers": 1, "micro_batching": winner.settings}
+    header = f"ts-microbatch-tune --slo-p99-ms {slo_p99_ms:g} ({how})"
+    written, backup = write_merged(out, values, defaults, header)
+    print(f"\nWrote {out} ({how}): {winner.describe()}")
+    if backup is not None:
+        kept = sorted(set(written) - set(values))
+        print(f"merged into your file (kept: {', '.join(kept) or 'nothing else'}); "
+              f"it was copied to {backup} first")  # fmt: skip
+    if written.get("maxWorkers", 1) != 1 or written.get("minWorkers", 1) != 1:
+        print(
+            f"note: your file asks for {written.get('minWorkers')}-{written.get('maxWorkers')} "
+            "workers, kept; the tuner modelled and measured one"
+        )
     tail = winner.tail
-    print(f"\nWrote {out}: {winner.describe()}")
     if tail is not None:
         print(
             f"bound by {BOUNDS[tail.bound]} (at {tail.rate_per_s:.0f} req/s, modelled: "
@@ -240,23 +132,41 @@ def add_arguments(parser: argparse.ArgumentParser, ints: Any) -> None:
         "--slo-p99-ms",
         type=float,
         help="find the settings (the frontend's batchSize and "
-        "maxBatchDelay too) that hold the most load with P99 within this; writes a "
-        "model-config.yaml to --out",
+        "maxBatchDelay too) that hold the most load with P99 within this; merges them into "
+        "the model-config.yaml at --out (a backup of an existing one beside it)",
     )
     group.add_argument("--rate", type=float, help="with --slo-p99-ms: the lowest P99 at this rate")
     group.add_argument("--batch-sizes", type=ints, default=[1, 2, 4, 8, 16, 32])
     group.add_argument(
         "--windows", type=ints, default=[1, 2, 5, 10, 20, 50], help="maxBatchDelay values, ms"
     )
+    group.add_argument(
+        "--frontend-cpu-ms",
+        type=float,
+        help="the frontend's CPU per request, ms, for the model's CPU cap (default: with "
+        "--confirm, read from a short run on a real server; without, left out; 0: left out)",
+    )
+
+
+def _refuse(top: list[Candidate], args: argparse.Namespace) -> int:
+    at = f" at {args.rate:g} req/s or more" if args.rate else ""
+    print(
+        f"\nNothing written to {args.out}: the server held nothing within P99 "
+        f"{args.slo_p99_ms:g} ms{at} for any of the {len(top)} configurations confirmed "
+        "(above: what each was predicted and held). Try a longer objective, smaller batches "
+        "or windows, or measure at the loads you run with ts-microbatch-benchmark --rates."
+    )
+    return 1
 
 
 def run(args: argparse.Namespace, trials: ResultsLog) -> int:
-    """``ts-microbatch-tune --slo-p99-ms``: the three steps, the winner written to --out."""
+    """``ts-microbatch-tune --slo-p99-ms``: the three steps, the winner merged into --out."""
     import tempfile
 
     from ..core.config import load_config
     from .confirm import model_dir_of
     from .inprocess import load_handler, make_context, tuning_corpus
+    from .slo_confirm import best_confirmed, calibrate_frontend_cpu, confirm, confirm_slots
 
     corpus = tuning_corpus(args)
     batch_sizes = sorted({n for n in args.batch_sizes if n >= 1})
@@ -282,7 +192,21 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
             )
         finally:
             mb.shutdown()
-    candidates = plan(costs, batch_sizes, args.windows, args.slo_p99_ms, args.rate)
+    cores = available_cores()
+    frontend_ms = args.frontend_cpu_ms or None
+
+    def modelled() -> list[Candidate]:
+        return plan(
+            costs, batch_sizes, args.windows, args.slo_p99_ms, args.rate, frontend_ms, cores
+        )
+
+    candidates = modelled()
+    if args.confirm and args.frontend_cpu_ms is None and candidates[0].tail is not None:
+        frontend_ms = calibrate_frontend_cpu(
+            candidates[0], args.mar, corpus, args.confirm_out, trials, args.ts_config
+        )
+        if frontend_ms:
+            candidates = modelled()
     for c in candidates:
         trials.append(
             {
@@ -291,9 +215,16 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
                 "held_per_s": c.held_per_s,
                 "p99_ms": c.tail.p99_ms if c.tail else None,
                 "bound": c.tail.bound if c.tail else None,
+                "frontend_cpu_ms": frontend_ms,
+                "not_monotone": c.flagged,
             }
         )
-    print_plan(candidates, args.slo_p99_ms)
+    frontend = (
+        f"the frontend's CPU {frontend_ms:.2f} ms a request, {cores} cores"
+        if frontend_ms
+        else "the frontend's CPU left out"
+    )
+    print_plan(candidates, args.slo_p99_ms, frontend)
     if candidates[0].tail is None:
         at = f" at {args.rate:g} req/s" if args.rate else ""
         print(
@@ -302,13 +233,37 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
         )
         return 1
     winner = candidates[0]
+    how = "modelled, not confirmed"
     if args.confirm:
-        held = [c for c in candidates if c.tail is not None][: args.confirm]
-        confirmed = confirm(
-            held, args.mar, corpus, args.slo_p99_ms, args.confirm_out, trials, args.ts_config
+        top = confirm_slots(candidates, args.confirm)
+        skipped = [c for c in candidates[: candidates.index(top[-1])] if c not in top]
+        if skipped:
+            ranks = ", ".join(str(candidates.index(c) + 1) for c in skipped)
+            print(f"\nNot confirmed, as each differs from one confirmed in maxBatchDelay alone: "
+                  f"model ranks {ranks}")  # fmt: skip
+        confirm(top, args.mar, corpus, args.slo_p99_ms, args.confirm_out, trials, args.ts_config)
+        print_confirmed(top, candidates, args.slo_p99_ms)
+        confirmed = best_confirmed(top, args.rate)
+        if confirmed is None:
+            trials.append(
+                {
+                    "kind": "refused",
+                    "tried": [
+                        {**c.model_config(), "predicted_per_s": c.held_per_s,
+                         "measured_per_s": c.measured_per_s}
+                        for c in top
+                    ],
+                }
+            )  # fmt: skip
+            return _refuse(top, args)
+        winner = confirmed
+        how = (
+            f"held {winner.measured_per_s:g} req/s on TorchServe, predicted {winner.held_per_s:.0f}"
         )
-        if (confirmed[0].measured_per_s or 0) > 0:
-            winner = confirmed[0]
-    write_winner(winner, args.out, args.slo_p99_ms)
+    try:
+        write_winner(winner, args.out, args.slo_p99_ms, how)
+    except MergeError as err:
+        print(f"\nerror: {err}")
+        return 1
     trials.append({"kind": "best", **winner.model_config(), "out": str(args.out)})
     return 0

@@ -25,13 +25,16 @@ TorchServe on loopback and driven by apache bench (`ab`) at the same batch size
 (ts_microbatch.tools.confirm); the one it measures fastest is written instead, and both
 rankings are printed. In-process runs leave out the frontend, which shares the cores, so
 the two can disagree.
+
+An existing ``--out`` is merged into, never overwritten (ts_microbatch.tools.merge): the keys
+tuned are set, every other key kept, and the file copied to ``<out>.bak`` (numbered when
+that exists) first; a file that cannot be parsed is refused before anything is measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import tempfile
 from collections.abc import Callable
@@ -47,9 +50,13 @@ from .ab import ab_problem
 from .confirm import Load, measure_configs, model_dir_of
 from .corpus import Body, Corpus
 from .inprocess import load_handler, make_context, measure, tuning_corpus
+from .merge import MergeError, read_existing, write_merged
 from .ranking import Confirmed, Trial, print_confirmed, print_ranking
 from .results import OutputError, ResultsLog, output_dir, output_file
 from .server import java_problem
+
+# The micro_batching keys this tuner chooses; merged into an existing --out, the others stay.
+TUNED_KEYS = ("micro_batch_size", "parallelism", "max_micro_batch_tokens")
 
 
 def tune(
@@ -249,11 +256,12 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
             raise SystemExit(f"--confirm needs {needs}: {problem}")
     try:
         output_file(args.out, "--out")
+        read_existing(args.out)  # a file that cannot be merged into fails now, not at the end
         if args.confirm:
             default = args.out.with_name(f"{args.out.stem}-confirm")
             args.confirm_out = output_dir(args.confirm_out or default, "--confirm-out")
         return ResultsLog(args.out.with_name(f"{args.out.stem}.trials.jsonl"))
-    except OutputError as err:
+    except (OutputError, MergeError) as err:
         raise SystemExit(f"error: {err}") from None
 
 
@@ -291,9 +299,17 @@ def main(argv: list[str] | None = None) -> int:
             confirmed = confirm(ranked, base, args, Path(scratch))
             print_confirmed(confirmed, ranked)
             best = confirmed[0].config
+    # Into the user's file: the keys tuned set, every other key of theirs kept (merge.py).
+    tuned = {key: best[key] for key in TUNED_KEYS if key in best}
+    try:
+        _, backup = write_merged(args.out, tuned, best)
+    except MergeError as err:
+        print(f"\nerror: {err}")
+        return 1
     trials.append({"kind": "best", "micro_batching": best, "out": str(args.out)})
-    args.out.write_text(json.dumps(best, indent=4) + "\n")
     print(f"\nWrote the best config to {args.out}")
+    if backup is not None:
+        print(f"merged into your file, which was copied to {backup} first")
     return 0
 
 

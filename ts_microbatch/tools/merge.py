@@ -1,0 +1,131 @@
+"""Writing a tuned config into the user's own file: merged, with a backup, or refused.
+
+``ts-microbatch-tune --slo-p99-ms`` wrote model-config.yaml over a user's file: their
+``responseTimeout: 30`` was dropped, and with it the pipeline's ``timeout_s`` moved from
+27 s to 108 s (90% of TorchServe's default 120 s: ``torchserve/timeouts.py``), silently.
+Now a tuner's output goes through ``write_merged``:
+
+- every key of the existing file the tuner does not set is kept (``responseTimeout``,
+  ``minWorkers``, a ``micro_batching`` key it did not tune, ...); the ``micro_batching``
+  section is merged key by key, one level deep, the way ``load_config`` reads it;
+- the existing file is copied beside it first, to ``<name>.bak``, or ``<name>.bak.1``,
+  ``.bak.2``... when that exists: a backup is never overwritten;
+- a file that cannot be parsed (or is not a mapping) is refused, naming the file and why,
+  and nothing is written: merging into what cannot be read would lose it.
+
+The merged file is written to a temporary file beside it and renamed over it, so a crash
+leaves either file whole. YAML comments are not carried over (the backup keeps them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..core.config import YAML_SECTION
+
+
+class MergeError(ValueError):
+    """An existing config file the tuner cannot merge into: not parsed, or not a mapping."""
+
+
+def _is_json(path: Path) -> bool:
+    return path.suffix.lower() == ".json"
+
+
+def read_existing(path: Path) -> dict[str, Any] | None:
+    """The mapping in ``path`` (YAML, or JSON for a ``.json`` name); None when there is no
+    file.
+
+    Raises:
+        MergeError: it cannot be read or parsed, or holds something other than a mapping.
+    """
+    if not path.exists():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if _is_json(path) and text.strip() else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        raise MergeError(
+            f"{path}: cannot parse the existing file, so nothing was written over it "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc}); fix it "
+            "or give another --out"
+        ) from exc
+    if data is None and not _is_json(path) or not text.strip():
+        return {}  # an empty file
+    if not isinstance(data, dict):
+        raise MergeError(
+            f"{path}: holds {type(data).__name__}, expected a mapping of settings; nothing "
+            "was written over it (fix it or give another --out)"
+        )
+    return data
+
+
+def merged(
+    existing: Mapping[str, Any] | None, values: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``existing`` with ``values`` set (the ``micro_batching`` section merged key by key)
+    and ``defaults`` set only where ``existing`` has no such key."""
+    result = {**defaults, **(existing or {})}
+    for key, value in values.items():
+        old = result.get(key)
+        if key == YAML_SECTION and isinstance(old, Mapping) and isinstance(value, Mapping):
+            result[key] = {**old, **value}
+        else:
+            result[key] = value
+    return result
+
+
+def backup_path(path: Path) -> Path:
+    """The first of ``<name>.bak``, ``<name>.bak.1``, ``.bak.2``... that does not exist."""
+    candidate, number = path.with_name(path.name + ".bak"), 0
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.name}.bak.{number}")
+    return candidate
+
+
+def _backup(path: Path) -> Path:
+    """``path`` copied to its ``backup_path``, created exclusively (never over a file that
+    appeared in between)."""
+    while True:
+        target = backup_path(path)
+        try:
+            with open(target, "xb") as copy, open(path, "rb") as original:
+                shutil.copyfileobj(original, copy)
+            shutil.copystat(path, target)
+            return target
+        except FileExistsError:
+            continue
+
+
+def write_merged(
+    path: Path,
+    values: Mapping[str, Any],
+    defaults: Mapping[str, Any] | None = None,
+    header: str = "",
+) -> tuple[dict[str, Any], Path | None]:
+    """``values`` written into the config file ``path`` (``merged``; YAML, or JSON for a
+    ``.json`` name) after a backup of the existing file; returns what was written and the
+    backup (None when there was no file). ``header``: a comment line for a YAML file.
+
+    Raises:
+        MergeError: the existing file cannot be parsed; nothing written.
+    """
+    existing = read_existing(path)
+    data = merged(existing, values, defaults or {})
+    if _is_json(path):
+        text = json.dumps(data, indent=4) + "\n"
+    else:
+        text = (f"# {header}\n" if header else "") + yaml.safe_dump(data, sort_keys=False)
+    backup = _backup(path) if existing is not None else None
+    scratch = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    scratch.write_text(text, encoding="utf-8")
+    os.replace(scratch, path)
+    return data, backup

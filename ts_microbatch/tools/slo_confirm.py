@@ -1,0 +1,295 @@
+"""The latency-objective tuner's third step (``ts_microbatch.tools.slo``): the model's best
+configurations on a real TorchServe, and the frontend's CPU read from one.
+
+What a new user's fraud scorer taught (two cores, JSON features, an MLP):
+
+- **The sweep brackets the prediction.** The model predicted 1,166 req/s and the sweep
+  started at 0.3x, 350 req/s, above everything the server held: both configurations
+  "held 0". Each configuration now gets a geometric ladder (``LADDER``, steps of about
+  1.4x) from an eighth of the prediction to 1.4x it, lowest first, so a prediction 8x too
+  optimistic still finds the rate held; the ladder stops after two rates in a row missed
+  the objective, and no rate is offered for more than a few seconds (``rate_requests``), so
+  one configuration costs at most ``ladder_seconds`` plus its server's start.
+- **Slots go to configurations that differ.** Both slots went to configurations that
+  differed in maxBatchDelay alone (1 and 2 ms). ``confirm_slots`` skips a candidate that
+  differs from one already chosen in the window alone, for the next that differs in
+  batchSize, micro_batch_size or the threads.
+- **A rejected configuration is never the answer.** ``best_confirmed`` is the confirmed
+  configuration that held the highest rate within the objective on the server (with
+  ``--rate``, at least that rate), or None: the tuner then writes nothing.
+- **The frontend's CPU** (``calibrate_frontend_cpu``): a short closed-loop run of the
+  model's rank 1, its frontend's CPU per request read as the benchmark reads it
+  (``ts_microbatch.tools.cpu``), for the model's CPU cap
+  (``batching_model.cpu_cap_per_s``).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .corpus import Corpus
+from .curves import behind
+from .drive import send_corpus, summarize
+from .mar import override_mar
+from .measure import RegistrationError, measure
+from .openloop import run_open_loop
+from .results import ResultsLog
+from .slo_plan import Candidate
+
+# Rates offered, as shares of the model's prediction: geometric, sqrt(2) apart.
+LADDER = (0.125, 0.177, 0.25, 0.354, 0.5, 0.707, 1.0, 1.414)
+SECONDS_PER_RATE = 4.0
+# A rate is offered for at least this many requests (a P99 of fewer is their maximum) but
+# never for more than ``MAX_SECONDS_PER_RATE``.
+MIN_REQUESTS_PER_RATE = 50
+MAX_SECONDS_PER_RATE = 12.0
+# A request not answered in this long has missed any objective the tuner is asked for;
+# waiting longer only makes a rate past capacity cost more.
+REQUEST_TIMEOUT_S = 10.0
+# Two rates in a row over the objective end a ladder: one can be a shared machine's noise.
+MISSES_TO_STOP = 2
+
+
+def ladder(predicted_per_s: float) -> list[float]:
+    """The rates offered to a configuration predicted to hold ``predicted_per_s``: the
+    ``LADDER`` shares of it, from 1 req/s up."""
+    rates = sorted({round(predicted_per_s * share, 1) for share in LADDER})
+    return [rate for rate in rates if rate >= 1.0] or [1.0]
+
+
+def rate_requests(rate_per_s: float) -> int:
+    """Requests offered at one rate: ``SECONDS_PER_RATE`` of them, at least
+    ``MIN_REQUESTS_PER_RATE`` unless that takes over ``MAX_SECONDS_PER_RATE``."""
+    wanted = max(rate_per_s * SECONDS_PER_RATE, MIN_REQUESTS_PER_RATE)
+    return max(1, int(min(wanted, rate_per_s * MAX_SECONDS_PER_RATE)))
+
+
+def ladder_seconds(rates: list[float]) -> float:
+    """How long offering ``rates`` lasts at most (each rate's schedule, and each rate's last
+    requests waiting ``REQUEST_TIMEOUT_S``), the server's start left out."""
+    return sum(rate_requests(rate) / rate + REQUEST_TIMEOUT_S for rate in rates)
+
+
+def missed(row: dict[str, Any], slo_p99_ms: float) -> bool:
+    """Whether one rate missed the objective: P99 over it, an error or a timeout, or the
+    server behind (as ``curves.sustained`` counts a rate held)."""
+    return bool(row["p99_ms"] > slo_p99_ms or row["errors"] or row["timeouts"] or behind(row))
+
+
+def confirm_slots(candidates: list[Candidate], count: int) -> list[Candidate]:
+    """The first ``count`` candidates the model holds anything with, best first, skipping
+    each that differs from one already chosen in maxBatchDelay alone."""
+    chosen: list[Candidate] = []
+    for candidate in candidates:
+        if len(chosen) == count:
+            break
+        if candidate.tail is None or any(candidate.same_but_window(c) for c in chosen):
+            continue
+        chosen.append(candidate)
+    return chosen
+
+
+class LadderSender:
+    """A ``measure.Send``: the warm-up from parallel clients, then the measured run, the
+    ladder's rates offered open loop (``openloop.run_open_loop``) lowest first until
+    ``MISSES_TO_STOP`` in a row missed the objective; progress a line per rate. The curve
+    rides in the summary under ``"curve"``."""
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        rates: list[float],
+        slo_p99_ms: float,
+        concurrency: int,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.corpus = corpus
+        self.rates = rates
+        self.slo_p99_ms = slo_p99_ms
+        self.concurrency = concurrency
+        self.log = log
+
+    def __call__(
+        self, url: str, token: str | None, requests: int, work: Path, label: str
+    ) -> tuple[dict[str, Any], dict[str, float]]:
+        if label.endswith("warm-up"):
+            return send_corpus(url, self.corpus, requests, self.concurrency, token=token)
+        bodies = [self.corpus.bodies[i].data for i in self.corpus.sequence(len(self.corpus.order))]
+        headers = {"Content-Type": self.corpus.bodies[self.corpus.order[0]].content_type}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        results, misses, start = [], 0, time.monotonic()
+        for index, rate in enumerate(self.rates, start=1):
+            result = run_open_loop(
+                url, bodies, rate, rate_requests(rate), seed=index, headers=headers,
+                timeout_s=REQUEST_TIMEOUT_S,
+            )  # fmt: skip
+            results.append(result)
+            row = result.summary()
+            misses = misses + 1 if missed(row, self.slo_p99_ms) else 0
+            self.log(
+                f"  {label} [rate {index}/{len(self.rates)}, {time.monotonic() - start:.0f} s]: "
+                f"{rate:g}/s offered, {row['achieved_per_s']:.1f} answered, P99 "
+                f"{row['p99_ms']:.0f} ms{'' if misses == 0 else ' (missed)'}"
+            )
+            if misses >= MISSES_TO_STOP:
+                break
+        every = [
+            (s.status, math.inf if s.latency_s is None else 1000 * s.latency_s)
+            for result in results
+            for s in result.sends
+        ]
+        summary, latency = summarize(
+            every, sum(r.elapsed_s for r in results), sum(r.cpu_s for r in results)
+        )
+        summary["curve"] = [result.summary() for result in results]
+        return summary, latency
+
+
+def held_on(curve: list[dict[str, Any]], slo_p99_ms: float) -> float:
+    """The highest rate offered that did not miss the objective; 0 if none."""
+    return max((r["offered_per_s"] for r in curve if not missed(r, slo_p99_ms)), default=0.0)
+
+
+def _serve(
+    candidate: Candidate,
+    name: str,
+    mar: Path,
+    corpus: Corpus,
+    out: Path,
+    send: Any,
+    requests: int,
+    label: str,
+    base_config: Path | None,
+) -> dict[str, Any]:
+    """One run of ``candidate`` on a fresh TorchServe (``measure.measure``)."""
+    first = corpus.bodies[corpus.order[0]]
+    frontend = {"batchSize": candidate.batch_size, "maxBatchDelay": candidate.window_ms}
+    override_mar(mar, out / "store" / f"{name}.mar", candidate.settings, frontend)
+    point = {
+        "batch_size": candidate.batch_size,
+        "max_batch_delay": candidate.window_ms,
+        "concurrency": 2 * candidate.batch_size,
+        "requests": requests,
+        "workers": 1,
+    }
+    config = {"metrics_mode": "prometheus", "warmup_requests": 100, "response_timeout": 120}
+    return measure(
+        out / "servers" / name,
+        out / "store",
+        name,
+        config,
+        point,
+        label,
+        out / "metrics" / f"{name}.prom",
+        send,
+        (first.data, first.content_type),
+        archive=f"{name}.mar",
+        base_config=base_config,
+    )
+
+
+def calibrate_frontend_cpu(
+    candidate: Candidate,
+    mar: Path,
+    corpus: Corpus,
+    out: Path,
+    record: ResultsLog,
+    base_config: Path | None = None,
+) -> float | None:
+    """The frontend's CPU milliseconds per request, from a short closed-loop run of
+    ``candidate`` (about 5 s of its predicted rate, 100 to 1,000 requests); None when the
+    server refused the model."""
+    requests = int(min(1000, max(100, 5 * candidate.held_per_s)))
+    label = f"[frontend CPU] {candidate.describe()}, {requests} requests"
+    print(f"\n{label}", flush=True)
+
+    def send(url: str, token: str | None, count: int, work: Path, what: str) -> Any:
+        return send_corpus(url, corpus, count, 2 * candidate.batch_size, token=token)
+
+    try:
+        result = _serve(candidate, "cpu", mar, corpus, out, send, requests, label, base_config)
+    except RegistrationError as err:
+        print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
+        return None
+    finally:
+        for scratch in ("store", "servers"):
+            shutil.rmtree(out / scratch, ignore_errors=True)
+    frontend_ms = float(result["frontend_cpu_ms_per_request"])
+    record.append(
+        {
+            "kind": "frontend-cpu",
+            **candidate.model_config(),
+            "requests": result.get("complete_requests"),
+            "frontend_cpu_ms_per_request": frontend_ms,
+            "workers_cpu_ms_per_request": result.get("workers_cpu_ms_per_request"),
+        }
+    )
+    print(f"{label}: the frontend spent {frontend_ms:.2f} ms of CPU a request", flush=True)
+    return frontend_ms
+
+
+def confirm(
+    top: list[Candidate],
+    mar: Path,
+    corpus: Corpus,
+    slo_p99_ms: float,
+    out: Path,
+    record: ResultsLog,
+    base_config: Path | None = None,
+) -> None:
+    """Each of ``top`` on a real TorchServe, its ladder offered open loop; sets each one's
+    ``measured_per_s`` (0 when nothing held or the server refused it) and ``curve``."""
+    for index, candidate in enumerate(top, start=1):
+        label = f"[confirm {index}/{len(top)}] {candidate.describe()}"
+        rates = ladder(max(candidate.held_per_s, 1.0))
+        print(
+            f"\n{label}: predicted {candidate.held_per_s:.0f} req/s; offering "
+            f"{', '.join(f'{r:g}' for r in rates)} req/s (at most about "
+            f"{ladder_seconds(rates):.0f} s and a server's start)",
+            flush=True,
+        )
+        sender = LadderSender(corpus, rates, slo_p99_ms, 2 * candidate.batch_size)
+        try:
+            result = _serve(candidate, f"c{index}", mar, corpus, out, sender, 1, label, base_config)
+        except RegistrationError as err:
+            print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
+            candidate.measured_per_s = 0.0
+            continue
+        candidate.curve = list(result["curve"])
+        candidate.measured_per_s = held_on(candidate.curve, slo_p99_ms)
+        candidate.frontend_cpu_ms = result.get("frontend_cpu_ms_per_request")
+        record.append(
+            {
+                "kind": "confirmed",
+                **candidate.model_config(),
+                "predicted_per_s": candidate.held_per_s,
+                "measured_per_s": candidate.measured_per_s,
+                "frontend_cpu_ms_per_request": candidate.frontend_cpu_ms,
+                "curve": candidate.curve,
+            }
+        )
+        print(
+            f"{label}: holds {candidate.measured_per_s:g} req/s within P99 {slo_p99_ms:g} ms "
+            f"(predicted {candidate.held_per_s:.0f})",
+            flush=True,
+        )
+    for scratch in ("store", "servers"):  # the repackaged .mars and the servers' logs
+        shutil.rmtree(out / scratch, ignore_errors=True)
+
+
+def best_confirmed(top: list[Candidate], rate: float | None = None) -> Candidate | None:
+    """The confirmed candidate that held the highest rate within the objective on the
+    server (with ``rate``, at least that), the model's rank breaking a tie; None when the
+    server held nothing for any."""
+    held = [
+        c
+        for c in top
+        if (c.measured_per_s or 0.0) > 0 and (rate is None or (c.measured_per_s or 0.0) >= rate)
+    ]
+    return max(held, key=lambda c: c.measured_per_s or 0.0, default=None)

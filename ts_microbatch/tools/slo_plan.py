@@ -1,0 +1,200 @@
+"""The latency-objective tuner's first two steps (``ts_microbatch.tools.slo``): stage costs
+measured in-process, and every configuration through the batching model.
+
+Stage costs are checked before the model uses them. A batch of more requests is never
+cheaper to run than a smaller one through the same pipeline, so a larger batch measured
+clearly cheaper than a smaller one (``NOT_MONOTONE_MARGIN``) is noise or a machine busy
+elsewhere: a new user's fraud scorer measured, at micro-batch 4, 71.2 ms for a batch of 8
+and 20.2 ms for a batch of 16, and nothing said so. Such sizes are measured once more; what
+is still out of order is flagged in the output, in the trials file and in the plan's table
+(the model then counts the larger batch as the smaller one's cost: ``service_curve``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ..core.config import MicroBatchingConfig
+from .batching_model import Tail, cpu_cap_per_s, service_curve, sustained, tail_at
+from .corpus import Corpus
+from .results import ResultsLog
+
+# A larger batch measured cheaper than a smaller one by more than this factor is out of
+# order: run-to-run noise here is within 10-20%, a batch of twice the requests is not 25%
+# cheaper.
+NOT_MONOTONE_MARGIN = 1.25
+
+# (mb, context, batches) -> (seconds per batch, CPU seconds per batch)
+Measure = Callable[[Any, Any, list[Any]], tuple[float, float]]
+
+
+class StageCosts(NamedTuple):
+    """One micro-batching combination's costs in-process: per batch size, the milliseconds a
+    batch took and the process's CPU milliseconds it used; the pairs (smaller, larger) of
+    sizes still out of order after a second measurement."""
+
+    settings: dict[str, Any]
+    batch_ms: dict[int, float]
+    cpu_ms: dict[int, float]
+    not_monotone: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass
+class Candidate:
+    """One configuration: its micro-batching section, the frontend's batch size and window,
+    and what the model predicts (``tail``: at the highest rate held, or at ``--rate``).
+    ``measured_per_s``: the rate a real server held within the objective, once confirmed."""
+
+    settings: dict[str, Any]
+    batch_size: int
+    window_ms: int
+    tail: Tail | None
+    measured_per_s: float | None = None
+    flagged: bool = False  # its stage costs were out of order (``StageCosts.not_monotone``)
+    frontend_cpu_ms: float | None = None  # per request, measured while confirming
+    curve: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def held_per_s(self) -> float:
+        return self.tail.rate_per_s if self.tail else 0.0
+
+    def model_config(self) -> dict[str, Any]:
+        return {
+            "minWorkers": 1,
+            "maxWorkers": 1,
+            "batchSize": self.batch_size,
+            "maxBatchDelay": self.window_ms,
+            "micro_batching": self.settings,
+        }
+
+    def same_but_window(self, other: Candidate) -> bool:
+        """Whether the two differ in maxBatchDelay alone (or not at all)."""
+        return self.batch_size == other.batch_size and self.settings == other.settings
+
+    def describe(self) -> str:
+        p = self.settings["parallelism"]
+        return (
+            f"micro_batch_size {self.settings['micro_batch_size']}, threads "
+            f"{p['preprocess']}/{p['inference']}/{p['postprocess']}, batchSize "
+            f"{self.batch_size}, maxBatchDelay {self.window_ms} ms"
+        )
+
+
+def out_of_order(batch_ms: dict[int, float]) -> list[tuple[int, int]]:
+    """The pairs (smaller, larger) of batch sizes where the larger was measured cheaper by
+    more than ``NOT_MONOTONE_MARGIN``."""
+    sizes = sorted(batch_ms)
+    return [
+        (a, b)
+        for a, b in itertools.combinations(sizes, 2)
+        if batch_ms[b] * NOT_MONOTONE_MARGIN < batch_ms[a]
+    ]
+
+
+def _costs(measure: Measure, mb: Any, context: Any, batches: list[Any]) -> tuple[float, float]:
+    """Milliseconds and CPU milliseconds per batch of ``batches``."""
+    seconds, cpu_s = measure(mb, context, batches)
+    return 1000 * seconds, 1000 * cpu_s
+
+
+def stage_costs(
+    mb: Any,
+    context: Any,
+    corpus: Corpus,
+    base: MicroBatchingConfig,
+    combos: list[dict[str, Any]],
+    batch_sizes: list[int],
+    repeats: int,
+    record: ResultsLog,
+    measure: Measure | None = None,
+) -> list[StageCosts]:
+    """Step 1: per combination, milliseconds (and CPU milliseconds) per batch of each size,
+    in-process; sizes out of order measured once more, and flagged if they still are.
+    ``measure``: ``inprocess.measure_with_cpu`` unless given."""
+    if measure is None:
+        from .inprocess import measure_with_cpu
+
+        measure = measure_with_cpu
+    costs = []
+    for index, combo in enumerate(combos, start=1):
+        settings = {**base.as_dict(), **combo}
+        mb.configure(MicroBatchingConfig.from_mapping(settings, base))
+        batch_ms: dict[int, float] = {}
+        cpu_ms: dict[int, float] = {}
+        for n in batch_sizes:
+            batch_ms[n], cpu_ms[n] = _costs(measure, mb, context, corpus.batches(n, repeats + 1))
+        first = dict(batch_ms)
+        suspects = out_of_order(batch_ms)
+        for n in sorted({n for pair in suspects for n in pair}):  # measured once more
+            batch_ms[n], cpu_ms[n] = _costs(measure, mb, context, corpus.batches(n, repeats + 1))
+        flagged = tuple(out_of_order(batch_ms))
+        costs.append(StageCosts(settings, batch_ms, cpu_ms, flagged))
+        record.append(
+            {
+                "kind": "stage-costs",
+                "settings": settings,
+                "batch_ms": batch_ms,
+                "cpu_ms": cpu_ms,
+                **({"first_batch_ms": first} if suspects else {}),
+                "not_monotone": [list(pair) for pair in flagged],
+            }
+        )
+        shown = ", ".join(f"{n}: {ms:.1f}" for n, ms in batch_ms.items())
+        print(f"[{index}/{len(combos)}] {json.dumps(combo)}: ms per batch of n {shown}", flush=True)
+        if suspects:
+            again = "still " if flagged else "in order "
+            print(
+                f"  measured again ({again}after): "
+                + ", ".join(f"batch {b} {first[b]:.1f} ms < batch {a} {first[a]:.1f} ms"
+                            for a, b in suspects),
+                flush=True,
+            )  # fmt: skip
+        for a, b in flagged:
+            print(
+                f"  warning: not monotone: a batch of {b} took {batch_ms[b]:.1f} ms, one of "
+                f"{a} {batch_ms[a]:.1f} ms, twice; the model counts {b} at {a}'s cost at "
+                "least (a machine busy elsewhere, or a handler whose cost depends on the "
+                "bodies: check with --repeats and a quiet machine)",
+                flush=True,
+            )
+    return costs
+
+
+def plan(
+    costs: list[StageCosts],
+    batch_sizes: list[int],
+    windows: list[int],
+    slo_p99_ms: float,
+    rate: float | None = None,
+    frontend_cpu_ms: float | None = None,
+    cores: float = 2.0,
+) -> list[Candidate]:
+    """Step 2: every configuration through the batching model, best first: the highest
+    rate held within the objective, or with ``rate``, the lowest P99 at it among those
+    within the objective. With ``frontend_cpu_ms`` no rate past what ``cores`` can do for
+    the frontend and the worker (``batching_model.cpu_cap_per_s``, the worker's CPU per
+    request measured in-process at the batch size) is held."""
+    candidates = []
+    for cost, size, window in itertools.product(costs, batch_sizes, windows):
+        service = service_curve({n: ms for n, ms in cost.batch_ms.items() if n <= size})
+        cap = None
+        if frontend_cpu_ms is not None:
+            largest = max(n for n in cost.cpu_ms if n <= size)
+            cap = cpu_cap_per_s(frontend_cpu_ms, cost.cpu_ms[largest] / largest, cores)
+        tail: Tail | None
+        if rate is None:
+            tail = sustained(slo_p99_ms, size, window, service, max_rate_per_s=cap)
+        elif cap is not None and rate > cap:
+            tail = None  # the cores cannot answer that many, whatever the batching
+        else:
+            at_rate = tail_at(rate, size, window, service)
+            tail = at_rate if at_rate.p99_ms <= slo_p99_ms else None
+        flagged = any(b <= size for _, b in cost.not_monotone)
+        candidates.append(Candidate(cost.settings, size, window, tail, flagged=flagged))
+    if rate is None:
+        return sorted(candidates, key=lambda c: -c.held_per_s)
+    return sorted(candidates, key=lambda c: c.tail.p99_ms if c.tail else float("inf"))
