@@ -19,7 +19,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv kserve-venv test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-latency bench-continuous bench-compare bench-photos bench-detect bench-segment bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv kserve-venv agent test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-latency bench-continuous bench-compare bench-photos bench-detect bench-segment bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -27,6 +27,7 @@ help:
 	@echo "make stop    stop TorchServe"
 	@echo "make metrics while it runs: per-stage times and micro-batch sizes every 10 s"
 	@echo "make test    set up and run every test"
+	@echo "make agent   build the Java agent that fixes TorchServe 0.12.0's asynchronous frontend (needs a JDK)"
 	@echo "make fuzz    the generative tests with a long random profile (not in CI)"
 	@echo "make mar     build $(MAR)"
 	@echo "make bert-mar    build $(BERT_MAR)"
@@ -64,7 +65,37 @@ $(KSERVE_STAMP):
 	$(KSERVE_VENV)/bin/pip install --quiet kserve==0.21.0
 	touch $(KSERVE_STAMP)
 
-test: venv kserve-venv
+# The Java agent that fixes TorchServe 0.12.0's asynchronous frontend
+# (ts_microbatch/agent/README.md): compiled against the installed model-server.jar, shipped
+# in the package. Without a JDK it says so and the rest works; its tests skip, naming why.
+AGENT_DIR := ts_microbatch/agent
+AGENT_JAR := $(AGENT_DIR)/ts-microbatch-agent.jar
+AGENT_SRC := $(shell find $(AGENT_DIR)/java -name '*.java' 2>/dev/null | LC_ALL=C sort)
+AGENT_BUILD := build/agent
+# A fixed date in the jar's entries: the same sources give the same bytes.
+AGENT_DATE := 2024-09-30T00:00:00Z
+agent: venv
+	@if command -v javac >/dev/null && command -v jar >/dev/null; then \
+	  $(MAKE) --no-print-directory $(AGENT_JAR); \
+	else \
+	  echo "make agent: no JDK here (javac and jar, e.g. apt-get install openjdk-17-jdk-headless):" \
+	    "$(AGENT_JAR) not built; everything else works, its tests skip"; \
+	fi
+
+$(AGENT_JAR): $(AGENT_SRC) $(STAMP)
+	rm -rf $(AGENT_BUILD) && mkdir -p $(AGENT_BUILD)/classes $(AGENT_BUILD)/jar/tsmicrobatch/agent/replacements
+	javac --release 11 -nowarn -cp "$$($(PY) -c 'import os, ts; print(os.path.join(os.path.dirname(ts.__file__), "frontend", "model-server.jar"))')" \
+	  -d $(AGENT_BUILD)/classes $(AGENT_SRC)
+	@# The two replacements go where the JVM never looks a class up by name (the agent hands
+	@# them over); their nested classes, whose names 0.12.0 does not use, load as usual.
+	for c in AsyncBatchAggregator AsyncWorkerThread; do \
+	  mv $(AGENT_BUILD)/classes/org/pytorch/serve/wlm/$$c.class $(AGENT_BUILD)/jar/tsmicrobatch/agent/replacements/$$c; \
+	done
+	cp -R $(AGENT_BUILD)/classes/. $(AGENT_BUILD)/jar/
+	printf 'Premain-Class: tsmicrobatch.agent.Agent\n' > $(AGENT_BUILD)/MANIFEST.MF
+	jar --create --date=$(AGENT_DATE) --file $@ --manifest $(AGENT_BUILD)/MANIFEST.MF -C $(AGENT_BUILD)/jar .
+
+test: venv kserve-venv agent
 	$(VENV)/bin/pytest
 
 # The fast part: the core and the adapter in-process, no TorchServe server.

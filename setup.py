@@ -11,7 +11,10 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["ts_microbatch", "ts_microbatch.*"]),
-    package_data={"ts_microbatch": ["py.typed", "tools/metrics.yaml"]},
+    # agent/*.jar: built by `make agent` (a JDK) before the wheel; missing without one
+    package_data={
+        "ts_microbatch": ["py.typed", "tools/metrics.yaml", "agent/*.jar", "agent/README.md"]
+    },
     python_requires=">=3.9",
     install_requires=[
         "torch>=2.1",

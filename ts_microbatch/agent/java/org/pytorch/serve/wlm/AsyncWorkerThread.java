@@ -1,0 +1,239 @@
+package org.pytorch.serve.wlm;
+
+import io.netty.bootstrap.Bootstrap;
+import io.netty.channel.Channel;
+import io.netty.channel.ChannelFutureListener;
+import io.netty.channel.ChannelHandler;
+import io.netty.channel.ChannelHandlerContext;
+import io.netty.channel.ChannelInitializer;
+import io.netty.channel.EventLoopGroup;
+import io.netty.channel.SimpleChannelInboundHandler;
+import java.io.IOException;
+import java.net.HttpURLConnection;
+import java.net.SocketAddress;
+import java.util.UUID;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import org.pytorch.serve.job.RestJob;
+import org.pytorch.serve.util.ConfigManager;
+import org.pytorch.serve.util.Connector;
+import org.pytorch.serve.util.codec.ModelResponseDecoder;
+import org.pytorch.serve.util.messages.InputParameter;
+import org.pytorch.serve.util.messages.ModelWorkerResponse;
+import org.pytorch.serve.util.messages.RequestInput;
+import org.pytorch.serve.util.messages.WorkerCommands;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * TorchServe 0.12.0's AsyncWorkerThread with a restart that works; loaded in its place by the
+ * ts-microbatch agent. The thread writes each polled request to the backend without waiting
+ * for its answer; Netty's thread hands answers to the aggregator. Same constructor and
+ * protected fields; each change is marked "Fix:".
+ *
+ * <p>Its nested classes have names 0.12.0's does not use (ResponseHandler, Pipeline): they
+ * load from the agent's jar, never mixed with 0.12.0's AsyncWorkerHandler and AsyncWorkerThread$1.
+ */
+public class AsyncWorkerThread extends WorkerThread {
+    protected static final Logger logger = LoggerFactory.getLogger(AsyncWorkerThread.class);
+    protected static final long WORKER_TIMEOUT = 2L;
+
+    /** Fix: volatile: written on Netty's thread (the load's answer), read on the worker's. */
+    protected volatile boolean loadingFinished;
+
+    protected volatile CountDownLatch latch;
+
+    public AsyncWorkerThread(
+            ConfigManager configManager,
+            EventLoopGroup backendEventGroup,
+            int port,
+            int gpuId,
+            Model model,
+            BatchAggregator aggregator,
+            WorkerStateListener listener) {
+        super(configManager, backendEventGroup, port, gpuId, model, aggregator, listener);
+        loadingFinished = false;
+    }
+
+    @Override
+    public void run() {
+        responseTimeout = model.getResponseTimeout();
+        startupTimeout = model.getStartupTimeout();
+        Thread thread = Thread.currentThread();
+        thread.setName(getWorkerName());
+        currentThread.set(thread);
+        req = null;
+        // Fix: a restart runs this same object again (retry() resubmits `this`) on a new
+        // backend process that has yet to load the model. 0.12.0 left loadingFinished true
+        // from the first load, so the restarted thread did not wait for the load: it wrote
+        // queued requests behind it and polled them beside the LOAD job still in the batch.
+        loadingFinished = false;
+        int status = HttpURLConnection.HTTP_INTERNAL_ERROR;
+        try {
+            connect();
+            while (isRunning()) {
+                req = aggregator.getRequest(workerId, state);
+                boolean loading = !loadingFinished;
+                if (loading) {
+                    // Fix: armed before the write; the answer can arrive before the next line.
+                    latch = new CountDownLatch(1);
+                }
+                // Fix: a write that is interrupted (the channel closed: its listener interrupts
+                // this thread) or fails ends the thread like any other backend failure, and the
+                // finally block restarts the worker. 0.12.0 caught the InterruptedException
+                // here and went on polling and writing to a closed channel.
+                backendChannel.get(0).writeAndFlush(req).sync();
+                if (loading && !latch.await(startupTimeout, TimeUnit.SECONDS)) {
+                    throw new WorkerInitializationException(
+                            "Worker did not load the model within " + startupTimeout + " seconds");
+                }
+                req = null;
+            }
+        } catch (InterruptedException e) {
+            if (state == WorkerState.WORKER_SCALED_DOWN || state == WorkerState.WORKER_STOPPED) {
+                logger.debug("Shutting down the thread .. Scaling down.");
+            } else {
+                logger.debug("Backend worker monitoring thread interrupted or backend died", e);
+            }
+        } catch (WorkerInitializationException e) {
+            logger.error("Backend worker error", e);
+        } catch (OutOfMemoryError oom) {
+            logger.error("Out of memory error when creating workers", oom);
+            status = HttpURLConnection.HTTP_ENTITY_TOO_LARGE;
+            countServerError(oom);
+        } catch (IllegalStateException e) {
+            logger.error("IllegalStateException error", e);
+        } catch (Throwable t) {
+            logger.warn("Backend worker thread exception.", t);
+            countServerError(t);
+        } finally {
+            // As in 0.12.0: this pool thread may run another worker next; the reference must
+            // go so that a late interrupt cannot reach it.
+            for (Channel channel : backendChannel) {
+                channel.disconnect();
+            }
+            backendChannel.clear();
+            currentThread.set(null);
+            Integer exitValue = lifeCycle.getExitValue();
+            if (exitValue != null && exitValue == 137) {
+                status = HttpURLConnection.HTTP_ENTITY_TOO_LARGE;
+            }
+            if (req != null) {
+                aggregator.sendError(req, "Worker died.", status);
+            }
+            aggregator.cleanJobs(); // the replaced aggregator also fails what the backend held
+            setState(WorkerState.WORKER_STOPPED, status);
+            lifeCycle.exit();
+            if (isHealthy()) { // still within the model's maxRetryTimeoutInSec
+                retry();
+            }
+        }
+    }
+
+    private static void countServerError(Throwable t) {
+        ConfigManager config = ConfigManager.getInstance();
+        if (config.isTelemetryEnabled()) {
+            loggerTelemetryMetrics.info(
+                    "ModelServerError.Count:1|#TorchServe:{},{}:-1",
+                    config.getVersion(),
+                    t.getClass().getCanonicalName());
+        }
+    }
+
+    @Override
+    protected void connect() throws WorkerInitializationException, InterruptedException {
+        if (!configManager.isDebug()) {
+            lifeCycle.startWorker(port, getDeviceIds());
+        }
+        setState(WorkerState.WORKER_STARTED, HttpURLConnection.HTTP_OK);
+        Channel channel;
+        try {
+            Connector connector = new Connector(port);
+            Bootstrap bootstrap =
+                    new Bootstrap()
+                            .group(backendEventGroup)
+                            .channel(connector.getClientChannel())
+                            .handler(new Pipeline(configManager.getMaxResponseSize()));
+            SocketAddress address = connector.getSocketAddress();
+            logger.info("Connecting to: {}", address);
+            channel = bootstrap.connect(address).sync().channel();
+        } catch (InterruptedException | RuntimeException e) {
+            throw e;
+        } catch (Exception e) { // Netty rethrows the connect's IOException undeclared
+            if (e instanceof IOException) {
+                throw new WorkerInitializationException("Failed to connect to worker.", e);
+            }
+            throw new WorkerInitializationException("Failed to connect to worker: " + e, e);
+        }
+        backendChannel.add(channel);
+        channel.closeFuture()
+                .addListener(
+                        (ChannelFutureListener)
+                                future -> {
+                                    logger.info("{} Worker disconnected. {}", getWorkerId(), state);
+                                    Thread worker = currentThread.getAndSet(null);
+                                    if (worker != null) {
+                                        worker.interrupt();
+                                    }
+                                });
+        // The model's load goes first through this worker's own queue. Should the channel
+        // already be closed, the listener above has interrupted this thread, which stops at
+        // its next wait.
+        RequestInput input = new RequestInput(UUID.randomUUID().toString());
+        if (gpuId >= 0) {
+            input.addParameter(new InputParameter("gpu", String.valueOf(gpuId)));
+        }
+        model.addJob(
+                workerId,
+                new RestJob(
+                        null, model.getModelName(), model.getVersion(), WorkerCommands.LOAD, input));
+        running.set(true);
+    }
+
+    /** The backend channel's handlers: the request encoder, the answer decoder, the answers. */
+    protected class Pipeline extends ChannelInitializer<Channel> {
+        private final int maxResponseSize;
+
+        Pipeline(int maxResponseSize) {
+            this.maxResponseSize = maxResponseSize;
+        }
+
+        @Override
+        public void initChannel(Channel ch) {
+            ch.pipeline()
+                    .addLast(ENCODER)
+                    .addLast(new ModelResponseDecoder(maxResponseSize))
+                    .addLast(new ResponseHandler());
+        }
+    }
+
+    /** Each answer from the backend, on Netty's thread. */
+    @ChannelHandler.Sharable
+    protected class ResponseHandler extends SimpleChannelInboundHandler<ModelWorkerResponse> {
+        @Override
+        public void channelRead0(ChannelHandlerContext ctx, ModelWorkerResponse msg) {
+            aggregator.sendResponse(msg);
+            if (loadingFinished) {
+                return;
+            }
+            if (msg.getCode() == HttpURLConnection.HTTP_OK) {
+                logger.info("Worker loaded the model successfully");
+                setState(WorkerState.WORKER_MODEL_LOADED, HttpURLConnection.HTTP_OK);
+                backoffIdx = 0;
+                loadingFinished = true;
+                CountDownLatch loaded = latch;
+                if (loaded != null) {
+                    loaded.countDown();
+                }
+            } else {
+                setState(WorkerState.WORKER_ERROR, msg.getCode());
+            }
+        }
+
+        @Override
+        public void exceptionCaught(ChannelHandlerContext ctx, Throwable cause) {
+            logger.error("Unknown exception", cause);
+            ctx.close();
+        }
+    }
+}
