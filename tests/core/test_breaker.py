@@ -9,8 +9,15 @@ import random
 import pytest
 
 from ts_microbatch.core.batch import Batch
-from ts_microbatch.core.breaker import BROKEN_AFTER_FAILURES, StageBreaker
+from ts_microbatch.core.breaker import (
+    BROKEN_AFTER_FAILURES,
+    ON_TRIAL,
+    OPEN,
+    KnownGood,
+    StageBreaker,
+)
 from ts_microbatch.core.micro_batch import cut
+from ts_microbatch.core.order import Order
 
 from .isolation_driver import Boom, Drive
 
@@ -133,19 +140,32 @@ def test_while_open_a_batch_whose_probe_is_bad_fails_its_failing_parts_whole() -
     assert result.failed_requests() == set(range(8))  # 4 failed with its micro-batch
 
 
-def test_a_failure_of_another_type_starts_its_own_streak() -> None:
+def test_the_verdict_needs_a_batch_end_with_nothing_served_and_two_requests() -> None:
+    # Was test_a_failure_of_another_type_starts_its_own_streak: its first assertions (a
+    # KeyError after four ValueErrors starts a streak of its own; open for one type only)
+    # were the defect that kept a model failing with two alternating types from being
+    # judged (tests/core/test_known_good.py). The rest hold as they were.
     breaker = StageBreaker()
-    for _ in range(4):
-        breaker.failed_alone(ValueError)
-    breaker.failed_alone(KeyError)
-    assert not breaker.batch_done(breaker.successes, failed_alone=2)  # 1 KeyError, not 5
-    for _ in range(4):
-        breaker.failed_alone(KeyError)
-    assert not breaker.batch_done(breaker.successes - 1, failed_alone=2)  # one served
-    assert not breaker.batch_done(breaker.successes, failed_alone=1)  # a request alone
-    assert breaker.batch_done(breaker.successes, failed_alone=2)
-    assert breaker.is_open(KeyError) and not breaker.is_open(ValueError)
-    assert not breaker.batch_done(breaker.successes, failed_alone=2)  # already open
+    for _ in range(BROKEN_AFTER_FAILURES):
+        breaker.failed_alone()
+    assert breaker.batch_done(breaker.successes - 1, failed_alone=2) is None  # one served
+    assert breaker.batch_done(breaker.successes, failed_alone=1) is None  # a request alone
+    assert breaker.batch_done(breaker.successes, failed_alone=2) == OPEN  # no known-good
+    assert breaker.open
+    assert breaker.batch_done(breaker.successes, failed_alone=2) is None  # already open
+
+
+def test_with_a_known_good_input_the_verdict_is_only_a_trial() -> None:
+    breaker = StageBreaker()
+    breaker.good = KnownGood("served once", Order(1), 0, None)
+    for _ in range(BROKEN_AFTER_FAILURES):
+        breaker.failed_alone()
+    assert breaker.batch_done(breaker.successes, failed_alone=2) == ON_TRIAL
+    assert breaker.suspect and not breaker.open  # not judged broken: the inputs may be bad
+    assert breaker.probe_failed() and breaker.open  # the known-good input failed: judged
+    assert not breaker.probe_failed()  # already open
+    breaker.clear()
+    assert not breaker.suspect and breaker.streak == 0
 
 
 # -- a reviewer's repros (interleavings the threads make; driven here one step at a time) --

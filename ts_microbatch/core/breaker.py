@@ -1,72 +1,153 @@
-"""A stage's record across batches: closed, or open (judged broken) for one exception type.
+"""A stage's record across batches: closed, on trial, or open (judged broken).
 
 Inside a batch, ``ts_microbatch.core.isolation`` never judges a stage broken: it bisects a
 failed micro-batch down to requests and each request down to one item run alone, so a
 request that passes alone is never failed by what shares its batch, however many bad
 requests there are. What keeps a broken model cheap is this state, which spans batches,
 as a circuit breaker keeps it (Envoy's outlier detection: consecutive failures eject, a
-success restores):
+success restores). **It judges the model, not the inputs on trial**: a stage is judged
+broken only when an input it once served fails there alone (a load balancer's health
+check hits a fixed path, not the failing user request). Failures of the inputs on trial,
+however many and of whatever types, only put it on trial.
 
+* **known-good input**: every micro-batch that gets through the stage leaves its first item
+  as the stage's ``good`` (with where it sat: its batch's order, position and context), so
+  it can run again alone as it ran then; warm-up's sample is the first. One item per stage
+  is held, never a batch. A stage's input is the previous stage's output, so the known-good
+  input of stage k is the first-stage item whose run stage k received in a call that
+  passed; it runs from the first stage again, and its answer goes nowhere;
 * **closed**: every run of one item that fails in the stage with an error that may be the
-  model's (not a bad input's) adds to a streak of that exception type; a success in the
-  stage (any micro-batch passing it) clears the streak, and so does a run of one item
-  failing with another type (which starts its own);
-* **opening**: at the end of a batch in which the stage served nothing and failed runs of
-  one item of two requests or more, a streak of ``BROKEN_AFTER_FAILURES`` or more opens the
-  breaker. Judged at the end of a batch, never in its middle, so a batch whose good
-  requests pass (in whatever order the threads run them) never opens it; and never by
-  batches of one request, which a breaker cannot make cheaper (a request alone is its own
-  probe), so bad requests sent one at a time, as at night, never open it;
-* **open**: the isolator fails a micro-batch that fails alike in the stage without
-  bisecting it (500, the model's failure), after one probe per batch (an item run alone
-  ahead of the queue) has failed alike too; the first success closes it again.
+  model's (not a bad input's) adds to a streak, whatever its exception type (a feature
+  store refusing some calls and timing out on others is one broken model); a success in
+  the stage (any micro-batch passing it) clears the streak;
+* **on trial**: at the end of a batch in which the stage served nothing and failed runs of
+  one item of two requests or more, a streak of ``BROKEN_AFTER_FAILURES`` or more puts it
+  on trial. Judged at the end of a batch, never in its middle, so a batch whose good
+  requests pass (in whatever order the threads run them) never does; and never by batches
+  of one request, which a breaker cannot make cheaper (a request alone is its own probe);
+* **the probe**: on trial or open, the first micro-batch of a batch that fails in the stage
+  with an error that may be the model's waits, with every other one of that batch failing
+  there, for one probe per batch run alone ahead of the queue: the known-good input. Failing
+  in the stage with an error that may be the model's, it opens the breaker (the model fails
+  what it served) and what waited fails whole (500, the model's failure); getting through
+  the stage, it closes it (the failures were the inputs'), and what waited is isolated by
+  the rule;
+* **open**: judged broken, it stays so until the first success closes it; each batch pays
+  one call per micro-batch and the one probe.
 
-Counts only; the isolator calls every method under its lock except ``passed``.
+**With no known-good input** (the stage has passed nothing since the pipeline started:
+no warm-up, and every call so far failed), there is nothing to judge the model with, and
+the breaker behaves as before known-good inputs: the verdict at a batch's end opens it at
+once, and the probe is the first item of the failing micro-batch, an input on trial. So a
+model broken from load still costs one call per micro-batch and a probe per batch from its
+second batch on; the price is the one exposure left: before the stage's first success since
+load, after a batch of two or more bad requests failing five runs of one item, a good
+request that shares a failing micro-batch with a bad first item fails with it (500). Its
+first success, of any request, gives it a known-good input and closes it.
+
+Counts only; the isolator calls every method under its lock. Without the lock, and only in
+``Isolator.passed``, a success bumps ``successes`` and stores ``good`` (each one store of a
+reference, atomic under the GIL; a batch compares ``successes`` with its value at its
+start, so even a lost increment of two racing ones counts as a change), then reads
+``streak`` to skip the lock when there is nothing to clear. That read may miss a streak
+being added to under the lock by another thread, and leave it uncleared; but ``good`` was
+stored first, so such a stage has a known-good input, and a missed clear can at most put
+it on trial, where its known-good probe passes and clears it: never a verdict on a model
+that serves.
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
+from .batch import Batch
+from .micro_batch import _MicroBatch
+from .order import Order
+
 # Envoy's default for consecutive 5xx before ejecting a host: five runs of one item failing
-# alike with nothing served in between, and a batch that served nothing to end it.
+# with nothing served in between, and a batch that served nothing to end it.
 BROKEN_AFTER_FAILURES = 5
+
+CLOSED, ON_TRIAL, OPEN = "closed", "on trial", "open"
+
+
+class KnownGood(NamedTuple):
+    """An item a stage served: the first item of a micro-batch that got through it, with its
+    batch's order, its position there and its batch's context, so that it runs alone as it
+    ran then (its request's context row, its length or shape)."""
+
+    item: Any
+    order: Order
+    position: int
+    context: Any
+
+    def micro_batch(self, until: Batch) -> _MicroBatch:
+        """The item alone, in a private batch of its own that nobody awaits (quiet: no
+        metrics), as a probe; answered (stale, dropped before any stage) once ``until`` is,
+        so a call stuck on it can be abandoned with ``until``'s timeout."""
+        order, at = self.order, range(self.position, self.position + 1)
+        own = Order(
+            1,
+            owners=order.requests_at(at),
+            lengths=order.lengths_at(at),
+            pad_length=order.pad_length,
+            shapes=order.shapes_at(at),
+        )
+        batch = Batch(1, self.context, quiet=True, order=own)
+
+        def expire(_: Batch) -> None:
+            batch.expire(None)
+
+        until.when_answered(expire)
+        return _MicroBatch(batch, 0, 0, [self.item])
 
 
 class StageBreaker:
     """The record of one stage."""
 
-    __slots__ = ("successes", "error_type", "streak", "open")
+    __slots__ = ("successes", "good", "streak", "state")
 
     def __init__(self) -> None:
-        # Bumped on every success without a lock: a batch compares it with its value at the
-        # batch's start, and any change (even a lost increment of two racing ones) counts.
-        self.successes = 0
-        self.error_type: type[BaseException] | None = None  # the streak's type
-        self.streak = 0  # runs of one item failing with error_type since the last success
-        self.open = False
+        self.successes = 0  # bumped on every success, without a lock (module docstring)
+        self.good: KnownGood | None = None  # stored on every success, without a lock
+        self.streak = 0  # runs of one item failed, of any type, since the last success
+        self.state = CLOSED
+
+    @property
+    def open(self) -> bool:
+        """Judged broken."""
+        return self.state == OPEN
+
+    @property
+    def suspect(self) -> bool:
+        """On trial or open: a failing micro-batch waits for a probe."""
+        return self.state != CLOSED
 
     def clear(self) -> None:
-        self.error_type, self.streak, self.open = None, 0, False
+        """A success in the stage."""
+        self.streak, self.state = 0, CLOSED
 
-    def failed_alone(self, error_type: type[BaseException]) -> None:
-        """A run of one item failed with ``error_type`` (one that may be the model's)."""
-        if error_type is not self.error_type:
-            self.clear()
-            self.error_type = error_type
+    def failed_alone(self) -> None:
+        """A run of one item failed with an error that may be the model's."""
         self.streak += 1
 
-    def batch_done(self, successes_at_start: int, failed_alone: int) -> bool:
+    def batch_done(self, successes_at_start: int, failed_alone: int) -> str | None:
         """A batch ended: it failed runs of one item of ``failed_alone`` requests here, and
-        this breaker's ``successes`` were ``successes_at_start`` at its start. True when this
-        opened the breaker."""
+        this breaker's ``successes`` were ``successes_at_start`` at its start. The state it
+        entered (``ON_TRIAL``, or ``OPEN`` without a known-good input), or None."""
         if (
-            self.open
+            self.state != CLOSED
             or failed_alone < 2
             or self.successes != successes_at_start
             or self.streak < BROKEN_AFTER_FAILURES
         ):
-            return False
-        self.open = True
-        return True
+            return None
+        self.state = ON_TRIAL if self.good is not None else OPEN
+        return self.state
 
-    def is_open(self, error_type: type[BaseException]) -> bool:
-        return self.open and error_type is self.error_type
+    def probe_failed(self) -> bool:
+        """The batch's probe failed in the stage with an error that may be the model's: open.
+        True when this opened it (the known-good input failed: a verdict)."""
+        opened = self.state != OPEN
+        self.state = OPEN
+        return opened

@@ -20,13 +20,15 @@ KServe request's instances among themselves) end up run alone and pass. No evide
 counted inside a batch, so there is no threshold for bad requests to reach.
 
 **A broken model stays cheap through state across batches** (``ts_microbatch.core.
-breaker``): runs of one item failing alike in a stage, with nothing served there, over a
-batch, open that stage's breaker; while it is open, a micro-batch failing alike there
-fails whole (500) once its batch's one probe has failed alike too, and the first success
-closes it. Errors that mean bad input never count: a ``RequestError``, a 4xx
-``PredictionException`` or decoder error (the adapter's ``is_input_error``), and any
-failure in a first stage that has served a request since load (``first_stage_served``: a
-request failing there alone has met a bad input of its own, which the adapter answers 400).
+breaker``): runs of one item failing in a stage, with nothing served there, over a batch,
+put that stage on trial; then a micro-batch failing there waits for its batch's one probe,
+the stage's known-good input (one it served) run alone: failing there too, it judges the
+stage broken and what waited fails whole (500); getting through, it closes the breaker and
+what waited is isolated. The first success closes it. Errors that mean bad input never
+count: a ``RequestError``, a 4xx ``PredictionException`` or decoder error (the adapter's
+``is_input_error``), and any failure in a first stage that has served a request since load
+(``first_stage_served``: a request failing there alone has met a bad input of its own,
+which the adapter answers 400).
 
 A ``BaseException`` that is not an ``Exception`` (KeyboardInterrupt, SystemExit) is a request
 to stop: its micro-batch fails whole, as no request's own failure. docs/failures.md gives
@@ -47,7 +49,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from .batch import Batch
-from .breaker import StageBreaker
+from .breaker import ON_TRIAL, OPEN, KnownGood, StageBreaker
 from .errors import RequestError
 from .micro_batch import _MicroBatch
 
@@ -87,20 +89,20 @@ class _OwnProbe:
 
 
 class _BrokenProbe:
-    """On a batch's one probe in a stage whose breaker is open: the parts held for it."""
+    """On a batch's one probe in a stage on trial or open: the parts held for it. A
+    ``known_good`` probe is the stage's known-good input in a private batch (its answer
+    goes nowhere); otherwise the first item of the batch's failing micro-batch."""
 
-    __slots__ = ("record", "stage", "error_type", "held")
+    __slots__ = ("record", "stage", "held", "known_good")
 
-    def __init__(
-        self, record: _BatchRecord, stage: int, error_type: type[BaseException], held: Parts
-    ) -> None:
+    def __init__(self, record: _BatchRecord, stage: int, held: Parts, known_good: bool) -> None:
         self.record = record
         self.stage = stage
-        self.error_type = error_type
         self.held = held
+        self.known_good = known_good
 
 
-_BROKEN = "broken"  # the batch's probe failed alike: the stage's failures fail whole
+_BROKEN = "broken"  # the batch's probe failed there too: the stage's failures fail whole
 _ISOLATE = "isolate"  # the probe passed or failed otherwise: the batch's failures bisected
 
 
@@ -165,7 +167,10 @@ class Isolator:
     def passed(self, mb: _MicroBatch, stage: int) -> Outcome:
         """``mb`` got through ``stage``."""
         breaker = self._breakers[stage]
-        breaker.successes += 1  # no lock: see StageBreaker
+        # No lock, and in this order (ts_microbatch.core.breaker says why): a pass that
+        # skips the lock below has left a known-good input first.
+        breaker.good = KnownGood(mb.items[0], mb.batch.order, mb.offset, mb.batch.context)
+        breaker.successes += 1
         if stage == 0:
             # Only ever set, never cleared: no lock.
             mb.batch.first_stage_served = self.first_stage_served = True
@@ -181,6 +186,13 @@ class Isolator:
             if probe is None or probe.stage != stage:
                 return _NOTHING
             mb.split = None
+            if isinstance(probe, _BrokenProbe) and probe.known_good:
+                _answer_nowhere(mb)  # its verdict is in: the later stages drop it
+                logger.info(
+                    "stage %s: its known-good input passed alone, so the failures were the "
+                    "inputs'; not judged broken",
+                    self._names[stage],
+                )
             return self._release(probe)
 
     def dropped(self, mb: _MicroBatch) -> Outcome:
@@ -196,6 +208,8 @@ class Isolator:
         """``mb`` failed in ``stage`` with ``error``."""
         with self._lock:
             probe, mb.split = mb.split, None
+            if isinstance(probe, _BrokenProbe) and probe.known_good:
+                return self._known_good_failed(mb, probe, stage, error)
             if not isinstance(error, Exception):
                 # KeyboardInterrupt, SystemExit, GeneratorExit: a request to stop, which says
                 # nothing about any input. Code that asked to stop is not re-run.
@@ -214,10 +228,10 @@ class Isolator:
                     # A request counts once: its instances failing alone at once (threads)
                     # are one bad request, never two towards a broken stage.
                     requests.add(mb.owners[0])
-                    self._breakers[stage].failed_alone(type(error))
+                    self._breakers[stage].failed_alone()
                 own = Outcome([], [Fail(mb, error, stage, isolated=True)])
                 return _merge(own, self._probe_failed(probe, stage, error))
-            if may_be_broken and self._breakers[stage].is_open(type(error)):
+            if may_be_broken and self._breakers[stage].suspect:
                 return self._while_broken(mb, stage, error)
             return self._isolate(mb, stage)
 
@@ -238,7 +252,8 @@ class Isolator:
         return Outcome([], [], first=(alone,))
 
     def _while_broken(self, mb: _MicroBatch, stage: int, error: BaseException) -> Outcome:
-        """``stage``'s breaker is open for ``error``'s type: the batch's probe decides."""
+        """``stage`` is on trial or open: the batch's probe decides, the stage's known-good
+        input (the first item on trial when it has none: ts_microbatch.core.breaker)."""
         record = self._record(mb.batch)
         state = record.probes.get(stage)
         if state is _BROKEN:
@@ -248,23 +263,48 @@ class Isolator:
         if isinstance(state, _BrokenProbe):
             state.held.append((mb, error))
             return _NOTHING
-        alone, rest = mb.first_alone()
-        held: Parts = [(rest, error)] if rest is not None else []
-        alone.split = record.probes[stage] = _BrokenProbe(record, stage, type(error), held)
+        good = self._breakers[stage].good
+        held: Parts
+        if good is not None:
+            alone, held = good.micro_batch(until=mb.batch), [(mb, error)]
+        else:
+            alone, rest = mb.first_alone()
+            held = [(rest, error)] if rest is not None else []
+        probe = _BrokenProbe(record, stage, held, known_good=good is not None)
+        alone.split = record.probes[stage] = probe
         return Outcome([], [], first=(alone,))
+
+    def _known_good_failed(
+        self, mb: _MicroBatch, probe: _BrokenProbe, stage: int, error: BaseException
+    ) -> Outcome:
+        """The known-good probe ``mb`` failed in ``stage``: no request's failure, only the
+        verdict on what waited for it."""
+        _answer_nowhere(mb)
+        if not isinstance(error, Exception):  # a request to stop: no verdict on the model
+            return self._release(probe)
+        if self._may_be_broken(stage, error):
+            self._breakers[stage].failed_alone()
+        return self._probe_failed(probe, stage, error)
 
     def _probe_failed(self, probe: object, stage: int, error: BaseException) -> Outcome:
         """A probe failed alone (its own failure is given by the caller): what waited for
         it. An own probe's rest needs nothing: its request is answered as failed."""
         if not isinstance(probe, _BrokenProbe):
             return _NOTHING
-        if (
-            stage == probe.stage
-            and self._breakers[stage].is_open(type(error))
-            and self._may_be_broken(stage, error)
-        ):
-            # Still open, and the model's: the held parts fail. A success since (another
+        breaker = self._breakers[stage]
+        if stage == probe.stage and breaker.suspect and self._may_be_broken(stage, error):
+            # Still suspect, and the model's: the held parts fail. A success since (another
             # micro-batch of the batch got through) closed it: they are isolated instead.
+            if breaker.probe_failed():
+                logger.error(
+                    "stage %s judged broken: its known-good input failed alone with %s after "
+                    "%d runs of one item failed with nothing served in between; its "
+                    "micro-batches that fail now fail whole after one probe per batch, until "
+                    "it serves again",
+                    self._names[stage],
+                    type(error).__name__,
+                    breaker.streak,
+                )
             probe.record.probes[probe.stage] = _BROKEN
             return Outcome([], [Fail(mb, e, probe.stage, isolated=False) for mb, e in probe.held])
         return self._release(probe)
@@ -298,15 +338,30 @@ class Isolator:
                 return
             for index, breaker in enumerate(self._breakers):
                 failed_alone = len(record.failed_alone[index])
-                if breaker.batch_done(record.successes[index], failed_alone):
-                    logger.error(
-                        "stage %s judged broken: %d runs of one item failed with %s and it "
-                        "served nothing in between; its micro-batches that fail alike now "
-                        "fail whole after one probe per batch, until it serves again",
+                state = breaker.batch_done(record.successes[index], failed_alone)
+                if state == ON_TRIAL:
+                    logger.warning(
+                        "stage %s on trial: %d runs of one item failed and it served nothing "
+                        "in between; its next failing micro-batch waits for its known-good "
+                        "input run alone",
                         self._names[index],
                         breaker.streak,
-                        breaker.error_type.__name__ if breaker.error_type else "?",
                     )
+                elif state == OPEN:
+                    logger.error(
+                        "stage %s judged broken: %d runs of one item failed and it has served "
+                        "nothing since the pipeline started (no known-good input to test it "
+                        "with); its micro-batches that fail now fail whole after one probe "
+                        "per batch, until it serves again",
+                        self._names[index],
+                        breaker.streak,
+                    )
+
+
+def _answer_nowhere(mb: _MicroBatch) -> None:
+    """A known-good probe's verdict is in: its private batch (which nobody awaits) is
+    answered, so the stages drop it as stale instead of running it further."""
+    mb.batch.answer(mb.indices, outputs=[None])
 
 
 def _merge(a: Outcome, b: Outcome) -> Outcome:

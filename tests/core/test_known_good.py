@@ -1,0 +1,225 @@
+"""The breakers judge the model, not the inputs on trial (``ts_microbatch.core.breaker``):
+a stage is judged broken only when an input it once served fails there alone.
+
+Through the pipeline's public API, with fake stages whose answer depends on the item
+alone (``Model``). The two defects named here were reproduced on 81bb3fd; each test fails
+there.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from ts_microbatch import Pipeline
+
+pytestmark = pytest.mark.generative
+
+WAIT_S = 60
+# The model's errors (none of them means bad input): an over-long text past BERT's 512
+# positions, a feature store refusing or timing out, anything else.
+ERRORS: tuple[type[Exception], ...] = (
+    IndexError,
+    ConnectionRefusedError,
+    TimeoutError,
+    RuntimeError,
+)
+STAGES = ("preprocess", "inference", "postprocess")
+
+
+def bad(stage: int, error: int, n: int) -> str:
+    """A bad request: it fails in ``STAGES[stage]`` with ``ERRORS[error]`` (in any call
+    that holds it, as an over-long text fails BERT's whole call)."""
+    return f"bad:{stage}:{error}:{n}"
+
+
+class Model:
+    """preprocess, inference and postprocess over texts; a call holding a bad text fails
+    where the text says. ``failing`` makes every call of a stage fail, with its errors in
+    turn (call by call), as a model that is broken."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[list[str]]] = {stage: [] for stage in STAGES}
+        self.failing: dict[str, tuple[type[Exception], ...]] = {}
+        self._lock = threading.Lock()
+
+    def stages(self) -> dict[str, Any]:
+        return {stage: self._stage(index) for index, stage in enumerate(STAGES)}
+
+    def _stage(self, index: int) -> Any:
+        name = STAGES[index]
+
+        def call(rows: list[str]) -> list[str]:
+            with self._lock:
+                self.calls[name].append(list(rows))
+                count = len(self.calls[name])
+            errors = self.failing.get(name)
+            if errors:
+                raise errors[count % len(errors)](f"{name} is down")
+            for row in rows:
+                if row.startswith("bad:") and int(row.split(":")[1]) == index:
+                    raise ERRORS[int(row.split(":")[2])](f"{name} cannot take {row}")
+            return list(rows)
+
+        return call
+
+    def calls_in(self, stage: str) -> int:
+        with self._lock:
+            return len(self.calls[stage])
+
+
+def answers(pipeline: Pipeline, items: list[str]) -> list[Any]:
+    batch = pipeline.submit_batch(items)
+    assert batch.wait(WAIT_S)
+    return [batch.outcome(i).error or batch.outcome(i).value for i in range(len(items))]  # type: ignore[union-attr]
+
+
+# -- the reproduced defects ----------------------------------------------------------------
+
+
+def test_defect_a_burst_of_bad_inputs_opened_a_healthy_model_s_breaker() -> None:
+    # A model that has served; one batch of five over-long texts (inference raises
+    # IndexError, as BERT's position embeddings do past 512), nothing served: the breaker
+    # opened, and in every later batch [over-long, short] at micro-batch 2 its probe was
+    # the over-long text, so the short one, served alone, got 500 in 5/5 batches.
+    model = Model()
+    long = [bad(1, 0, n) for n in range(5)]
+    with Pipeline(model.stages(), micro_batch_size=2) as pipeline:
+        assert answers(pipeline, ["served"]) == ["served"]
+        burst = answers(pipeline, long)
+        assert all(isinstance(r, IndexError) for r in burst)  # the scenario: nothing served
+        for n in range(5):
+            calls = model.calls_in("inference")
+            got = answers(pipeline, [bad(1, 0, 10 + n), f"short {n}"])
+            assert [bad(1, 0, 10 + n), f"short {n}"] in model.calls["inference"][calls:]
+            assert isinstance(got[0], IndexError)
+            assert got[1] == f"short {n}"  # what it gets alone
+        assert pipeline.stats().broken_stages == ()
+
+
+def test_defect_two_exception_types_kept_a_broken_model_from_being_judged() -> None:
+    # A feature store that is down, refusing some calls and timing out on others: the
+    # streak was kept per exception type, so it never reached five, and every batch of 32
+    # at micro-batch 4 cost 56 inference calls where 8 + 1 are promised.
+    model = Model()
+    model.failing["inference"] = (ConnectionRefusedError, TimeoutError)
+    with Pipeline(model.stages(), micro_batch_size=4) as pipeline:
+        first = answers(pipeline, [f"r{n}" for n in range(32)])
+        assert {type(r) for r in first} == {ConnectionRefusedError, TimeoutError}  # both
+        assert pipeline.stats().broken_stages == ("inference",)
+        for _ in range(3):
+            calls = model.calls_in("inference")
+            later = answers(pipeline, [f"r{n}" for n in range(32)])
+            assert all(isinstance(r, (ConnectionRefusedError, TimeoutError)) for r in later)
+            assert model.calls_in("inference") - calls == 8 + 1
+
+
+# -- the rule, generatively ------------------------------------------------------------
+
+bad_requests = st.tuples(st.integers(1, 2), st.integers(0, len(ERRORS) - 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    micro_batch_size=st.integers(1, 8),
+    threads=st.integers(1, 2),
+    warm_up=st.booleans(),
+    bursts=st.lists(st.lists(bad_requests, max_size=32), min_size=1, max_size=3),
+    mixed=st.lists(
+        st.lists(st.none() | bad_requests, min_size=1, max_size=12), min_size=1, max_size=3
+    ),
+)
+@example(  # the first defect, as drawn
+    micro_batch_size=2, threads=1, warm_up=False, bursts=[[(1, 0)] * 5], mixed=[[(1, 0), None]]
+)
+def test_a_healthy_model_answers_every_good_request_after_any_burst_of_bad_ones(
+    micro_batch_size: int,
+    threads: int,
+    warm_up: bool,
+    bursts: list[list[tuple[int, int]]],
+    mixed: list[list[tuple[int, int] | None]],
+) -> None:
+    # A healthy model that has a known-good input (a request served, or warm-up's sample),
+    # then bursts of 0-32 bad requests of mixed error types in inference or postprocess,
+    # then batches of good and bad ones: every good request gets its answer (the one it
+    # gets alone), every bad one its own error, failed alone; no stage is ever judged.
+    model = Model()
+    parallelism = {stage: threads for stage in STAGES}
+    with Pipeline(
+        model.stages(), micro_batch_size=micro_batch_size, parallelism=parallelism
+    ) as pipeline:
+        warm = pipeline.submit_batch(["served"], quiet=warm_up)
+        assert warm.wait(WAIT_S) and warm.succeeded()
+        for n, batch in enumerate([*bursts, *mixed]):
+            items = [
+                f"good {n}.{i}" if kind is None else bad(*kind, n=1000 * n + i)
+                for i, kind in enumerate(batch)
+            ]
+            submitted = pipeline.submit_batch(items)
+            assert submitted.wait(WAIT_S)
+            for i, (item, kind) in enumerate(zip(items, batch)):
+                outcome = submitted.outcome(i)
+                assert outcome is not None
+                if kind is None:
+                    assert (outcome.value, outcome.error) == (item, None), item
+                else:
+                    assert isinstance(outcome.error, ERRORS[kind[1]]), (item, outcome)
+                    failure = submitted.failure(i)
+                    assert failure is not None and failure.isolated, (item, failure)
+            assert pipeline.stats().broken_stages == ()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    requests=st.integers(1, 32),
+    micro_batch_size=st.integers(1, 8),
+    threads=st.integers(1, 2),
+    errors=st.lists(st.sampled_from(ERRORS), min_size=1, max_size=3, unique=True),
+    stage=st.sampled_from(STAGES[1:]),
+    served=st.booleans(),
+)
+@example(  # the second defect, as drawn
+    requests=32,
+    micro_batch_size=4,
+    threads=1,
+    errors=[ConnectionRefusedError, TimeoutError],
+    stage="inference",
+    served=False,
+)
+def test_a_model_failing_every_call_costs_a_call_per_micro_batch_and_a_probe(
+    requests: int,
+    micro_batch_size: int,
+    threads: int,
+    errors: list[type[Exception]],
+    stage: str,
+    served: bool,
+) -> None:
+    # A model failing every call of a stage with 1-3 exception types in turn, that served
+    # before (a known-good input: on trial, then judged on it) or never did: once the
+    # streak of five is reached, each batch costs at most one call per micro-batch and
+    # one probe in that stage (within the number of micro-batches + 2).
+    model = Model()
+    micro_batches = math.ceil(requests / micro_batch_size)
+    parallelism = {name: threads for name in STAGES}
+    with Pipeline(
+        model.stages(), micro_batch_size=micro_batch_size, parallelism=parallelism
+    ) as pipeline:
+        if served:
+            assert answers(pipeline, ["served"]) == ["served"]
+        model.failing[stage] = tuple(errors)
+        to_judge = math.ceil(5 / requests)  # batches that fail five requests alone
+        costs = []
+        for _ in range(to_judge + 3):
+            calls = model.calls_in(stage)
+            got = answers(pipeline, [f"r{n}" for n in range(requests)])
+            assert all(isinstance(r, tuple(errors)) for r in got), got
+            costs.append(model.calls_in(stage) - calls)
+        assert all(cost <= micro_batches + 2 for cost in costs[to_judge:]), costs
+        if requests >= 2 and micro_batch_size >= 2:
+            # Judged (a batch of one request, or of runs of one item, never needs it).
+            assert pipeline.stats().broken_stages == (stage,)
