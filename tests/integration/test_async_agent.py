@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from tests.integration.servers import local_server
-from tests.integration.test_torchserve import worker_pids
+from tests.integration.test_torchserve import parallel, worker_pids
 from ts_microbatch import agent
 from ts_microbatch.tools.ab import ab_problem, parse_ab, start_ab
 from ts_microbatch.tools.archiver import run_archiver
@@ -114,3 +114,18 @@ def test_async_frontend_keeps_its_worker_past_the_job_map_resizes_(
     # 0.12.0 kept every answered job: 13,000 RestJobs, each with its request. What stays is
     # at most the model's LOAD job and a request or two in flight.
     assert live_rest_jobs(frontend_pid(server)) < CLIENTS
+
+
+def test_async_worker_restart_serves_requests_queued_during_its_load_(server: TorchServe) -> None:
+    """0.12.0's restarted thread kept ``loadingFinished`` from its first load: it did not wait
+    for the new process to load the model, polled queued requests beside the LOAD job and
+    failed ("Received more than 1 control command") or answered none of them."""
+    (pid_before,) = worker_pids(server, MODEL)
+    psutil.Process(pid_before).kill()
+    # Sent while the worker is down: queued until the restarted one has loaded the model
+    # (TorchServe waits a second before it restarts a worker).
+    answers = parallel(server, [b"x"] * CLIENTS, MODEL, timeout_s=60)
+    (pid_after,) = worker_pids(server, MODEL)
+    assert pid_after != pid_before  # the fault happened: a new backend process
+    assert [a.status for a in answers] == [200] * CLIENTS, [a.body[:200] for a in answers]
+    assert server.describe(MODEL)["workers"][0]["status"] == "READY"
