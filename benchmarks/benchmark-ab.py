@@ -43,6 +43,7 @@ from ts_microbatch.tools import ab, benchmark, runs  # noqa: E402
 from ts_microbatch.tools._cli import SAFE_BESIDE  # noqa: E402
 from ts_microbatch.tools.corpus import content_type_of  # noqa: E402
 from ts_microbatch.tools.measure import Send, measure  # noqa: E402
+from ts_microbatch.tools.results import OutputError, claimed_dir  # noqa: E402
 from ts_microbatch.tools.scrape import format_summary  # noqa: E402
 
 PROPERTIES = ROOT / "configs/config.properties"  # every server's, and its metrics.yaml
@@ -169,13 +170,20 @@ def main() -> int:
         return 2
     if args.export:
         target = args.export.resolve()
+        if target.exists():  # torch-model-archiver --force would replace it whole
+            print(f"error: --export {target} exists: give a new path", file=sys.stderr)
+            return 2
         scenario, point = config["scenarios"][0], bench_lib.sweep_points(config)[0]
         with tempfile.TemporaryDirectory() as work:
             package(target.parent, Path(work), target.name, scenario, "ours", config, point, None)
         log(f"wrote the {scenario} model with our handler to {target}")
         return 0
     out = Path(args.out or HERE / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # store/, work/, bodies/ and servers/ in it are deleted at the end
+        claimed_dir(out, "benchmarks/benchmark-ab.py")
+    except OutputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if config.get("input"):  # the user's body, named after its file
         paths = {Path(config["input"]).name: Path(config["input"])}
     else:

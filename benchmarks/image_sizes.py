@@ -33,6 +33,7 @@ from tests.helpers import load_module  # noqa: E402
 from ts_microbatch.tools import benchmark  # noqa: E402
 from ts_microbatch.tools.corpus import read_corpus  # noqa: E402
 from ts_microbatch.tools.mar import override_mar  # noqa: E402
+from ts_microbatch.tools.results import OutputError, claimed_dir  # noqa: E402
 
 PROPERTIES = ROOT / "configs/config.properties"  # every server's, and its metrics.yaml
 EXAMPLES = ("object_detector", "image_segmenter")
@@ -113,15 +114,20 @@ def main() -> int:
     parser.add_argument("--example", choices=EXAMPLES, required=True)
     parser.add_argument("--out", type=Path, required=True, help="the result directory")
     parser.add_argument("--weights", help="the example's model weights (else untrained)")
-    parser.add_argument("--seed", type=int, default=0, help="of the rounds' shuffled orders")
     parser.add_argument("--keep-logs", action="store_true", help="keep each server's logs")
     benchmark.add_arguments(parser)
     args = parser.parse_args()
+    args.seed = 0 if args.seed is None else args.seed  # --seed is benchmark's: no new one here
+    out = args.out.resolve()
+    try:  # a run deletes what an earlier one wrote there: only in a folder it made itself
+        claimed_dir(out, "benchmarks/image_sizes.py")
+    except OutputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for earlier in ["store", "metrics", "samples", *(p.name for p in out.glob("round-*"))]:
+        shutil.rmtree(out / earlier, ignore_errors=True)  # a variant left out stays out
     work = ROOT / "build" / f"{args.example}-bench"
     args.mar, args.corpus = build_example(args.example, work, args.weights)
-    out = args.out.resolve()
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
     rows, refused, orders, parts = shuffled_rounds(args, out)
     benchmark.report(args, out, rows=rows, refused=refused, **parts)
     results = json.loads((out / "results.json").read_text())

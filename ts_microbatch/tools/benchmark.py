@@ -35,7 +35,7 @@ from .curves import CurveSender, parse_rates, write_curves
 from .drive import send_corpus
 from .mar import MarError, override_mar, read_entries, settings_of
 from .measure import RegistrationError, Send, measure
-from .results import ResultsLog, output_dir
+from .results import ResultsLog, claimed_dir
 from .rounds import CPU_SIDES, cpu_drift, format_runs, new_seed, round_order
 from .runs import compare_rounds, format_comparisons, format_table, machine_info, medians, write_csv
 from .variants import (
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
             raise CorpusError("--mar needs --corpus DIR|FILE.jsonl or --body FILE")
         frontend = frontend_of(args, args.mar)
         out = Path(args.out or runs / time.strftime("%Y%m%d-%H%M%S")).resolve()
-        results = ResultsLog(output_dir(out, "--out") / "results.jsonl")
+        results = ResultsLog(claimed_dir(out, "ts-microbatch-benchmark") / "results.jsonl")
     except (CorpusError, MarError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 
 from . import METRICS_YAML
 from ._cli import prog
+from .results import OutputError, claimed_dir
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # ts_microbatch/
 # What a worker runs; tools/ never is.
@@ -152,6 +153,8 @@ def write_bundle(
     relative = {k: v for k, v in keys.items() if not PurePosixPath(v).is_absolute()}
     if relative:  # resolved against the image's working directory, not the bundle's
         raise ValueError(f"config.properties names relative paths: {relative}")
+    written = ["config/config.properties", "config/metrics.yaml", f"model-store/{mar.name}"]
+    claimed_dir(out, "ts-microbatch-bundle", writes=written)  # never over a user's files
     (out / "config").mkdir(parents=True, exist_ok=True)
     (out / "model-store").mkdir(parents=True, exist_ok=True)
     shutil.copy2(mar, out / "model-store" / mar.name)
@@ -186,18 +189,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not PurePosixPath(args.mount_path).is_absolute():
         parser.error(f"--mount-path: got {args.mount_path!r}, expected an absolute path")
-    out = write_bundle(
-        args.out,
-        args.mar,
-        args.model_name,
-        args.metrics_yaml,
-        mount_path=args.mount_path,
-        batch_size=args.batch_size,
-        max_batch_delay_ms=args.max_batch_delay,
-        min_workers=args.min_workers,
-        max_workers=args.max_workers,
-        response_timeout_s=args.response_timeout,
-    )
+    try:
+        out = write_bundle(
+            args.out,
+            args.mar,
+            args.model_name,
+            args.metrics_yaml,
+            mount_path=args.mount_path,
+            batch_size=args.batch_size,
+            max_batch_delay_ms=args.max_batch_delay,
+            min_workers=args.min_workers,
+            max_workers=args.max_workers,
+            response_timeout_s=args.response_timeout,
+        )
+    except OutputError as err:
+        parser.exit(2, f"error: {err}\n")
     print(f"KServe storage layout in {out}: config/config.properties, model-store/{args.mar.name}")
     return 0
 

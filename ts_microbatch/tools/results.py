@@ -6,13 +6,22 @@ winner, because the output folder did not exist: nothing was written. A tool now
 folders before it measures anything (a path it cannot use fails at once, naming it) and
 appends each run to a ``.jsonl`` file the moment it is measured, so a crash at the end
 loses nothing but the summary, which the lines allow to rebuild.
+
+A tool that also deletes and overwrites in its output folder (the benchmark's ``store/``
+and ``servers/``, its ``results.json``) writes there only in a folder it made: given a
+non-empty ``--out`` of a user's, ``ts-microbatch-benchmark`` deleted its ``store/`` and
+``servers/`` and overwrote its ``results.json``. ``claimed_dir`` makes the folder and
+leaves a marker in it; a later run of the same tool may write there again, any other
+non-empty folder is refused before anything is touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +43,41 @@ def output_dir(path: Path, what: str = "output folder") -> Path:
         raise OutputError(f"{what} {path}: cannot create it: {exc.strerror or exc}") from exc
     if not os.access(path, os.W_OK):
         raise OutputError(f"{what} {path}: not writable")
+    return path
+
+
+MARKER = ".ts-microbatch-output"  # in a folder a tool made: which tool, so it may write again
+
+
+def claimed_dir(path: Path, tool: str, what: str = "--out", writes: Sequence[str] = ()) -> Path:
+    """``path`` as ``output_dir`` makes it, for ``tool`` to delete and overwrite in: new,
+    empty, or made by ``tool`` before (its marker says so). With ``writes`` (the files it
+    writes, relative to ``path``), a folder is another's only when one of them is already
+    there (``make kserve-bundle`` stages its .mar in the bundle's folder first).
+
+    Raises:
+        OutputError: ``path`` is another's (see above) and ``tool``'s marker is not in it;
+            nothing was touched.
+    """
+    path = Path(path)
+    marker = path / MARKER
+    made_by = None
+    if marker.is_file():
+        with contextlib.suppress(ValueError, AttributeError):
+            made_by = json.loads(marker.read_text(encoding="utf-8")).get("made_by")
+    if made_by != tool and path.is_dir():
+        found = [n for n in writes if (path / n).exists()] if writes else list(path.iterdir())
+        if found:
+            holds = f"already holds {', '.join(map(str, found))}" if writes else "is not empty"
+            whose = f"was made by {made_by}" if made_by else f"has no {MARKER} of a tool's"
+            raise OutputError(
+                f"{what} {path}: the folder {holds} and {whose}: {tool} overwrites and "
+                "deletes what it writes in its folder, so it writes only into a new or empty "
+                "folder or one it made itself; give another"
+            )
+    output_dir(path, what)
+    if made_by != tool:
+        marker.write_text(json.dumps({"made_by": tool}) + "\n", encoding="utf-8")
     return path
 
 
