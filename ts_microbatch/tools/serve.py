@@ -13,6 +13,7 @@ import sys
 import urllib.parse
 from pathlib import Path
 
+from .. import agent
 from ._cli import SAFE_BESIDE, prog
 from .processes import PidFileError, StalePidFileError
 from .server import TorchServe, TorchServeError, read_properties
@@ -49,6 +50,13 @@ def server_from_config(config: Path, model_store: Path, token_auth: bool) -> Tor
 def start(args: argparse.Namespace) -> int:
     token_auth = args.token_auth.lower() not in ("off", "false", "0", "no")
     server = server_from_config(Path(args.config), Path(args.model_store), token_auth)
+    if args.async_fix:
+        # The Java agent fixing 0.12.0's asynchronous frontend (ts_microbatch/agent/README.md),
+        # after any JVM options the config already passes.
+        if agent.missing():
+            raise TorchServeError(agent.missing() or "")
+        existing = read_properties(Path(args.config)).get("vmargs", "")
+        server.properties["vmargs"] = agent.vmargs(existing)
     try:
         server.stop()  # a server left by an earlier `make serve`
     except PidFileError as exc:  # nothing was signalled; a server still there keeps its ports
@@ -136,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         "--token-auth",
         default=os.environ.get("TOKEN_AUTH", "on"),
         help="on (default) or off; off only for a server on 127.0.0.1",
+    )
+    p.add_argument(
+        "--async-fix",
+        action="store_true",
+        help="load the agent that fixes TorchServe 0.12.0's asynchronous frontend "
+        "(vmargs=-javaagent:..., ts_microbatch/agent/README.md)",
     )
     p.set_defaults(func=start)
     sub.add_parser("stop", help="stop the TorchServe started by start").set_defaults(func=stop)
