@@ -293,6 +293,8 @@ def warn_if_async_batches_break(context: Any) -> None:
         "asyncCommunication: true: TorchServe 0.12's asynchronous frontend keeps every job "
         "in an unsynchronized map and, under load, drops the worker when that map resizes "
         "(about the 1536th request, then the 3072nd, ...; 'Unexpected job in "
-        "sendResponse()' in ts_log.log), and the requests in flight time out. Serve "
+        "sendResponse()' in ts_log.log), and the requests in flight time out. Load the "
+        "package's Java agent in the frontend (`python -m ts_microbatch.agent` prints the "
+        "config.properties line; its log says 'ts-microbatch-agent: patched') or serve "
         "production traffic on the synchronous worker (docs/continuous.md)."
     )
