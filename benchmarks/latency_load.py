@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Latency against offered load, open loop: the study behind README's latency table.
 
-    make bench-latency [WORKLOAD=compute] [ROUNDS=2] [TUNED=model-config.yaml]
-    python benchmarks/latency_load.py --workload compute --rates 30:390:60 --rounds 2 \\
+    make bench-latency [WORKLOAD=compute] [ROUNDS=3] [TUNED=model-config.yaml]
+    python benchmarks/latency_load.py --workload compute --rates 30:390:60 --rounds 3 \\
         [--tuned model-config.yaml] --out benchmarks/results/latency_load/compute
 
 A production service runs below saturation, under a latency objective: there the frontend's
@@ -25,9 +25,17 @@ without micro-batching, ``upstream`` the example's stages under upstream's ``Mic
 at micro-batch 4 (threads 1/1/1), ``ours`` the example as it ships (length order, a token
 budget of 2048); its objective is P99 within 250 ms.
 
-Every model keeps batchSize 32 unless tuned. report.md gives, per variant, the highest rate
-held with P99 within ``--slo-p99-ms`` (nothing lost), the P99 at 25/50/75% of ours' capacity
-(the most ``ours-w50`` answered per second in any point), and the ratios the issue set.
+Every model keeps batchSize 32 unless tuned. Each point lasts ``--rate-seconds`` and at
+least ``--min-answers`` requests (1,500: a P99 with 15 answers above it), and is run once
+more when other processes took CPU meanwhile (ts_microbatch.tools.busy). The generator asks
+for niceness ``--nice`` (-10 unless given: this study runs on a machine of its own, where a
+generator ahead of the server keeps its schedule; beside a TorchServe that serves others it
+would take their cores, so the tools never do it unasked), and report.md says at what
+niceness it ran. report.md gives, per variant and round, the highest rate held with P99
+within ``--slo-p99-ms`` (nothing lost), the P99 with its 95% interval at 25/50/75% of ours'
+capacity (the most ``ours-w50`` answered per second in any point), the ratios of rates
+held the issue set, and P99 at equal offered load, ours' best against upstream's and
+plain's best, called a win or a loss only when the ratio's interval excludes 1.
 """
 
 from __future__ import annotations
@@ -49,9 +57,16 @@ import compare  # noqa: E402
 import text_lengths  # noqa: E402
 
 from ts_microbatch.tools.corpus import Corpus, read_corpus  # noqa: E402
-from ts_microbatch.tools.curves import CurveSender, parse_rates, sustained, write_curves  # noqa: E402
+from ts_microbatch.tools.curve_report import (  # noqa: E402
+    compare_curves,
+    format_comparisons,
+    write_curves,
+)
+from ts_microbatch.tools.curves import CurveSender, parse_rates, sustained  # noqa: E402
+from ts_microbatch.tools.intervals import MIN_ANSWERS  # noqa: E402
 from ts_microbatch.tools.mar import override_mar  # noqa: E402
 from ts_microbatch.tools.measure import measure  # noqa: E402
+from ts_microbatch.tools.openloop import GENERATOR_NICE  # noqa: E402
 from ts_microbatch.tools.rounds import round_order  # noqa: E402
 from ts_microbatch.tools.variants import PLAIN_OVERRIDE  # noqa: E402
 
@@ -99,14 +114,40 @@ def capacity(rows: list[dict[str, Any]], name: str) -> float:
     )
 
 
-def p99_near(rows: list[dict[str, Any]], name: str, rate: float) -> float | None:
-    """The median over rounds of P99 at the offered rate nearest ``rate``."""
-    points = [p for r in rows if r["handler"] == name for p in r["curve"]]
+def p99_near(rows: list[dict[str, Any]], name: str, rate: float) -> str:
+    """Each round's P99 with its 95% interval at the offered rate nearest ``rate``, ms, in
+    round order ("-": that round stopped before it); "-" when ``name`` has no point."""
+    runs = sorted((r for r in rows if r["handler"] == name), key=lambda r: r["repeat"])
+    points = [p for r in runs for p in r["curve"]]
     if not points:
-        return None
+        return "-"
     nearest = min({p["offered_per_s"] for p in points}, key=lambda offered: abs(offered - rate))
-    values = sorted(p["p99_ms"] for p in points if p["offered_per_s"] == nearest)
-    return values[len(values) // 2]
+
+    def shown(run: dict[str, Any]) -> str:
+        p = next((p for p in run["curve"] if p["offered_per_s"] == nearest), None)
+        if p is None:
+            return "-"
+        if "p99_low_ms" not in p:
+            return f"{p['p99_ms']:.0f}"
+        return f"{p['p99_ms']:.0f} [{p['p99_low_ms']:.0f}, {p['p99_high_ms']:.0f}]"
+
+    return f"{nearest:g}/s: " + " · ".join(shown(run) for run in runs)
+
+
+def best(names: list[str], median: dict[tuple[str, float], float], prefix: str, slo: float) -> str:
+    """The variant of a family (``prefix``) that held the most within ``slo`` (median over
+    rounds of each round's rate held); "" when the family was not run."""
+    family = [n for n in names if n.startswith(prefix)]
+    return max(family, key=lambda n: median[n, slo], default="")
+
+
+def equal_load_pairs(
+    names: list[str], median: dict[tuple[str, float], float], slo: float
+) -> list[tuple[str, str]]:
+    """Ours at its best against upstream's and plain's best (rates held within ``slo``)."""
+    ours = best(names, median, "ours-", slo)
+    others = [best(names, median, family, slo) for family in ("upstream-", "plain-")]
+    return [(ours, other) for other in others if ours and other]
 
 
 def overload_table(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
@@ -140,7 +181,7 @@ def report(
         for n in names
         for slo in slos
     }
-    median = {key: v[len(v) // 2] if v else 0.0 for key, v in held.items()}
+    median = {(n, slo): _median_held(rows, n, slo) for n in names for slo in slos}
     shipped = f"ours-w{SHIPPED_WINDOW}"
     reference = (
         shipped
@@ -153,19 +194,26 @@ def report(
     )
     ours_capacity = capacity(rows, reference)
     within = " | ".join(f"held within P99 {slo:g} ms, req/s (median; per round)" for slo in slos)
+    niceness = sorted({p.get("generator_nice") for r in rows for p in r["curve"]} - {None})
+    asked = info.get("nice")
+    nice = (
+        f"the generator asked for niceness {asked} and ran at {', '.join(map(str, niceness))}"
+        if asked is not None
+        else "the generator at its own priority"
+    )
     lines = [
         f"# Latency against offered load: {info['label']}, open loop",
         "",
-        f"{info['rounds']} rounds (seed {info['seed']}), {info['seconds']} s a rate, "
-        f"2 cores; ours' capacity (most answered/s of {reference}): "
-        f"{ours_capacity:.0f} req/s.",
+        f"{info['rounds']} rounds (seed {info['seed']}), {info['seconds']} s a rate and at "
+        f"least {info.get('min_answers', 50)} requests, 2 cores; {nice}; ours' capacity (most "
+        f"answered/s of {reference}): {ours_capacity:.0f} req/s.",
         "",
-        f"| variant | {within} | P99 at 25% / 50% / 75% of ours' capacity, ms |",
+        f"| variant | {within} | P99 at 25% / 50% / 75% of ours' capacity, ms, "
+        "each round [95% interval] |",
         "|---|" + "---|" * (len(slos) + 1),
     ]
     for name in names:
-        at = [p99_near(rows, name, f * ours_capacity) for f in (0.25, 0.5, 0.75)]
-        shown = " / ".join("-" if v is None else f"{v:.0f}" for v in at)
+        shown = " / ".join(p99_near(rows, name, f * ours_capacity) for f in (0.25, 0.5, 0.75))
         cells = " | ".join(
             f"**{median[name, slo]:g}** ({', '.join(f'{v:g}' for v in held[name, slo])})"
             for slo in slos
@@ -173,16 +221,21 @@ def report(
         lines.append(f"| {name} | {cells} | {shown} |")
     lines.append("")
 
-    def best(prefix: str, slo: float) -> float:
-        return max((median[n, slo] for n in names if n.startswith(prefix)), default=0.0)
-
     for slo in slos:
-        ours, upstream, plain = (best(p, slo) for p in ("ours-", "upstream-", "plain-"))
+        ours, upstream, plain = (
+            median.get((best(names, median, p, slo), slo), 0.0)
+            for p in ("ours-", "upstream-", "plain-")
+        )
         lines.append(
             f"Within P99 {slo:g} ms, ours at its best against upstream at its best window: "
             f"{ours / upstream if upstream else float('inf'):.2f}x; against plain: "
             f"{ours / plain if plain else float('inf'):.2f}x (rates held)."
         )
+    pairs = equal_load_pairs(names, median, slos[0])
+    if pairs:
+        lines += ["", "P99 at equal offered load, each family at its best within P99 "
+                  f"{slos[0]:g} ms (95% bootstrap interval; a win or a loss only when it "
+                  "excludes 1):", "", format_comparisons(compare_curves(rows, pairs))]  # fmt: skip
     if info.get("max_latency_ms") is not None:
         lines += ["", f"With max_latency_ms {info['max_latency_ms']:g} (continuous):", ""]
         lines += overload_table(rows, names)
@@ -194,7 +247,22 @@ def main() -> None:
     parser.add_argument("--workload", choices=tuple(WORKLOADS), default="compute")
     parser.add_argument("--rates", type=parse_rates, help="default: the workload's")
     parser.add_argument("--rate-seconds", type=float, default=5.0)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--min-answers",
+        type=int,
+        default=MIN_ANSWERS,
+        help="requests a point offers at least, whatever --rate-seconds (default %(default)s: "
+        "a P99 with 15 answers above it)",
+    )
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=GENERATOR_NICE,
+        help="the generator's niceness during each point (default %(default)s, when allowed: "
+        "ahead of the server it measures, which this study wants on a machine of its own; "
+        "beside a TorchServe that serves others it takes their cores; 0 leaves it alone)",
+    )
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slo-p99-ms", type=float, help="default: the workload's")
     parser.add_argument("--windows", default="plain:5,50;upstream:5,20,50;ours:5,50")
@@ -294,7 +362,10 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
                 "requests": 1,
                 "workers": 1,
             }
-            sender = CurveSender(corpus, args.rates, args.rate_seconds, 64, print, args.seed)
+            sender = CurveSender(
+                corpus, args.rates, args.rate_seconds, 64, print, args.seed,
+                min_answers=args.min_answers, nice=args.nice,
+            )  # fmt: skip
             label = f"[round {round_no + 1}/{args.rounds}] {name}"
             print(f"{label}: starting TorchServe", flush=True)
             result = measure(
@@ -323,6 +394,11 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
     write_report(args, rows, {n: v[1] for n, v in chosen.items()})
 
 
+def _median_held(rows: list[dict[str, Any]], name: str, slo: float) -> float:
+    held = sorted(sustained(r["curve"], slo) for r in rows if r["handler"] == name)
+    return held[len(held) // 2] if held else 0.0
+
+
 def write_report(
     args: argparse.Namespace, rows: list[dict[str, Any]], served: dict[str, Any] | None = None
 ) -> None:
@@ -335,6 +411,8 @@ def write_report(
         "rounds": args.rounds,
         "seed": args.seed,
         "seconds": args.rate_seconds,
+        "min_answers": args.min_answers,
+        "nice": args.nice,
         "variants": served,
         "max_latency_ms": getattr(args, "max_latency_ms", None),
     }
@@ -342,8 +420,10 @@ def write_report(
         info = json.loads((args.out / "plan.json").read_text())
         info.setdefault("label", WORKLOADS[info["workload"]]["label"])
     names = list(dict.fromkeys([*(info["variants"] or {}), *(row["handler"] for row in rows)]))
-    write_curves(args.out, rows, args.slo_p99_ms, info["label"])
     text = report(rows, names, args.slos, info)
+    held = {(n, args.slos[0]): _median_held(rows, n, args.slos[0]) for n in names}
+    pairs = equal_load_pairs(names, held, args.slos[0])
+    write_curves(args.out, rows, args.slo_p99_ms, info["label"], pairs)
     (args.out / "report.md").write_text(text)
     if served is not None:
         (args.out / "plan.json").write_text(json.dumps(info, indent=2, default=str) + "\n")

@@ -23,6 +23,7 @@ def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> Non
     out = tmp_path / "run"
     argv = ["--mar", str(mar), "--body", str(body), "--rounds", "1", "--batch-size", "4"]
     argv += ["--warmup-requests", "8", "--rates", "10,20", "--rate-seconds", "3"]
+    argv += ["--min-answers", "50"]  # a smoke run: 1,500 a rate would take minutes
     argv += ["--variant", 'w5={"maxBatchDelay": 5}']  # the frontend's window, this variant
     assert benchmark.main([*argv, "--slo-p99-ms", "5000", "--out", str(out)]) == 0
     runs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -37,8 +38,13 @@ def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> Non
         assert [p["offered_per_s"] for p in points] == [10, 20]
         assert [p["requests"] for p in points] == [50, 60]
         assert all(p["errors"] == 0 and p["timeouts"] == 0 for p in points)
-    medians = json.loads((out / "curves.json").read_text())["medians"]
-    assert set(medians) == {"plain", "ours", "w5"}
+    saved = json.loads((out / "curves.json").read_text())
+    assert {run["handler"] for run in saved["runs"]} == {"plain", "ours", "w5"}
+    # P99 at equal offered load against the baseline, with an interval and a call.
+    compared = {(c["comparison"], c["offered_per_s"]) for c in saved["comparisons"]}
+    assert compared == {(f"{v} / plain", rate) for v in ("ours", "w5") for rate in (10, 20)}
+    assert all(c["low"] <= c["ratio"] <= c["high"] for c in saved["comparisons"])
+    assert all("other_cpu_cores" in p for points in curves.values() for p in points)
     variants = json.loads((out / "results.json").read_text())["variants"]
     assert variants["w5"]["frontend"] == {"batchSize": 4, "maxBatchDelay": 5}
     assert variants["ours"]["frontend"]["maxBatchDelay"] != 5

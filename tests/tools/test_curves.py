@@ -3,12 +3,13 @@ curve, the plot (ts_microbatch.tools.curves)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ts_microbatch.tools import curves
+from ts_microbatch.tools import curve_report, curves
 
 
 def row(offered: float, achieved: float, p99: float, **extra: Any) -> dict[str, Any]:
@@ -41,6 +42,9 @@ def test_bad_rates_are_refused_naming_the_option(text: str) -> None:
 
 
 class FakeResult:
+    other_cpu_cores = float("nan")  # not measured
+    busy_retried_cores = None
+
     def __init__(self, summary: dict[str, Any]) -> None:
         self._summary = summary
 
@@ -59,7 +63,7 @@ def test_the_sweep_stops_one_rate_after_the_model_fell_behind(
         return FakeResult(row(rate, min(rate, capacity), 50 if rate <= capacity else 5000))
 
     monkeypatch.setattr(curves, "run_open_loop", fake_run)
-    results = curves.sweep("http://x/", [b"a"], [50, 90, 200, 400, 800],
+    results = curves.sweep("http://x/", [b"a"], [50, 90, 200, 400, 800], meter=None,
                            requests_per_rate=lambda rate: int(rate * 2))  # fmt: skip
     rows = [result.summary() for result in results]
     assert [r["offered_per_s"] for r in rows] == [50, 90, 200, 400]  # 200 behind, 400 shown
@@ -75,13 +79,16 @@ def test_the_objective_is_read_as_the_highest_rate_held_without_loss() -> None:
     assert curves.sustained(rows, 10) == 0
 
 
-def test_the_plot_has_every_variant(tmp_path: Path) -> None:
-    data = {"plain": [row(50, 50, 300), row(100, 60, float("inf"))],
-            "ours": [row(50, 50, 60), row(100, 100, 70)]}  # fmt: skip
-    path = curves.plot(data, tmp_path / "out" / "p99.png", slo_p99_ms=100)
+def test_the_plot_draws_every_round_of_every_variant(tmp_path: Path) -> None:
+    runs = [
+        {"handler": "plain", "repeat": 1, "curve": [row(50, 50, 300), row(100, 60, float("inf"))]},
+        {"handler": "ours", "repeat": 1, "curve": [row(50, 50, 60), row(100, 100, 70)]},
+        {"handler": "ours", "repeat": 2, "curve": [row(50, 50, 65)]},
+    ]
+    path = curve_report.plot(runs, tmp_path / "out" / "p99.png", slo_p99_ms=100)
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = curves.format_curves(data, 100)
-    assert "**ours**, holds 100 req/s within P99 100 ms" in table
+    table = curve_report.format_curves(runs, 100)
+    assert "**ours**, holds 100, 50 req/s within P99 100 ms (round by round)" in table
     assert "**plain**, holds 0 req/s" in table
 
 
@@ -91,3 +98,129 @@ def test_a_point_is_behind_when_its_queue_grows_or_answers_fall_short() -> None:
     assert curves.behind(row(100, 80, 80))
     assert not curves.behind(row(100, 80, 80, realized_per_s=85))  # the draw was slow
     assert not curves.sustained([row(100, 99, 80, queue_growth_ms=400)], 100)
+
+
+def test_a_p99_of_a_few_seconds_a_rate_rests_on_enough_answers() -> None:
+    # 5 s at 4 req/s was 20 answers: their maximum was the P99. A point now lasts until it
+    # has 1,500, or longer when the seconds configured give more.
+    assert curves.requests_for(4, 5) == 1500
+    assert curves.requests_for(390, 5) == 1950
+    assert curves.requests_for(4, 5, min_answers=50) == 50
+
+
+class FakeMeter:
+    """ts_microbatch.tools.busy.OtherCpu with readings given: each start/stop pair returns
+    the next of ``cores``."""
+
+    def __init__(self, cores: list[float]) -> None:
+        self.cores = cores
+        self.started = 0
+
+    def __call__(self) -> FakeMeter:
+        return self
+
+    def start(self) -> None:
+        self.started += 1
+
+    def stop(self) -> float:
+        return self.cores.pop(0)
+
+
+def fake_sweep(monkeypatch: pytest.MonkeyPatch, meter: FakeMeter, rates: list[float]) -> Any:
+    seeds: list[int] = []
+
+    class Result(FakeResult):
+        def summary(self) -> dict[str, Any]:
+            return {**super().summary(), "other_cpu_cores": self.other_cpu_cores,
+                    "busy": self.other_cpu_cores > 0.1, "busy_retried_cores":
+                    self.busy_retried_cores}  # fmt: skip
+
+    def fake_run(url: str, bodies: Any, rate: float, count: int, **kw: Any) -> Result:
+        seeds.append(kw["seed"])
+        return Result(row(rate, rate, 50))
+
+    monkeypatch.setattr(curves, "run_open_loop", fake_run)
+    results = curves.sweep("http://x/", [b"a"], rates, requests_per_rate=10, meter=meter)
+    return [r.summary() for r in results], seeds
+
+
+def test_busy_run_a_point_others_took_cpu_during_is_run_once_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Others used 0.5 cores during the first try at 20 req/s, then 0.02.
+    meter = FakeMeter([0.01, 0.5, 0.02])
+    rows, seeds = fake_sweep(monkeypatch, meter, [10, 20])
+    assert meter.started == 3 and len(seeds) == 3  # the scenario: 20 req/s ran twice
+    assert seeds[1] != seeds[2]  # a new draw, not the same arrivals again
+    assert [r["busy"] for r in rows] == [False, False]
+    assert rows[1]["busy_retried_cores"] == 0.5 and rows[0]["busy_retried_cores"] is None
+
+
+def test_busy_run_busy_twice_is_kept_flagged_and_not_run_a_third_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    meter = FakeMeter([0.3, 0.4])
+    rows, seeds = fake_sweep(monkeypatch, meter, [10])
+    assert len(seeds) == 2 and meter.cores == []
+    assert rows[0]["busy"] and rows[0]["other_cpu_cores"] == 0.4
+    assert rows[0]["busy_retried_cores"] == 0.3
+
+
+def test_others_cpu_is_the_machines_busy_time_less_ours_over_the_run() -> None:
+    from ts_microbatch.tools.busy import OtherCpu, busy
+
+    readings = {"machine": [100.0, 103.0], "ours": [40.0, 41.5], "clock": [0.0, 10.0]}
+    meter = OtherCpu(*(lambda k=k: readings[k].pop(0) for k in ("machine", "ours", "clock")))
+    meter.start()
+    cores = meter.stop()
+    assert cores == pytest.approx(0.15)  # (3.0 - 1.5) s over 10 s
+    assert busy(cores) and not busy(0.05) and not busy(float("nan"))
+
+
+def latency_point(offered: float, latencies: list[float]) -> dict[str, Any]:
+    ordered = sorted(latencies)
+    return {**row(offered, offered, ordered[int(0.99 * len(ordered))]),
+            "latencies_ms": latencies}  # fmt: skip
+
+
+def draws(seed: int, scale: float, n: int = 1500) -> list[float]:
+    import random
+
+    rng = random.Random(seed)
+    return [scale * rng.expovariate(1.0) for _ in range(n)]
+
+
+def test_p99_is_compared_at_equal_load_and_called_only_when_the_interval_says_so() -> None:
+    runs = []
+    for n in (1, 2):  # ours: half plain's latency at 10 req/s, the same at 20
+        plain = [latency_point(10, draws(n, 100)), latency_point(20, draws(n + 10, 100))]
+        ours = [latency_point(10, draws(n + 20, 50)), latency_point(20, draws(n + 30, 100))]
+        runs.append({"handler": "plain", "repeat": n, "curve": plain})
+        runs.append({"handler": "ours", "repeat": n, "curve": ours})
+    found = curve_report.compare_curves(runs, [("ours", "plain")])
+    assert [(c["offered_per_s"], c["call"]) for c in found] == [(10, "win"), (20, "no difference")]
+    assert found[0]["high"] < 1 and found[1]["low"] <= 1 <= found[1]["high"]
+    assert all(c["pooled"] and c["all_rounds"] and c["rounds"] == [1, 2] for c in found)
+    text = curve_report.format_comparisons(found)
+    assert "ours / plain at 10 req/s offered: P99 0.5" in text and "**win**" in text
+    assert "**no difference**" in text and "throughput" not in text
+
+
+def test_median_over_rounds_that_reached_different_points_a_point_only_some_reached_is_marked(
+    tmp_path: Path,
+) -> None:
+    # Round 1 reached 30 req/s, round 2 stopped at 20: the 30 req/s line is round 1's
+    # alone, and says so; no figure is a median over the rounds.
+    runs = [
+        {"handler": "ours", "repeat": 1,
+         "curve": [row(10, 10, 40), row(20, 20, 60), row(30, 30, 90)]},
+        {"handler": "ours", "repeat": 2, "curve": [row(10, 10, 44), row(20, 15, 900)]},
+    ]  # fmt: skip
+    table = curve_report.write_curves(tmp_path, runs, None)
+    lines = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| ")}
+    assert "| all | 10.0 · 10.0 | 40 · 44 |" in lines["| 10"]
+    assert "| only 1 of 2 † | 30.0 · - | 90 · - |" in lines["| 30"]
+    assert "† a rate only those rounds reached" in table
+    saved = json.loads((tmp_path / "curves.json").read_text())
+    assert "medians" not in saved and len(saved["runs"]) == 2
+    assert (tmp_path / "p99.png").exists()

@@ -61,3 +61,34 @@ def test_each_workload_has_rates_and_an_objective_and_text_is_250_ms() -> None:
         assert spec["rates"] and spec["slo_p99_ms"] > 0
     assert study.WORKLOADS["text"]["slo_p99_ms"] == 250.0
     assert study.WORKLOADS["resnet18"]["rates"] == "4:40:4"
+
+
+def test_p99_near_a_load_shows_every_round_and_the_round_that_stopped_before_it() -> None:
+    rows = [run("ours-w5", 1, [50, 90, 200]), run("ours-w5", 2, [60, 95])]
+    rows[0]["curve"][2].update(p99_low_ms=180.0, p99_high_ms=230.0)
+    # The old figure was the median of the rounds that reached the rate: round 1's alone.
+    assert study.p99_near(rows, "ours-w5", 29.0) == "30/s: 200 [180, 230] · -"
+
+
+def test_the_report_compares_p99_at_equal_load_with_an_interval_and_says_the_niceness() -> None:
+    import random
+
+    def latencies(seed: int, scale: float) -> list[float]:
+        rng = random.Random(seed)
+        return [scale * rng.expovariate(1.0) for _ in range(1500)]
+
+    rows = []
+    for n in (1, 2, 3):
+        for name, scale, p99s in (("ours-w5", 20.0, [50, 90]), ("upstream-w5", 60.0, [300, 400])):
+            row = run(name, n, p99s)
+            for i, p in enumerate(row["curve"]):
+                p["latencies_ms"] = latencies(10 * n + i + (0 if name[0] == "o" else 5), scale)
+                p["generator_nice"] = -10
+            rows.append(row)
+    info = {"label": "x", "rounds": 3, "seed": 0, "seconds": 5.0, "min_answers": 1500,
+            "nice": -10}  # fmt: skip
+    text = study.report(rows, ["upstream-w5", "ours-w5"], [100.0], info)
+    assert "at least 1500 requests" in text
+    assert "the generator asked for niceness -10 and ran at -10" in text
+    assert "ours-w5 / upstream-w5 at 10 req/s offered: P99 0.3" in text
+    assert text.count("**win**") == 2 and "throughput" not in text

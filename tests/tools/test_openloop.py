@@ -179,15 +179,37 @@ def test_a_refused_connection_is_no_answer_not_a_crash() -> None:
     assert result.percentile_ms(50) == float("inf")
 
 
-def test_the_generator_runs_ahead_of_the_server_and_restores_its_priority(
+def test_the_generator_reniced_itself_by_default_its_priority_is_left_alone_unless_asked(
+    server: LoopbackServer,
+) -> None:
+    # As root the generator used to take niceness -10 for every run, ahead of any TorchServe
+    # on the machine, production or not. Now only a run that asks for it does.
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    result = run_open_loop(f"http://127.0.0.1:{server.port}/", [b"a"], rate_per_s=200.0, count=20)
+    assert server.requests == 20  # the scenario: the run happened
+    assert result.nice == before and result.summary()["generator_nice"] == before
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
+def test_a_run_that_asks_for_a_niceness_runs_at_it_and_restores_its_priority(
     server: LoopbackServer,
 ) -> None:
     before = os.getpriority(os.PRIO_PROCESS, 0)
-    result = run_open_loop(f"http://127.0.0.1:{server.port}/", [b"a"], rate_per_s=200.0, count=20)
+    url = f"http://127.0.0.1:{server.port}/"
+    result = run_open_loop(url, [b"a"], rate_per_s=200.0, count=20, nice=GENERATOR_NICE)
     assert os.getpriority(os.PRIO_PROCESS, 0) == before
     allowed = os.geteuid() == 0  # root may raise it (CAP_SYS_NICE); others run as they are
     assert result.nice == (min(GENERATOR_NICE, before) if allowed else before)
     assert result.summary()["generator_nice"] == result.nice
+
+
+def test_a_point_reports_its_p99_with_an_interval_and_the_answers_that_carry_it(
+    server: LoopbackServer,
+) -> None:
+    url = f"http://127.0.0.1:{server.port}/"
+    summary = run_open_loop(url, [b"a"], rate_per_s=400.0, count=200).summary()
+    assert summary["answers"] == 200
+    assert summary["p99_low_ms"] <= summary["p99_ms"] <= summary["p99_high_ms"]
 
 
 def test_a_growing_queue_shows_in_the_last_quarter_and_achieved_counts_the_offered_span() -> None:

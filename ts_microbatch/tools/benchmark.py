@@ -31,8 +31,10 @@ from typing import Any
 
 from ._cli import SAFE_BESIDE, prog
 from .corpus import Corpus, CorpusError, read_corpus
-from .curves import CurveSender, parse_rates, write_curves
+from .curve_report import compare_curves, held_lines, write_curves
+from .curves import CurveSender, parse_rates
 from .drive import send_corpus
+from .intervals import MIN_ANSWERS
 from .mar import MarError, override_mar, read_entries, settings_of
 from .measure import RegistrationError, Send, measure
 from .results import ResultsLog, claimed_dir
@@ -110,6 +112,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rate-seconds", type=float, default=5.0, help="seconds of requests per rate"
     )
     curve.add_argument(
+        "--min-answers",
+        type=int,
+        default=MIN_ANSWERS,
+        help="requests per rate at least (default %(default)s: 15 answers above a P99)",
+    )
+    curve.add_argument(
+        "--nice",
+        type=int,
+        help="the load generator's niceness (e.g. -10): it then takes CPU ahead of every "
+        "TorchServe on the machine, a production one too (default: left alone)",
+    )
+    curve.add_argument(
         "--slo-p99-ms", type=float, help="report the highest rate each variant holds within it"
     )
 
@@ -129,7 +143,10 @@ def curve_sender(args: argparse.Namespace, corpus: Corpus, concurrency: int) -> 
     """With ``--rates``: each run's load is an open-loop sweep over them (warm-up as usual)."""
     if not getattr(args, "rates", None):
         return None
-    return CurveSender(corpus, args.rates, args.rate_seconds, concurrency, log, args.seed or 0)
+    return CurveSender(
+        corpus, args.rates, args.rate_seconds, concurrency, log, args.seed or 0,
+        min_answers=args.min_answers, nice=args.nice,
+    )  # fmt: skip
 
 
 def frontend_of(args: argparse.Namespace, mar: Path) -> dict[str, int]:
@@ -362,7 +379,10 @@ def report(
     reference = BASELINE if BASELINE in names else AS_PACKAGED
     pairs = [(name, reference) for name in names if name != reference]
     middle = medians(rows, load_tag)
-    comparisons = compare_rounds(rows, pairs, load_tag)
+    curve = any(row.get("curve") for row in rows)
+    # --rates: the variants are compared by P99 at equal offered load, with an interval;
+    # a sweep's throughput is the schedule's, the same for every variant.
+    comparisons = compare_curves(rows, pairs) if curve else compare_rounds(rows, pairs, load_tag)
     warnings = cpu_drift(rows)
     orders: dict[int, list[str]] = {}
     for row in sorted(rows, key=lambda r: (r["repeat"], r["position"])):
@@ -401,17 +421,17 @@ def report(
     (out / "comparisons.json").write_text(json.dumps(comparisons, indent=2) + "\n")
     print(f"\nbody: {corpus.label}\n" + format_table(middle))
     print(f"\nevery run (rounds shuffled with seed {args.seed}):\n" + format_runs(rows))
-    if comparisons:
+    if comparisons and not curve:
         print("\n" + format_comparisons(comparisons))
     for warning in warnings:
         print(f"\nWARNING {warning}")
     for name, why in refused.items():
         print(f"\n{name}: not measured: {why.splitlines()[0]}")
-    if any(row.get("curve") for row in rows):
+    if curve:
         title = f"{Path(args.mar).name}, {corpus.label}"
-        print("\nlatency against offered load (open loop, medians over rounds):\n")
-        print(write_curves(out, rows, args.slo_p99_ms, title))
-        print(f"\n{out / 'p99.png'}")
+        print("\nlatency against offered load (open loop, every round):\n")
+        print(write_curves(out, rows, args.slo_p99_ms, title, pairs))
+        print(f"\n{out / 'p99.png'}\n\n" + held_lines(rows, names, args.slo_p99_ms))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,31 +2,36 @@
 
 For one served model, ``sweep`` offers rising request rates (``ts_microbatch.tools.
 openloop``: Poisson arrivals sent on schedule) and records, per rate, what was achieved, the
-latency percentiles from each request's scheduled time, errors, timeouts and late sends.
-It stops one rate after the model fell behind (achieved under ``FELL_BEHIND`` of offered,
-or a P99 over ``GAVE_UP_P99_MS``): past saturation every point says the same thing, and each
-costs a queue's worth of waiting. ``sustained`` reads a latency objective off the curve (the
-highest rate held with its P99 within it, nothing lost), and ``plot`` draws every variant's
-P99 against offered load on one PNG.
+latency percentiles from each request's scheduled time (P99 with its bootstrap interval and
+the answers that carry it), errors, timeouts and late sends. Each point lasts long enough
+for its P99 (``requests_for``: at least ``min_answers`` requests, 1,500 by the tools'
+default, whatever the seconds configured) and the CPU other processes used meanwhile is
+measured (ts_microbatch.tools.busy): a point past ``BUSY_CORES`` is run once more.
+
+The stop rule (``behind``): a point is past the model's capacity when its queue grew
+through the run (the last quarter's median latency more than ``QUEUE_GROWTH_MS`` over the
+first quarter's), when fewer than ``FELL_BEHIND`` of the requests drawn were answered, or
+when P99 passed ``GAVE_UP_P99_MS``. The sweep keeps one point past it, then stops: past
+saturation every point says the same thing, and each costs a queue's worth of waiting.
+``sustained`` reads a latency objective off a curve (the highest rate held with its P99
+within it, nothing lost); the tables, comparisons and the plot are in
+ts_microbatch.tools.curve_report.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import statistics
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .busy import BUSY_CORES, OtherCpu
 from .corpus import Corpus
 from .drive import send_corpus, summarize
+from .intervals import MIN_ANSWERS
 from .openloop import OpenLoopResult, run_open_loop
 
-# Past the model's capacity the queue grows through a run: the last quarter's median latency
-# is this much over the first quarter's (or fewer than FELL_BEHIND of the requests drawn
-# were answered, or P99 passed GAVE_UP_P99_MS). One more point is kept to show it, then the
-# sweep stops.
+# The stop rule (the module's docstring): any one of these three is past capacity.
 QUEUE_GROWTH_MS = 100.0
 FELL_BEHIND = 0.9
 GAVE_UP_P99_MS = 10_000.0
@@ -66,6 +71,13 @@ def parse_rates(text: str) -> list[float]:
     return rates
 
 
+def requests_for(rate: float, seconds: float, min_answers: int = MIN_ANSWERS) -> int:
+    """Requests a point at ``rate`` offers: ``seconds`` of them, and at least
+    ``min_answers`` (a P99 needs 1,500 to carry 15 answers above it: at 4 req/s that is
+    375 s, not 5 s)."""
+    return max(1, min_answers, math.ceil(rate * seconds))
+
+
 def sweep(
     url: str,
     bodies: Sequence[bytes],
@@ -76,18 +88,37 @@ def sweep(
     seed: int = 0,
     timeout_s: float = 60.0,
     progress: Callable[[dict[str, Any]], None] | None = None,
+    nice: int | None = None,
+    meter: Callable[[], OtherCpu] | None = OtherCpu,
+    busy_cores: float = BUSY_CORES,
 ) -> list[OpenLoopResult]:
     """One result per rate offered, rising, until one past the point where the model fell
-    behind. ``requests_per_rate``: a count, or one per rate (so that every point lasts about
-    as long)."""
+    behind (``behind``). ``requests_per_rate``: a count, or one per rate (``requests_for``).
+    ``nice``: the generator's niceness (openloop.run_open_loop; None leaves it alone).
+    ``meter`` measures the CPU others used during each point; a point where they used more
+    than ``busy_cores`` is run once more (its first reading kept as ``busy_retried_cores``)
+    and, busy again, kept flagged (``busy`` in its summary)."""
     results: list[OpenLoopResult] = []
     past = False
     for index, rate in enumerate(rates):
         count = requests_per_rate(rate) if callable(requests_per_rate) else requests_per_rate
-        result = run_open_loop(
-            url, bodies, rate, max(1, count), seed=seed + index, headers=headers,
-            timeout_s=timeout_s,
-        )  # fmt: skip
+        tries = 0
+        first_cores: float | None = None
+        while True:
+            other = meter() if meter is not None else None
+            if other is not None:
+                other.start()
+            result = run_open_loop(
+                url, bodies, rate, max(1, count), seed=seed + index + 1000 * tries,
+                headers=headers, timeout_s=timeout_s, nice=nice,
+            )  # fmt: skip
+            if other is not None:
+                result.other_cpu_cores = other.stop()
+            result.busy_retried_cores = first_cores
+            tries += 1
+            if tries > 1 or not result.other_cpu_cores > busy_cores:
+                break
+            first_cores = result.other_cpu_cores
         results.append(result)
         row = result.summary()
         if progress is not None:
@@ -102,7 +133,10 @@ class CurveSender:
     """A ``measure.Send`` for the benchmark's ``--rates``: the warm-up from parallel
     clients as usual, the measured run a sweep over ``rates`` on the same server (the
     curve rides in the summary under ``"curve"``; the summary's own figures are over every
-    request of the sweep, latency from each one's scheduled send)."""
+    request of the sweep, latency from each one's scheduled send). Each point offers
+    ``requests_for(rate, seconds_per_rate, min_answers)`` requests; the sweep's ``nice``
+    and busy-machine check are ``sweep``'s. Each curve point keeps its latencies
+    (``latencies_ms``, None for no answer) for the ratios between variants."""
 
     def __init__(
         self,
@@ -112,6 +146,9 @@ class CurveSender:
         concurrency: int,
         log: Callable[[str], None],
         seed: int = 0,
+        *,
+        min_answers: int = 50,
+        nice: int | None = None,
     ) -> None:
         self.corpus = corpus
         self.rates = list(rates)
@@ -119,6 +156,8 @@ class CurveSender:
         self.concurrency = concurrency
         self.log = log
         self.seed = seed
+        self.min_answers = min_answers
+        self.nice = nice
 
     def __call__(
         self, url: str, token: str | None, requests: int, work: Path, label: str
@@ -133,12 +172,18 @@ class CurveSender:
         def progress(row: dict[str, Any]) -> None:
             self.log(
                 f"  {label}: {row['offered_per_s']:g}/s offered, {row['achieved_per_s']:.1f} "
-                f"answered, P99 {row['p99_ms']:.0f} ms, {row['late_sends']} late sends"
+                f"answered, P99 {row['p99_ms']:.0f} ms [{row['p99_low_ms']:.0f}, "
+                f"{row['p99_high_ms']:.0f}] of {row['requests']}, {row['late_sends']} late "
+                f"sends, others used {row['other_cpu_cores']:.2f} cores"
+                + (" (BUSY)" if row["busy"] else "")
             )
 
         results = sweep(
             url, bodies, self.rates, headers=headers, seed=self.seed, progress=progress,
-            requests_per_rate=lambda rate: max(50, int(rate * self.seconds_per_rate)),
+            requests_per_rate=lambda rate: requests_for(
+                rate, self.seconds_per_rate, self.min_answers
+            ),
+            nice=self.nice,
         )  # fmt: skip
         every = [
             (s.status, math.inf if s.latency_s is None else 1000 * s.latency_s)
@@ -148,39 +193,10 @@ class CurveSender:
         summary, latency = summarize(
             every, sum(r.elapsed_s for r in results), sum(r.cpu_s for r in results)
         )
-        summary["curve"] = [result.summary() for result in results]
-        return summary, latency
-
-
-def median_curves(runs: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Per variant (``handler``), per offered rate: the median over rounds of each figure."""
-    points: dict[str, dict[float, list[dict[str, Any]]]] = {}
-    for run in runs:
-        for row in run.get("curve") or ():
-            points.setdefault(run["handler"], {}).setdefault(row["offered_per_s"], []).append(row)
-    return {
-        name: [
-            {key: statistics.median(r[key] for r in rows) for key in rows[0]}
-            for _, rows in sorted(by_rate.items())
+        summary["curve"] = [
+            {**result.summary(), "latencies_ms": stored_latencies(result)} for result in results
         ]
-        for name, by_rate in points.items()
-    }
-
-
-def write_curves(
-    out: Path, runs: Sequence[dict[str, Any]], slo_p99_ms: float | None, title: str = ""
-) -> str:
-    """curves.json (every round's points, and the medians), curves.md and p99.png in
-    ``out``; returns the markdown."""
-    middle = median_curves(runs)
-    every = [{"handler": r["handler"], "round": r.get("repeat"), "curve": r.get("curve")}
-             for r in runs if r.get("curve")]  # fmt: skip
-    (out / "curves.json").write_text(json.dumps({"medians": middle, "runs": every}, indent=2))
-    table = format_curves(middle, slo_p99_ms)
-    (out / "curves.md").write_text(table + "\n")
-    if plot(middle, out / "p99.png", title=title, slo_p99_ms=slo_p99_ms) is None:
-        table += "\n(no p99.png: matplotlib is not installed)"
-    return table
+        return summary, latency
 
 
 def sustained(rows: Iterable[dict[str, Any]], slo_p99_ms: float) -> float:
@@ -197,66 +213,13 @@ def sustained(rows: Iterable[dict[str, Any]], slo_p99_ms: float) -> float:
     return max(held, default=0.0)
 
 
-def plot(
-    curves: dict[str, list[dict[str, Any]]],
-    path: Path,
-    *,
-    title: str = "",
-    slo_p99_ms: float | None = None,
-) -> Path | None:
-    """P99 against offered load, one line per variant, on a log scale; None (and nothing
-    written) when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name, rows in curves.items():
-        finite = [r for r in rows if math.isfinite(r["p99_ms"])]
-        ax.plot(
-            [r["offered_per_s"] for r in finite], [r["p99_ms"] for r in finite],
-            marker="o", label=name,
-        )  # fmt: skip
-    if slo_p99_ms is not None:
-        ax.axhline(slo_p99_ms, color="grey", linestyle="--", label=f"P99 {slo_p99_ms:g} ms")
-    ax.set_yscale("log")
-    ax.set_xlabel("offered load (requests/s, Poisson, open loop)")
-    ax.set_ylabel("P99 latency from the scheduled send (ms)")
-    ax.set_title(title or "latency against offered load")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+def stored_latencies(result: OpenLoopResult) -> list[float | None]:
+    """A point's latencies for a results file: ms to 0.01, None for no answer (JSON has no
+    infinity)."""
+    return [None if math.isinf(ms) else round(ms, 2) for ms in result.latencies_ms()]
 
 
-_HEADER = "| offered/s | achieved/s | P50 ms | P90 ms | P99 ms | errors | timeouts | late sends |"
-
-
-def format_curves(curves: dict[str, list[dict[str, Any]]], slo_p99_ms: float | None) -> str:
-    """A markdown table per variant: offered, achieved, P50/P90/P99, errors, late sends."""
-    lines = []
-    for name, rows in curves.items():
-        held = (
-            f", holds {sustained(rows, slo_p99_ms):g} req/s within P99 {slo_p99_ms:g} ms"
-            if (slo_p99_ms is not None)
-            else ""
-        )
-        lines += [f"**{name}**{held}", ""]
-        lines.append(
-            "| offered/s | achieved/s | P50 ms | P90 ms | P99 ms | errors | timeouts | late sends |"
-        )
-        lines.append("|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            lines.append(
-                f"| {r['offered_per_s']:g} | {r['achieved_per_s']:.1f} | {r['p50_ms']:.1f} | "
-                f"{r['p90_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} | {r['timeouts']} | "
-                f"{r['late_sends']} |"
-            )
-        lines.append("")
-    return "\n".join(lines)
+def latencies_of(point: dict[str, Any]) -> list[float]:
+    """A stored point's latencies back (no answer: ``inf``); empty for a point stored
+    before they were kept."""
+    return [math.inf if ms is None else float(ms) for ms in point.get("latencies_ms") or ()]

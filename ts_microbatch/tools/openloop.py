@@ -13,10 +13,14 @@ One asyncio loop drives HTTP/1.1 keep-alive connections on loopback; a request t
 idle connection or opens one, up to ``max_connections`` (past it a send waits, and is
 late). The generator's own CPU is reported beside the result, since on a small machine it
 competes with the server for the same cores: on two cores busy with TorchServe, a client at
-the default priority sent a quarter of its requests more than 2 ms late at 120 req/s. So a
-run raises the generator's scheduling priority for its duration (``GENERATOR_NICE``, when
-the process may: root, or CAP_SYS_NICE), as a client on a machine of its own would keep
-its schedule whatever the server's load; the niceness used is in each result.
+the default priority sent a quarter of its requests more than 2 ms late at 120 req/s.
+
+A run can raise the generator's scheduling priority for its duration (``nice``, e.g.
+``GENERATOR_NICE``; only when the process may: root, or CAP_SYS_NICE), as a client on a
+machine of its own would keep its schedule whatever the server's load. It is **off unless
+asked**: beside a TorchServe that serves real traffic, a generator at niceness -10 takes
+the cores ahead of that server and slows its answers to everyone else. The niceness used is
+in each result.
 """
 
 from __future__ import annotations
@@ -29,12 +33,17 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
+
+from .busy import busy
+from .intervals import percentile_interval
 
 # A send this much after its scheduled time counts as late: on this machine the loop's own
 # timer wake-ups were up to 3-5 ms late at P99 even against a server that does nothing.
 LATE_AFTER_S = 0.005
-# The generator's niceness during a run (lower runs first; 0 is the default).
+# The niceness a study may ask for (lower runs first; 0 is the default): ahead of the
+# server it measures. Never the default (the module's docstring).
 GENERATOR_NICE = -10
 
 
@@ -81,6 +90,18 @@ class OpenLoopResult:
     cpu_s: float  # the generator's own CPU over the run
     errors: dict[int, int] = field(default_factory=dict)  # status (0: none) -> count
     nice: int = 0  # the generator's niceness during the run
+    # Cores other processes used during the run (ts_microbatch.tools.busy; NaN: not
+    # measured), and what they used in a first try that was run again for it.
+    other_cpu_cores: float = math.nan
+    busy_retried_cores: float | None = None
+
+    def latencies_ms(self) -> list[float]:
+        """Every request's latency from its scheduled time, ms, as ``percentile_ms`` counts
+        them (one never answered is ``inf``), in the order they were sent."""
+        return [
+            math.inf if s.latency_s is None or s.status == 0 else 1000 * s.latency_s
+            for s in self.sends
+        ]
 
     @property
     def answered(self) -> list[Sent]:
@@ -139,7 +160,10 @@ class OpenLoopResult:
         rank = max(1, math.ceil(q / 100 * len(latencies)))
         return latencies[rank - 1] * 1000
 
-    def summary(self) -> dict[str, float | int]:
+    def summary(self) -> dict[str, Any]:
+        """The point's figures; P99 with its bootstrap 95% interval (ts_microbatch.tools.
+        intervals) and ``answers``, the samples that carry it."""
+        p99 = percentile_interval(self.latencies_ms(), 99) if self.sends else None
         return {
             "offered_per_s": round(self.offered_per_s, 2),
             "realized_per_s": round(self.realized_per_s, 2),
@@ -148,6 +172,9 @@ class OpenLoopResult:
             "p50_ms": round(self.percentile_ms(50), 2),
             "p90_ms": round(self.percentile_ms(90), 2),
             "p99_ms": round(self.percentile_ms(99), 2),
+            "p99_low_ms": round(p99.low, 2) if p99 else 0.0,
+            "p99_high_ms": round(p99.high, 2) if p99 else 0.0,
+            "answers": len(self.answered),
             "errors": sum(n for status, n in self.errors.items() if status != 0),
             "timeouts": self.errors.get(0, 0),
             # Under a latency objective: what the accepted requests took, and how fast the
@@ -160,6 +187,9 @@ class OpenLoopResult:
             "queue_growth_ms": round(min(self.queue_growth_ms, 1e9), 2),
             "generator_cpu_ms_per_request": round(1000 * self.cpu_s / max(1, len(self.sends)), 3),
             "generator_nice": self.nice,
+            "other_cpu_cores": round(self.other_cpu_cores, 3),
+            "busy": busy(self.other_cpu_cores),
+            "busy_retried_cores": self.busy_retried_cores,
         }
 
 
@@ -280,9 +310,12 @@ def run_open_loop(
     headers: dict[str, str] | None = None,
     timeout_s: float = 60.0,
     max_in_flight: int = 1024,
+    nice: int | None = None,
 ) -> OpenLoopResult:
     """``count`` requests to ``url`` at ``rate_per_s``, Poisson, open loop (the module's
-    docstring); blocks until every one is answered or timed out."""
+    docstring); blocks until every one is answered or timed out. ``nice``: run at that
+    niceness (when allowed) for the run's duration; None (the default) leaves the
+    process's priority alone."""
     schedule = poisson_schedule(rate_per_s, count, seed)
 
     async def main() -> list[Sent]:
@@ -293,7 +326,7 @@ def run_open_loop(
             pool.close()
 
     cpu = time.process_time()
-    with _priority(GENERATOR_NICE) as nice:
+    with _priority(nice) as ran_at:
         sends = asyncio.run(main())
     cpu_s = time.process_time() - cpu
     errors: dict[int, int] = {}
@@ -301,14 +334,17 @@ def run_open_loop(
         if record.status != 200:
             errors[record.status] = errors.get(record.status, 0) + 1
     elapsed = max((s.done_s or 0.0) for s in sends)
-    return OpenLoopResult(rate_per_s, sends, elapsed, cpu_s, errors, nice)
+    return OpenLoopResult(rate_per_s, sends, elapsed, cpu_s, errors, ran_at)
 
 
 @contextlib.contextmanager
-def _priority(nice: int) -> Iterator[int]:
-    """This process at niceness ``nice`` while the block runs (as it was, if not allowed);
-    yields the niceness it ran at."""
+def _priority(nice: int | None) -> Iterator[int]:
+    """This process at niceness ``nice`` while the block runs (as it was, if None or not
+    allowed); yields the niceness it ran at."""
     before = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice is None:
+        yield before
+        return
     try:
         os.setpriority(os.PRIO_PROCESS, 0, min(nice, before))
     except OSError:  # not allowed to raise it: run as we are

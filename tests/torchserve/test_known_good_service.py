@@ -1,0 +1,197 @@
+"""The breakers judge the model, not the inputs on trial, through TorchServe's own worker
+machinery, on both workers: the synchronous one (``Service.predict`` on a batch of rows,
+one pipeline batch) and the asynchronous one (``asyncCommunication: true``: each request a
+coroutine, gathered into micro-batches that are each a pipeline batch of their own).
+
+The handler is a text model whose inference fails a call holding a text past 512
+characters, as BERT's position embeddings do past 512 tokens; its answer depends on the
+text alone. Each scenario is proven (the over-long and the short text shared a failing
+inference call) before its answers are asserted. The defect named here was reproduced on
+81bb3fd; its test fails there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from ts.async_service import AsyncService
+
+from tests.torchserve.test_continuous import answers, gathered, torchserve_s_own_worker
+from tests.torchserve.ts_machinery import decode, load_service, request, write_manifest
+
+pytestmark = pytest.mark.generative
+
+TEXT_HANDLER = """
+import threading
+
+from ts.torch_handler.base_handler import BaseHandler
+
+from ts_microbatch import MicroBatchingMixin
+
+# The model's errors: a text past 512 positions fails with ERRORS[its first digit].
+ERRORS = (IndexError, ConnectionRefusedError, TimeoutError)
+
+
+class TextHandler(MicroBatchingMixin, BaseHandler):
+    def initialize(self, context):
+        self.context = context
+        self.initialized = True
+        self.gate = threading.Event()  # held by a test: arrivals gather behind it
+        self.gate.set()
+        self.inference_calls = []
+        self.start_micro_batching(context)
+
+    def preprocess(self, data):
+        self.gate.wait(30)
+        texts = []
+        for row in data:
+            value = row.get("body") or row.get("data")
+            readable = isinstance(value, (bytes, bytearray))
+            texts.append(bytes(value).decode() if readable else str(value))
+        return texts
+
+    def inference(self, texts, *args, **kwargs):
+        self.inference_calls.append(list(texts))
+        for text in texts:
+            if len(text) > 512:  # BERT's position embeddings stop at 512
+                raise ERRORS[int(text[0])]("index out of range in self")
+        return [len(text) for text in texts]
+
+    def postprocess(self, lengths):
+        return [{"length": n} for n in lengths]
+"""
+
+WORKERS = ("synchronous", "asynchronous")
+
+
+def over_long(error: int = 0, n: int = 0) -> str:
+    """A text inference fails on, with its error ``ERRORS[error]``; ``n`` tells them apart."""
+    return f"{error}:{n}:" + "x" * 600
+
+
+class Worker:
+    """A TorchServe worker serving ``TextHandler`` in-process; ``send`` sends texts together
+    (one batch on the synchronous worker, arrivals gathered behind a held first stage on
+    the asynchronous one) and gives each its (status, body)."""
+
+    def __init__(self, kind: str, directory: Path, micro_batch_size: int) -> None:
+        self.kind = kind
+        directory.mkdir()
+        (directory / "text_handler.py").write_text(TEXT_HANDLER, encoding="utf-8")
+        section = {"micro_batch_size": micro_batch_size}
+        config = f"batchSize: 64\nmicro_batching: {json.dumps(section)}\n"
+        if kind == "asynchronous":
+            config = "asyncCommunication: true\n" + config
+        (directory / "model-config.yaml").write_text(config, encoding="utf-8")
+        write_manifest(directory, "text", "text_handler.py", configFile="model-config.yaml")
+        service = load_service(directory, model_name="text", handler="text_handler.py")
+        self.handler = service._entry_point.__self__
+        self.service = service
+        self.asynchronous = AsyncService(service) if kind == "asynchronous" else None
+
+    def send(self, texts: list[str]) -> list[tuple[int, Any]]:
+        bodies = [text.encode() for text in texts]
+        if self.asynchronous is not None:
+            messages = asyncio.run(gathered(self.asynchronous, self.handler, bodies))
+            return [(status, body) for _, status, body in answers(messages)]
+        code, rows = decode(
+            self.service.predict([request(i, b, "text/plain") for i, b in enumerate(bodies)])
+        )
+        assert code == 200
+        return [(status, json.loads(body)) for _, status, body in rows]
+
+    def together(self, texts: list[str]) -> list[str]:
+        """What to send for ``texts`` to share a micro-batch: on the asynchronous worker the
+        first arrivals leave alone, one per stage thread (a free slot each), and the rest
+        gather behind them; over-long texts take those slots."""
+        if self.asynchronous is None:
+            return texts
+        slots = sum(self.handler.micro_batching.parallelism.values())
+        return [over_long(0, -1 - n) for n in range(slots)] + texts
+
+    def broken_stages(self) -> tuple[str, ...]:
+        return tuple(self.handler.micro_batching._pipeline.stats().broken_stages)
+
+    def close(self) -> None:
+        self.handler.micro_batching.shutdown()
+
+
+@pytest.fixture(params=WORKERS)
+def worker_kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    with torchserve_s_own_worker():  # the asynchronous worker's predict is per process
+        yield request.param
+
+
+def test_defect_a_burst_of_bad_inputs_failed_a_short_text_served_alone(
+    worker_kind: str, tmp_path: Path
+) -> None:
+    # A model that has served; a burst of over-long texts (IndexError in inference),
+    # nothing served: the breaker opened, and each later [over-long, short] micro-batch
+    # was probed with the over-long text, so the short text got 500 in 5/5 batches.
+    worker = Worker(worker_kind, tmp_path / "text", micro_batch_size=2)
+    try:
+        assert worker.send(["served"]) == [(200, {"length": 6})]
+        burst = worker.send([over_long(0, n) for n in range(12)])
+        assert [status for status, _ in burst] == [500] * 12  # the scenario: nothing served
+        for n in range(5):
+            long, short = over_long(0, 100 + n), f"short {n}"
+            calls = len(worker.handler.inference_calls)
+            got = worker.send(worker.together([long, short]))
+            assert [long, short] in worker.handler.inference_calls[calls:]  # shared, failed
+            assert got[-2][0] == 500
+            assert got[-1] == (200, {"length": len(short)})  # what it gets alone
+        assert worker.broken_stages() == ()
+    finally:
+        worker.close()
+
+
+bad_texts = st.tuples(st.integers(0, 2), st.integers(0, 10**6))
+
+
+@pytest.mark.parametrize("kind", WORKERS)
+@settings(max_examples=8, deadline=None)
+@given(
+    micro_batch_size=st.integers(1, 4),
+    burst=st.lists(bad_texts, max_size=16),
+    mixed=st.lists(st.lists(st.none() | bad_texts, min_size=1, max_size=8), max_size=3),
+)
+@example(micro_batch_size=2, burst=[(0, n) for n in range(8)], mixed=[[(0, 9), None]])
+def test_a_healthy_model_serves_every_short_text_after_any_burst_of_over_long_ones(
+    kind: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    micro_batch_size: int,
+    burst: list[tuple[int, int]],
+    mixed: list[list[tuple[int, int] | None]],
+) -> None:
+    # A model that has served one text, then a burst of 0-16 over-long texts of mixed error
+    # types, then batches of short and over-long ones: every short text gets 200 and its
+    # length (what it gets alone), every over-long one 500; no stage is ever judged.
+    with torchserve_s_own_worker():
+        worker = Worker(kind, tmp_path_factory.mktemp("text") / "model", micro_batch_size)
+        try:
+            assert worker.send(["served"]) == [(200, {"length": 6})]
+            for texts in [[over_long(*b) for b in burst], *mixed_texts(mixed)]:
+                if not texts:
+                    continue
+                for text, (status, body) in zip(texts, worker.send(texts)):
+                    if len(text) > 512:
+                        assert status == 500, (text[:12], body)
+                    else:
+                        assert (status, body) == (200, {"length": len(text)}), text
+                assert worker.broken_stages() == ()
+        finally:
+            worker.close()
+
+
+def mixed_texts(batches: list[list[tuple[int, int] | None]]) -> list[list[str]]:
+    return [
+        [f"short {n}.{i}" if kind is None else over_long(*kind) for i, kind in enumerate(batch)]
+        for n, batch in enumerate(batches)
+    ]

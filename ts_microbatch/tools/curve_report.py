@@ -1,0 +1,244 @@
+"""The sweeps' report: every round's points, P99 compared at equal offered load, the plot.
+
+Rounds of a sweep can stop at different rates (a round on a slower phase of the machine
+falls behind sooner), so nothing here takes a median over rounds: a table row gives each
+round's figure, a rate only some rounds reached says which, and the plot draws each round
+as its own line. Two variants are compared at the rates both reached, by the ratio of
+their P99s with its bootstrap interval (ts_microbatch.tools.intervals.compare_rounds): a
+win or a loss only when the interval excludes 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .curves import latencies_of, sustained
+from .intervals import compare_rounds
+
+Row = dict[str, Any]
+# name -> offered rate -> round -> point
+Rounds = dict[str, dict[float, dict[int, Row]]]
+
+
+def by_round(runs: Iterable[Row]) -> Rounds:
+    """Per variant (``handler``), per offered rate, per round (``repeat``): the point."""
+    points: Rounds = {}
+    for run in runs:
+        for row in run.get("curve") or ():
+            rates = points.setdefault(run["handler"], {})
+            rates.setdefault(row["offered_per_s"], {})[run.get("repeat") or 1] = row
+    return points
+
+
+def rounds_of(runs: Iterable[Row], name: str) -> list[int]:
+    return sorted({run.get("repeat") or 1 for run in runs if run["handler"] == name})
+
+
+def held(runs: Sequence[Row], name: str, slo_p99_ms: float) -> list[float]:
+    """The rate ``name`` held within the objective in each of its rounds, in round order."""
+    mine = sorted((r for r in runs if r["handler"] == name), key=lambda r: r.get("repeat") or 1)
+    return [sustained(r.get("curve") or (), slo_p99_ms) for r in mine]
+
+
+def held_lines(runs: Sequence[Row], names: Sequence[str], slo_p99_ms: float | None) -> str:
+    """Per variant, the rate held in each round: within the objective when given, else
+    the highest with nothing lost and not past capacity (``curves.behind``)."""
+    slo = math.inf if slo_p99_ms is None else slo_p99_ms
+    within = "nothing lost" if slo_p99_ms is None else f"within P99 {slo_p99_ms:g} ms"
+    return "\n".join(
+        f"{name}: held {', '.join(f'{v:g}' for v in held(runs, name, slo))} req/s {within}, "
+        "not behind (round by round)"
+        for name in names
+    )
+
+
+def compare_curves(runs: Sequence[Row], pairs: Sequence[tuple[str, str]]) -> list[Row]:
+    """For each pair (numerator, denominator variant) and each offered rate both reached in
+    some round: P99 numerator / denominator with its 95% interval and call, from the
+    rounds in which both reached it (``rounds``; ``all_rounds`` says whether that was every
+    round either ran). Points without stored latencies are left out."""
+    points = by_round(runs)
+    out = []
+    for numerator, denominator in pairs:
+        a, b = points.get(numerator, {}), points.get(denominator, {})
+        ran = sorted(set(rounds_of(runs, numerator)) | set(rounds_of(runs, denominator)))
+        for rate in sorted(set(a) & set(b)):
+            both = [n for n in sorted(set(a[rate]) & set(b[rate]))
+                    if latencies_of(a[rate][n]) and latencies_of(b[rate][n])]  # fmt: skip
+            if not both:
+                continue
+            found = compare_rounds(
+                [latencies_of(a[rate][n]) for n in both],
+                [latencies_of(b[rate][n]) for n in both],
+                99,
+            )
+            per_round = found.pop("rounds")
+            out.append(
+                {"comparison": f"{numerator} / {denominator}", "offered_per_s": rate,
+                 **found, "rounds": both, "all_rounds": both == ran, "per_round": per_round}
+            )  # fmt: skip
+    return out
+
+
+def _ms(value: float) -> str:
+    return "lost" if math.isinf(value) else f"{value:.0f}"
+
+
+def format_comparisons(comparisons: Sequence[Row]) -> str:
+    """P99 ratios at equal offered load, a line each: ratio [95% interval], the call, and
+    the rounds it rests on."""
+    lines = []
+    for c in comparisons:
+        rounds = ", ".join(str(n) for n in c["rounds"])
+        partial = "" if c["all_rounds"] else " (only these reached it)"
+        how = "pooled" if c["pooled"] else "per round, each must agree"
+        per = "" if c["pooled"] else " (" + "; ".join(
+            f"{r['ratio']:.2f}x [{r['low']:.2f}, {r['high']:.2f}] {r['call']}"
+            for r in c["per_round"]
+        ) + ")"  # fmt: skip
+        lines.append(
+            f"{c['comparison']} at {c['offered_per_s']:g} req/s offered: P99 "
+            f"{c['ratio']:.2f}x [{c['low']:.2f}, {c['high']:.2f}] (95%, {how}): "
+            f"**{c['call']}**; rounds {rounds}{partial}{per}"
+        )
+    return "\n".join(lines)
+
+
+def _p99(r: Row) -> str:
+    if "p99_low_ms" not in r:  # a point stored before intervals were
+        return _ms(r["p99_ms"])
+    return f"{_ms(r['p99_ms'])} [{_ms(r['p99_low_ms'])}, {_ms(r['p99_high_ms'])}]"
+
+
+def _others(r: Row) -> str:
+    cores = r.get("other_cpu_cores", math.nan)
+    if cores is None or math.isnan(cores):
+        return "-"
+    return f"{cores:.2f}" + (" BUSY" if r.get("busy") else "")
+
+
+# (header, one round's cell) of format_curves' tables, after the rate and the rounds.
+_COLUMNS: tuple[tuple[str, Callable[[Row], str]], ...] = (
+    ("achieved/s", lambda r: f"{r['achieved_per_s']:.1f}"),
+    ("P99 ms [95% interval]", _p99),
+    ("answers", lambda r: str(r.get("answers", "-"))),
+    ("errors", lambda r: str(r["errors"])),
+    ("timeouts", lambda r: str(r["timeouts"])),
+    ("late sends", lambda r: str(r["late_sends"])),
+    ("others' CPU, cores", _others),
+)
+
+
+def format_curves(runs: Sequence[Row], slo_p99_ms: float | None) -> str:
+    """A markdown table per variant, one line per offered rate, each cell every round's
+    figure in round order ("-": that round stopped before this rate; a rate only some
+    rounds reached is marked in the rounds column)."""
+    lines = []
+    marked = False
+    for name, rates in by_round(runs).items():
+        rounds = rounds_of(runs, name)
+        within = ""
+        if slo_p99_ms is not None:
+            each = ", ".join(f"{v:g}" for v in held(runs, name, slo_p99_ms))
+            within = f", holds {each} req/s within P99 {slo_p99_ms:g} ms (round by round)"
+        lines += [f"**{name}**{within}", ""]
+        lines.append("| offered/s | rounds | " + " | ".join(h for h, _ in _COLUMNS) + " |")
+        lines.append("|---|---|" + "---|" * len(_COLUMNS))
+        for rate, rows in sorted(rates.items()):
+            reached = sorted(rows)
+            shown = "all"
+            if reached != rounds:
+                shown = f"only {', '.join(map(str, reached))} of {len(rounds)} †"
+                marked = True
+            cells = [
+                " · ".join(cell(rows[n]) if n in rows else "-" for n in rounds)
+                for _, cell in _COLUMNS
+            ]
+            lines.append(f"| {rate:g} | {shown} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if marked:
+        lines.append("† a rate only those rounds reached: the others had stopped before it.")
+    return "\n".join(lines)
+
+
+def plot(
+    runs: Sequence[Row],
+    path: Path,
+    *,
+    title: str = "",
+    slo_p99_ms: float | None = None,
+) -> Path | None:
+    """P99 against offered load on a log scale, each round of each variant its own line
+    (one colour a variant), with its 95% interval as error bars; None (and nothing written)
+    when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    styles = ["-", "--", ":", "-."]
+    for index, (name, rates) in enumerate(by_round(runs).items()):
+        colour = f"C{index % 10}"
+        for k, n in enumerate(rounds_of(runs, name)):
+            rows = [rates[r][n] for r in sorted(rates) if n in rates[r]]
+            finite = [r for r in rows if math.isfinite(r["p99_ms"])]
+            if not finite:
+                continue
+            ys = [r["p99_ms"] for r in finite]
+            low = [y - min(y, r.get("p99_low_ms", y)) for y, r in zip(ys, finite)]
+            high = [
+                (r.get("p99_high_ms", y) - y) if math.isfinite(r.get("p99_high_ms", y)) else 0.0
+                for y, r in zip(ys, finite)
+            ]
+            ax.errorbar(
+                [r["offered_per_s"] for r in finite], ys, yerr=[low, high], color=colour,
+                linestyle=styles[k % len(styles)], marker="o", markersize=3, capsize=2,
+                label=f"{name}, round {n}",
+            )  # fmt: skip
+    if slo_p99_ms is not None:
+        ax.axhline(slo_p99_ms, color="grey", linestyle="--", label=f"P99 {slo_p99_ms:g} ms")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load (requests/s, Poisson, open loop)")
+    ax.set_ylabel("P99 latency from the scheduled send (ms), 95% interval")
+    ax.set_title(title or "latency against offered load, one line per round")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="x-small", ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_curves(
+    out: Path,
+    runs: Sequence[Row],
+    slo_p99_ms: float | None,
+    title: str = "",
+    pairs: Sequence[tuple[str, str]] = (),
+) -> str:
+    """curves.json (every round's points, without their latencies, and the comparisons of
+    ``pairs``), curves.md and p99.png in ``out``; returns the markdown."""
+    comparisons = compare_curves(runs, pairs)
+    every = [
+        {"handler": r["handler"], "round": r.get("repeat"),
+         "curve": [{k: v for k, v in p.items() if k != "latencies_ms"} for p in r["curve"]]}
+        for r in runs if r.get("curve")
+    ]  # fmt: skip
+    (out / "curves.json").write_text(
+        json.dumps({"runs": every, "comparisons": comparisons}, indent=2) + "\n"
+    )
+    table = format_curves(runs, slo_p99_ms)
+    if comparisons:
+        table += "\nP99 at equal offered load:\n\n" + format_comparisons(comparisons) + "\n"
+    (out / "curves.md").write_text(table + "\n")
+    if plot(runs, out / "p99.png", title=title, slo_p99_ms=slo_p99_ms) is None:
+        table += "\n(no p99.png: matplotlib is not installed)"
+    return table
