@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from ts_microbatch.core.batch import Batch
 from ts_microbatch.core.micro_batch import cut
+from ts_microbatch.core.order import Order
 
 pytestmark = pytest.mark.generative
 
@@ -41,6 +42,14 @@ def test_a_request_of_several_items_may_straddle_two_micro_batches() -> None:
 def test_items_that_are_not_one_per_future_are_refused() -> None:
     with pytest.raises(ValueError, match="cut: got 2 items for a cut of 3"):
         cut(Batch(3), [1, 2], 2)
+
+
+def test_a_cut_that_reorders_a_requests_items_is_refused() -> None:
+    # Requests may be reordered (by length, by shape), a request's items never: its lowest
+    # failing item is then the first of each run of it (Outcomes.skip_items_above).
+    assert Order(4, owners=[0, 0, 1, 1], items=[2, 3, 0, 1]).requests == (1, 1, 0, 0)
+    with pytest.raises(ValueError, match="request 1's items are not in item order"):
+        Order(4, owners=[0, 0, 1, 1], items=[0, 1, 3, 2])
 
 
 @given(n=st.integers(0, 60), size=st.integers(1, 70))

@@ -50,7 +50,9 @@ class Order:
         size: the batch's number of items.
         owners: the request index of each item (``check_owners``); None: item i is request i.
         items: the item at each position (distinct item indices, each request's items
-            consecutive); None: every item, in item order.
+            consecutive and in item order: its lowest failing item is then the first of
+            any run of it, ``ts_microbatch.core.outcomes.Outcomes.skip_items_above``);
+            None: every item, in item order.
         lengths: the length of the item at each position; None: not measured.
         pad_length: the length a micro-batch whose longest item is n is padded to.
         shapes: the (width, height) of the item at each position (None where unreadable);
@@ -79,7 +81,7 @@ class Order:
         self.requests: tuple[int, ...] | None = self.owners
         if self.items is not None:
             self.requests = tuple(self.owner(i) for i in self.items)
-            _check_consecutive(self.requests)
+            _check_consecutive(self.requests, self.items)
         self.lengths = tuple(lengths) if lengths is not None else None
         self.pad_length = pad_length or (lambda longest: longest)
         self.shapes = tuple(shapes) if shapes is not None else None
@@ -131,11 +133,14 @@ def _check_items(items: Sequence[int], size: int) -> tuple[int, ...]:
     return checked
 
 
-def _check_consecutive(requests: Sequence[int]) -> None:
-    """Raises ValueError when a request's items are not consecutive in ``requests``."""
+def _check_consecutive(requests: Sequence[int], items: Sequence[int]) -> None:
+    """Raises ValueError when a request's items are not consecutive in ``requests``, or not
+    in item order."""
     seen: set[int] = set()
     for position, request in enumerate(requests):
         if position and request == requests[position - 1]:
+            if items[position] < items[position - 1]:
+                raise ValueError(f"order: request {request}'s items are not in item order")
             continue
         if request in seen:
             raise ValueError(f"order: request {request}'s items are not consecutive")

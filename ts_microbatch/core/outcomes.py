@@ -3,8 +3,9 @@
 ``Isolator`` (``ts_microbatch.core.isolation``) resolves nothing itself: it returns an
 ``Outcome`` (micro-batches to re-run, probes to run first, failures to give). The stage
 threads hand every outcome here, and ``finish`` is the one place a request's future is
-resolved from a stage (besides its batch's timeout). A failure fails its items' requests:
-their other items not answered yet get ``SiblingFailedError`` and are never run.
+resolved from a stage (besides its batch's timeout). Which items of a request a failure
+leaves to run is ``Outcomes.skip_items_above``'s rule: the lowest-index item that fails
+names its request's failure, whichever thread finishes first.
 """
 
 from __future__ import annotations
@@ -77,28 +78,44 @@ class Outcomes:
             self.finish(
                 fail.mb.batch, fail.mb.indices, error=fail.error, failure=self._failure(fail)
             )
-            self._fail_siblings(fail)
+            self.skip_items_above(fail)
         for mb in outcome.first:
             self._enqueue(0, mb, True)
         for mb in outcome.rerun:
             self._enqueue(0, mb, False)
 
     @staticmethod
-    def _fail_siblings(fail: Fail) -> None:
-        """The other items of the requests ``fail`` failed: answered now (their pieces still
-        queued are dropped as stale), with an error whose cause is the item's that failed."""
+    def skip_items_above(fail: Fail) -> None:
+        """The rule for a request of several items (a KServe request's instances) with one
+        failed: **the lowest-index item that fails names the request's status and message**,
+        whichever stage thread finishes first.
+
+        So a failed item answers its request only once every item below it has passed or
+        failed (they go on running; the request is answered when its last item is), while
+        the items above it cannot change the answer: those not answered yet are answered
+        now with ``SiblingFailedError``, caused by the failed item's error, and their pieces
+        still queued are dropped as stale. The failed item is the lowest of its micro-batch
+        that belongs to its request (a request's items keep item order in the cut:
+        ``ts_microbatch.core.order``), so an isolation probe's waiting rest, all above it, is
+        never run. A request of n bad items costs at most the two runs per micro-batch of
+        isolation (``ts_microbatch.core.isolation``): a micro-batch's failure and its probe.
+        The answer (``ts_microbatch.torchserve.answers``) takes the first error in item order.
+        """
         batch, order = fail.mb.batch, fail.mb.batch.order
         if order.owners is None:
             return  # one item per request
-        for request in dict.fromkeys(fail.mb.owners):
-            items = order.items_of(request)
-            if len(items) > 1:
+        lowest: dict[int, int] = {}
+        for item, request in zip(fail.mb.item_indices, fail.mb.owners):
+            lowest[request] = min(item, lowest.get(request, item))
+        for request, failed in lowest.items():
+            above = range(failed + 1, order.items_of(request).stop)
+            if above:
                 sibling = SiblingFailedError(
-                    f"not run: another item of request {request} failed "
+                    f"not run: item {failed} of request {request} failed before it "
                     f"({type(fail.error).__name__})"
                 )
                 sibling.__cause__ = fail.error
-                batch.answer_items(items, error=sibling)
+                batch.answer_items(above, error=sibling)
 
     def _failure(self, fail: Fail) -> RequestFailure:
         return RequestFailure(self._names[fail.stage], fail.stage, fail.isolated)

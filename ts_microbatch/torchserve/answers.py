@@ -109,8 +109,9 @@ def _reply(submitted: SubmittedBatch, request: kserve.Request, request_id: str |
         return _error_reply(error, request_id, request, bad_input=bad_input)
     outputs: list[Any] = []
     errors: list[tuple[int, str, str] | None] = []
-    # Its items after one failed are not run (SiblingFailedError): the failed one names
-    # the request's error, whatever its place.
+    # The first error in item order is the request's (regroup): the pipeline runs every
+    # item below a failed one and none above it (SiblingFailedError), so that is the lowest
+    # failing item whatever the timing (ts_microbatch.core.outcomes, skip_items_above).
     sibling = None
     for item in range(request.start, request.start + request.count):
         value, error = _outcome(submitted, item)
