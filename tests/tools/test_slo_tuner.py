@@ -161,7 +161,7 @@ class FakeOpenLoop:
         p99 = self.slo_p99_ms / 2 if rate <= self.limit else 3 * self.slo_p99_ms
         row = {
             "offered_per_s": rate, "realized_per_s": rate, "achieved_per_s": rate,
-            "p99_ms": p99, "errors": 0, "timeouts": 0, "queue_growth_ms": 0.0,
+            "p99_ms": p99, "errors": 0, "timeouts": 0, "queue_growth_ms": 0.0, "requests": count,
         }  # fmt: skip
 
         class Result:

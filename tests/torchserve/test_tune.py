@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.helpers import ROOT, load_module
 from ts_microbatch import MicroBatchingConfig, load_config
@@ -274,3 +275,140 @@ def test_confirm_on_a_corpus_does_not_need_ab(
     monkeypatch.setattr(tune, "java_problem", lambda: "java not found")
     with pytest.raises(SystemExit, match="--confirm needs TorchServe: java not found"):
         main([*argv, "--out", str(tmp_path / "mb.json")])
+
+
+class FakeServer:
+    """``slo_confirm.measure`` for servers that hold the objective up to ``limits[name]``
+    req/s (0: nothing held): each rate of the confirm's ladder answered within the objective
+    up to the limit, far over it past; the frontend's CPU run reports 2 ms a request."""
+
+    def __init__(self, limits: dict[str, float], slo_p99_ms: float) -> None:
+        self.limits = limits
+        self.slo_p99_ms = slo_p99_ms
+        self.served: dict[str, dict[str, Any]] = {}  # name -> point and rates offered
+
+    def __call__(
+        self, server_dir: Path, store: Path, model: str, config: Any, point: dict[str, Any],
+        label: str, *args: Any, **kwargs: Any,
+    ) -> dict[str, Any]:  # fmt: skip
+        assert (store / f"{model}.mar").is_file()  # repackaged with its settings
+        if model == "cpu":
+            self.served[model] = {"point": point}
+            return {"frontend_cpu_ms_per_request": 2.0, "complete_requests": point["requests"]}
+        sender = args[1]
+        rates = list(sender.rates)
+        limit = self.limits[model]
+        curve = [
+            {
+                "offered_per_s": rate, "realized_per_s": rate, "achieved_per_s": rate,
+                "requests": 50, "errors": 0, "timeouts": 0, "queue_growth_ms": 0.0,
+                "p99_ms": self.slo_p99_ms / 2 if rate <= limit else 5 * self.slo_p99_ms,
+            }
+            for rate in rates
+        ]  # fmt: skip
+        self.served[model] = {"point": point, "rates": rates}
+        return {"curve": curve, "frontend_cpu_ms_per_request": 2.5}
+
+
+def slo_argv(mar: Path, out: Path, tmp_path: Path) -> list[str]:
+    sample = str(Path(ROOT, "examples/text_classifier/sample.txt"))
+    return [
+        "--mar", str(mar), "--input", sample, "--slo-p99-ms", "1000", "--repeats", "1",
+        "--micro-batch-sizes", "1,4", "--threads", "1", "--batch-sizes", "1,4",
+        "--windows", "1,2", "--confirm", "2", "--out", str(out),
+        "--confirm-out", str(tmp_path / "confirm"),
+    ]  # fmt: skip
+
+
+USERS_CONFIG = "# mine\nresponseTimeout: 30\nminWorkers: 1\nmaxWorkers: 1\n"
+
+
+def confirmed_lines(out: Path) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in out.with_name(f"{out.stem}.trials.jsonl").open()]
+    return [line for line in lines if line["kind"] == "confirmed"]
+
+
+def test_slo_tuner_wrote_its_rank_1_although_every_confirm_held_nothing_(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The incident: predicted 1,166 req/s, both confirms held nothing, rank 1 written over
+    # the user's model-config.yaml.
+    from ts_microbatch.tools import slo_confirm
+
+    server = FakeServer({"c1": 0.0, "c2": 0.0}, 1000.0)
+    monkeypatch.setattr(slo_confirm, "measure", server)
+    monkeypatch.setattr(tune, "java_problem", lambda: None)
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    out = tmp_path / "model-config.yaml"
+    out.write_text(USERS_CONFIG)
+    assert main(slo_argv(mar, out, tmp_path)) == 1
+    assert sorted(server.served) == ["c1", "c2", "cpu"]  # the scenario: both were confirmed
+    confirmed = confirmed_lines(out)
+    assert [c["measured_per_s"] for c in confirmed] == [0.0, 0.0]
+    # Confirm slots went to configurations that differ in more than the window.
+    first, second = confirmed
+    assert (first["batchSize"], first["micro_batching"]) != (
+        second["batchSize"], second["micro_batching"]
+    )  # fmt: skip
+    # Each ladder reached an eighth of the prediction and above it.
+    for c, name in zip(confirmed, ("c1", "c2")):
+        rates = server.served[name]["rates"]
+        assert (
+            rates[0] <= max(1.0, 0.15 * c["predicted_per_s"]) and rates[-1] > c["predicted_per_s"]
+        )
+    assert out.read_text() == USERS_CONFIG  # untouched
+    assert not list(tmp_path.glob("model-config.yaml.bak*"))
+    printed = capsys.readouterr().out
+    assert "Nothing written to" in printed and "for any of the 2 configurations" in printed
+    table = printed.split("On TorchServe")[1]
+    assert all(f"| {c['predicted_per_s']:.0f} | 0 |" in table for c in confirmed)
+    assert "the frontend's CPU 2.00 ms a request" in printed  # the calibration was used
+
+
+def test_slo_tuner_writes_the_best_confirmed_when_rank_1_was_rejected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ts_microbatch.tools import slo_confirm
+    from ts_microbatch.torchserve.timeouts import default_timeout_s
+
+    server = FakeServer({"c1": 0.0, "c2": 1e9}, 1000.0)  # rank 1 holds nothing, rank 2 all
+    monkeypatch.setattr(slo_confirm, "measure", server)
+    monkeypatch.setattr(tune, "java_problem", lambda: None)
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    out = tmp_path / "model-config.yaml"
+    out.write_text(USERS_CONFIG)
+    assert main(slo_argv(mar, out, tmp_path)) == 0
+    first, second = confirmed_lines(out)
+    assert first["measured_per_s"] == 0 and second["measured_per_s"] > 0  # the scenario
+    written = yaml.safe_load(out.read_text())
+    assert (written["batchSize"], written["maxBatchDelay"]) == (
+        second["batchSize"], second["maxBatchDelay"]
+    )  # fmt: skip
+    tuned = second["micro_batching"]
+    assert written["micro_batching"]["micro_batch_size"] == tuned["micro_batch_size"]
+    assert written["micro_batching"]["parallelism"] == tuned["parallelism"]
+    # The user's keys kept, their file backed up first.
+    assert written["responseTimeout"] == 30 and default_timeout_s(written) == 27.0
+    assert (tmp_path / "model-config.yaml.bak").read_text() == USERS_CONFIG
+    assert "held " in capsys.readouterr().out
+
+
+def test_tuner_wrote_micro_batching_json_over_the_users_file_(tmp_path: Path) -> None:
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    out = tmp_path / "micro_batching.json"
+    users = json.dumps({"timeout_s": 9, "max_queued_micro_batches": 7, "micro_batch_size": 2})
+    out.write_text(users)
+    argv = ["--mar", str(mar), "--input", str(Path(ROOT, "examples/text_classifier/sample.txt"))]
+    argv += ["--batch-size", "4", "--micro-batch-sizes", "4", "--threads", "1", "--repeats", "1"]
+    assert main([*argv, "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["micro_batch_size"] == 4  # the scenario: the tuner wrote its choice
+    assert (written["timeout_s"], written["max_queued_micro_batches"]) == (9, 7)
+    assert (tmp_path / "micro_batching.json.bak").read_text() == users
+    # A file it cannot parse is refused before anything is measured, and left as it was.
+    out.write_text('{"timeout_s": 9,}')
+    with pytest.raises(SystemExit, match="cannot parse the existing file"):
+        main([*argv, "--out", str(out)])
+    assert out.read_text() == '{"timeout_s": 9,}'
+    trials = out.with_name("micro_batching.trials.jsonl").read_text().splitlines()
+    assert len(trials) == 2  # the first run's in-process trial and best: nothing measured

@@ -72,7 +72,9 @@ def merged(
 ) -> dict[str, Any]:
     """``existing`` with ``values`` set (the ``micro_batching`` section merged key by key)
     and ``defaults`` set only where ``existing`` has no such key."""
-    result = {**defaults, **(existing or {})}
+    result = dict(existing or {})  # in the user's order, the tuner's new keys after
+    for key, value in defaults.items():
+        result.setdefault(key, value)
     for key, value in values.items():
         old = result.get(key)
         if key == YAML_SECTION and isinstance(old, Mapping) and isinstance(value, Mapping):

@@ -135,7 +135,8 @@ class LadderSender:
             self.log(
                 f"  {label} [rate {index}/{len(self.rates)}, {time.monotonic() - start:.0f} s]: "
                 f"{rate:g}/s offered, {row['achieved_per_s']:.1f} answered, P99 "
-                f"{row['p99_ms']:.0f} ms{'' if misses == 0 else ' (missed)'}"
+                f"{row['p99_ms']:.0f} ms of {row['requests']} requests"
+                f"{'' if misses == 0 else ' (missed)'}"
             )
             if misses >= MISSES_TO_STOP:
                 break
