@@ -9,10 +9,10 @@ is never failed for it; it is taken apart until each item that fails has failed 
 * a micro-batch of one request's items runs its first item alone, ahead of the queue (the
   *probe*), while the rest waits: the probe failing (in any stage) fails the request; the
   probe getting through the failed stage sends the rest on, in halves;
-* a run of one item that fails is its request's own failure. A request with one item
-  failed is answered as failed at once: its items not answered yet are never run
-  (``SiblingFailedError``), so a request of n bad instances costs about two runs a
-  micro-batch of its instances.
+* a run of one item that fails is its request's own failure. Which of its other items
+  still run is ``ts_microbatch.core.outcomes``'s rule (the lowest-index failing item names
+  the request's failure: those above it never run), so a request of n bad instances costs
+  at most two runs a micro-batch of its instances.
 
 So what a request gets never depends on what shares its batch, whatever the number of bad
 requests: items failing only in company (a preprocess stacking images of two sizes, a
@@ -288,7 +288,8 @@ class Isolator:
 
     def _probe_failed(self, probe: object, stage: int, error: BaseException) -> Outcome:
         """A probe failed alone (its own failure is given by the caller): what waited for
-        it. An own probe's rest needs nothing: its request is answered as failed."""
+        it. An own probe's rest needs nothing: all above the probe in its request, it is
+        never run (``Outcomes.skip_items_above``)."""
         if not isinstance(probe, _BrokenProbe):
             return _NOTHING
         breaker = self._breakers[stage]
