@@ -21,8 +21,14 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from PIL import Image
 
+from tests.torchserve.hostile_headers import corpus, python_steps, structures
 from tests.torchserve.images import make_jpeg, padded_to, with_app_segments, wrapped
-from ts_microbatch.torchserve.images import HEADER_BYTES_MAX, TEXT_CHARS_MAX, image_shape
+from ts_microbatch.torchserve.images import (
+    HEADER_BYTES_MAX,
+    OTHER_BYTES_MAX,
+    TEXT_CHARS_MAX,
+    image_shape,
+)
 
 PHOTO = make_jpeg(7, size=(640, 480))
 
@@ -162,3 +168,90 @@ def test_any_wrapping_of_an_image_gives_the_shape_of_its_bytes(
     assert handler_shape(text) == (width, height)  # what the handlers decode
     assert image_shape(text) == image_shape(data) == image_shape(bytearray(data))
     assert image_shape(data) == (width, height)
+
+
+# -- hostile headers (issue 40): bounded in time as well as in bytes -------------------
+
+# Python steps (calls and lines, the reader's and PIL's) to read a JPEG or PNG header: at
+# most STEPS_MAX markers or chunks, a few dozen steps each, and PIL's open of the frame.
+# The defect stepped through PIL's JPEG reader once per byte: millions for 1 MiB.
+HEADER_STEPS_MAX = 20_000
+SOI_ZEROS = b"\xff\xd8\xff" + bytes(HEADER_BYTES_MAX - 3)  # as PIL accepts a JPEG
+
+
+def pil_shape(body: bytes) -> tuple[int, int] | None:
+    """What PIL reads from ``body`` given whole, as the handlers give it."""
+    try:
+        with Image.open(io.BytesIO(body)) as image:
+            return image.size
+    except Exception:
+        return None
+
+
+@pytest.mark.parametrize("encode", [bytes, lambda data: wrapped(data, 76)], ids=["raw", "b64"])
+def test_defect_junk_after_a_jpeg_soi_was_read_a_byte_at_a_time(encode: Any) -> None:
+    # Issue 40: a JPEG start-of-image marker then zeros up to the 1 MiB cap; PIL's JPEG
+    # reader skipped the zeros one read(1) at a time through a Python file object: 9.5 s
+    # to learn the shape is unknown, before the batch's timeout had started.
+    body = encode(SOI_ZEROS)
+    assert len(SOI_ZEROS) == HEADER_BYTES_MAX and SOI_ZEROS.startswith(b"\xff\xd8\xff")
+    shape, steps = python_steps(lambda: image_shape(body), limit=HEADER_STEPS_MAX)
+    assert shape is None, shape  # as before: no frame header, unknown
+    assert steps <= HEADER_STEPS_MAX
+
+
+def test_a_frame_header_behind_junk_is_found_as_pil_finds_it() -> None:
+    # PIL skips junk between segments; so does the reader, in one memchr.
+    photo = make_jpeg(5, size=(320, 240))
+    body = photo[:3] + bytes(500_000) + photo[2:]  # SOI, 0xFF, junk, the segments
+    assert pil_shape(body) == (320, 240)  # the scenario: PIL reads it
+    shape, steps = python_steps(lambda: image_shape(body), limit=HEADER_STEPS_MAX)
+    assert shape == (320, 240)
+
+
+def test_every_hostile_header_gets_the_shape_pil_reads() -> None:
+    # The same answer as PIL on the whole body (the handlers' decode), at 64 KiB, where
+    # PIL's own slowness is bearable: a shape where it reads one, unknown where it refuses.
+    bodies = list(corpus(64 * 1024))
+    assert len(bodies) > 250  # every plugin's magic with each noise, and the structures
+    differing = [(name, image_shape(body), pil_shape(body)) for name, body in bodies]
+    assert [d for d in differing if d[1] != d[2]] == []
+    assert any(shape is not None for _, shape, _ in differing)  # some are images
+
+
+def test_pil_parses_no_more_than_a_bounded_header(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What PIL is handed, for the whole corpus at the cap: JPEG only the frame header the
+    # walk found; PNG the prefix, once the walk counted at most STEPS_MAX chunks before its
+    # image data; WEBP the prefix (libwebp parses it in C); anything else its first
+    # OTHER_BYTES_MAX bytes. Once per body at most.
+    opened: list[tuple[Any, int]] = []
+    real = Image.open
+
+    def spying(fp: Any, mode: str = "r", formats: Any = None) -> Any:
+        opened.append((formats, len(fp.getbuffer())))
+        return real(fp, mode, formats)
+
+    monkeypatch.setattr(Image, "open", spying)
+    for name, body in corpus(HEADER_BYTES_MAX):
+        opened.clear()
+        image_shape(body)
+        assert len(opened) <= 1, name
+        for formats, size in opened:
+            limit = {("JPEG",): 64, ("PNG",): HEADER_BYTES_MAX, ("WEBP",): HEADER_BYTES_MAX}
+            assert size <= limit.get(formats, OTHER_BYTES_MAX), (name, formats, size)
+
+
+def test_hostile_headers_take_a_bounded_number_of_python_steps() -> None:
+    # Structural, not timed: JPEG and PNG headers, walked here, take at most
+    # HEADER_STEPS_MAX Python steps whatever the body; any other format takes the same steps
+    # for a body of 64 KiB and of 1 MiB, as PIL sees only its first OTHER_BYTES_MAX bytes
+    # (or, WEBP, parses it in C). The rest is C over the bounded prefix.
+    small = dict(structures(64 * 1024))
+    for name, body in structures(HEADER_BYTES_MAX):
+        image_shape(body)  # untraced first: a plugin's import is a one-off
+        if body[:3] == b"\xff\xd8\xff" or body[:4] == b"\x89PNG":
+            python_steps(lambda: image_shape(body), limit=HEADER_STEPS_MAX)  # noqa: B023
+            continue
+        _, steps = python_steps(lambda: image_shape(body), limit=10 * HEADER_STEPS_MAX)  # noqa: B023
+        _, steps_small = python_steps(lambda: image_shape(small[name]), limit=steps + 1)  # noqa: B023
+        assert steps == steps_small, (name, steps, steps_small)

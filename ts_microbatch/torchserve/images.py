@@ -9,31 +9,59 @@ line breaks, ``\\n`` or ``\\r\\n``, that the ``base64`` command, MIME and PEM en
 A data URI is not special-cased, as the handlers do not: its ``data:image/jpeg;base64,``
 decodes to bytes in front of the image, which PIL does not open.
 
-Only a bounded prefix is ever read: PIL opens an image lazily, reading its header only, from
-a file that serves at most ``HEADER_BYTES_MAX`` bytes of the image and decodes base64 text
-only as far as PIL reads (``_Base64Prefix``). A PNG's size is in its first 33 bytes; a
-JPEG's frame header (SOF) comes after its APP segments (EXIF at most 64 KiB, an ICC profile,
-XMP), and PIL reads up to the scan header. An image whose header is not within the cap, or
-a body that is not an image, has no shape here (None): under ``shape_groups`` it is then cut
-into a micro-batch of its own, and the stage that decodes it answers as it answers alone.
-Measured on this project's machine (``binascii.a2b_base64`` counted): a body of 36 MiB of
-base64 that is not an image had 27 MiB decoded before this bound (87 MiB allocated,
-330-460 ms), 6 KiB after (0.1 ms); a JPEG whose frame header sits 1 MiB in, 1 MiB (~5 ms,
-less than the stage's own ``b64decode`` of the same body).
+Bounded in bytes and in time, before any stage runs (issue 40): a body's first
+``HEADER_BYTES_MAX`` bytes are read into memory once (base64 text decoded 64 KiB first, the
+rest of the cap only when a header needs it), and only a bounded number of Python steps is
+spent on them, whatever they hold. PIL cannot be handed the buffer as it is: its JPEG
+reader skips junk after a start-of-image marker one byte per step (a JPEG SOI marker then
+1 MiB of zeros: 9.5 s through the file object this module used to give PIL, 0.5-0.9 s on a
+``BytesIO``), its PNG reader takes a step per chunk (12 bytes each), its line and token
+readers (PPM, XPM, EPS, IM) a step per byte. So the formats whose header may sit deep in
+the cap are walked here, in C-speed steps (``re`` and slices skip junk and payloads) and at
+most ``STEPS_MAX`` of them, and PIL only confirms:
 
-The padding at the end of base64 text is not checked (the reader never gets there): text
-whose padding is missing, which ``b64decode`` refuses, may get a shape here and its 400
-from the stage. The shape is the stored one: an EXIF orientation tag is not applied
-(``VisionHandler`` does not apply it either; a handler that turns photos upright defines
-``item_shape``).
+- JPEG (header past EXIF, ICC and XMP segments): PIL's marker walk replayed (junk, fill
+  bytes and escaped 0xFF00 skipped as PIL skips them, the same markers refused, a segment
+  cut short by the end refused), with the checks PIL makes on the way (each frame header's
+  bits and layers, DQT tables, short JFIF and Adobe segments, the ICC fragment index);
+  PIL then opens the last frame header alone (start-of-image, that SOF, an empty
+  start-of-scan) and confirms its size, mode and the decompression-bomb limit. The
+  metadata PIL parses entry by entry (EXIF, MPF, Photoshop resources) is not parsed: a body
+  whose metadata PIL refuses may get a shape, and its own decode then fails it, isolated
+  as any item whose decode fails.
+- PNG (header after any number of chunks): the chunks up to IDAT or IEND are counted; PIL
+  parses the buffer when they are at most ``STEPS_MAX`` (its work per chunk is then C:
+  CRCs, zlib).
+- WEBP: PIL parses the buffer (libwebp demuxes it in C).
+- Any other format PIL opens: PIL parses the first ``OTHER_BYTES_MAX`` bytes (their headers
+  sit at the start: BMP, GIF's screen, TGA, ICO; a TIFF whose directory lies past them, or
+  a GIF whose first frame does, has no shape here).
+
+Why a walk and not a parser of our own that returns the size: PIL is the decoder the
+handlers run, and it refuses headers a size parser would accept (12-bit frames, 2-layer
+frames, bombs); its verdict on the frame header is the one the stage will reach. Why not
+PIL on a truncated buffer for JPEG and PNG: their frame headers legitimately sit hundreds
+of KiB in. The cost (benchmarks/dev/header_cpu.py, docs/failures.md): at most about a
+millisecond of CPU per body on the generated corpus of hostile headers; before, up to
+seconds.
+
+A body with no shape here (not an image, a header past the cap or past ``STEPS_MAX``
+steps, a format read only from its first bytes) has None: under ``shape_groups`` it is cut
+into a micro-batch of its own, and the stage that decodes it answers as it answers alone.
+A shape read here is the size PIL reads from the same bytes. The padding at the end of
+base64 text is not checked (the reader never gets there): text whose padding is missing,
+which ``b64decode`` refuses, may get a shape here and its 400 from the stage. The shape is
+the stored one: an EXIF orientation tag is not applied (``VisionHandler`` does not apply it
+either; a handler that turns photos upright defines ``item_shape``).
 """
 
 from __future__ import annotations
 
 import binascii
 import io
+import re
 from collections.abc import Mapping
-from typing import IO, Any, cast
+from typing import Any
 
 # The most bytes of an image read for its header: past a JPEG's EXIF block (64 KiB), an ICC
 # profile (a few KiB to ~600 KiB) and XMP in front of its frame header. Beyond it the shape
@@ -42,113 +70,245 @@ HEADER_BYTES_MAX = 1 << 20
 # The most base64 characters scanned for those bytes: 4 per 3 bytes, plus line breaks (2
 # per 64 characters at worst) and room for other characters b64decode skips.
 TEXT_CHARS_MAX = 2 * HEADER_BYTES_MAX
-# Characters decoded at least per step: PIL reads a header in reads of a few bytes.
+# The most steps spent on a header: JPEG markers and DQT tables, PNG chunks. A photo has
+# about 10 to 40 (EXIF, MPF, XMP and its extensions, ICC fragments, tables); each costs a
+# few microseconds, here or in PIL.
+STEPS_MAX = 256
+# What PIL parses of a format not walked here: its line and token readers take a step per
+# byte, about a microsecond each on a BytesIO.
+OTHER_BYTES_MAX = 16 * 1024
+# Base64 text is decoded this far first: a photo's header is within it.
+_FIRST_BYTES = 64 * 1024
+# Characters decoded at least per step: text of skipped characters takes few steps.
 _STEP_CHARS = 4096
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _SKIPPED = bytes(sorted(set(range(256)) - set(_ALPHABET)))  # what b64decode skips ("=" too)
 
 
+class _NeedMore(Exception):
+    """The header runs past the bytes read so far, and the body has more."""
+
+
 def image_shape(item: Any) -> tuple[int, int] | None:
     """``item``'s (width, height) from its image header; None when its body is not an
-    image PIL can open from its first ``HEADER_BYTES_MAX`` bytes (the stage that decodes it
-    reports what is wrong)."""
+    image PIL opens from its first ``HEADER_BYTES_MAX`` bytes within ``STEPS_MAX`` steps
+    (the stage that decodes it reports what is wrong)."""
     body = item.get("data") or item.get("body") if isinstance(item, Mapping) else item
     if isinstance(body, str):
-        return _shape(_Base64Prefix(body))
+        return _text_shape(body)
     if isinstance(body, (bytes, bytearray)):
-        return _shape(_BytesPrefix(body))
+        return _shape(_prefix(body), final=True)
     return None  # a list or a tensor: the handlers' tensor path, no image header
 
 
-def _shape(prefix: _Prefix) -> tuple[int, int] | None:
+def _prefix(body: bytes | bytearray) -> bytes:
+    """The first ``HEADER_BYTES_MAX`` bytes of a raw body, copied once at most (TorchServe
+    hands every body over as a bytearray; a 36 MiB body was once copied whole)."""
+    if isinstance(body, bytes) and len(body) <= HEADER_BYTES_MAX:
+        return body
+    with memoryview(body) as view:
+        return bytes(view[:HEADER_BYTES_MAX])
+
+
+def _text_shape(text: str) -> tuple[int, int] | None:
+    decoder = _Base64(text)
+    try:
+        data = decoder.decode(_FIRST_BYTES)
+        try:
+            return _shape(data, final=decoder.done())
+        except _NeedMore:
+            return _shape(decoder.decode(HEADER_BYTES_MAX), final=True)
+    except (ValueError, _NeedMore):  # text b64decode refuses
+        return None
+
+
+def _shape(data: bytes, *, final: bool) -> tuple[int, int] | None:
+    """``data``'s shape; raises _NeedMore when the header runs past it and not ``final``."""
+    try:
+        if data.startswith(b"\xff\xd8\xff"):
+            return _confirm(_jpeg_frame(data, final), "JPEG")
+        if data.startswith(b"\x89PNG\r\n\x1a\n"):
+            return _confirm(_png_header(data, final), "PNG")
+        if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+            if not final and len(data) < HEADER_BYTES_MAX:
+                raise _NeedMore
+            return _confirm(data, "WEBP")
+        if not final and len(data) < OTHER_BYTES_MAX:
+            raise _NeedMore
+        return _confirm(data[:OTHER_BYTES_MAX], None)
+    except _Refused:
+        return None
+
+
+class _Refused(Exception):
+    """What PIL would refuse, or a header past ``STEPS_MAX`` steps."""
+
+
+def _confirm(header: bytes, fmt: str | None) -> tuple[int, int] | None:
+    """The size PIL reads from ``header`` (bytes whose parsing costs a bounded number of
+    steps), with only the plugin ``fmt`` when given; None when PIL refuses it."""
     from PIL import Image  # the handler's dependency, loaded only when shapes are read
 
     try:
-        with prefix, Image.open(cast(IO[bytes], prefix)) as image:
+        with Image.open(io.BytesIO(header), formats=None if fmt is None else (fmt,)) as image:
             width, height = image.size
-    except Exception:  # not an image, a header past the cap, text b64decode refuses
+    except Exception:  # not an image, or a bomb (its stage answers 413)
         return None
     return (int(width), int(height))
 
 
-class _Prefix(io.RawIOBase):
-    """The first ``HEADER_BYTES_MAX`` bytes of an image as a file PIL reads: reads past
-    them find the end of the file."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_CUR:
-            offset += self._position
-        elif whence == io.SEEK_END:
-            offset += self._available(HEADER_BYTES_MAX)  # the end PIL may see: the cap's
-        if offset < 0:
-            raise ValueError(f"negative seek position {offset}")
-        self._position = offset
-        return offset
-
-    def readinto(self, buffer: Any) -> int:
-        # Released before returning: RawIOBase.read shrinks its bytearray after this call.
-        with memoryview(buffer) as view:
-            end = self._available(self._position + len(view))
-            count = max(0, end - self._position)
-            view[:count] = self._bytes(self._position, count)
-        self._position += count
-        return count
-
-    def _available(self, end: int) -> int:
-        """How many bytes there are up to ``end`` (capped), making them readable."""
-        raise NotImplementedError
-
-    def _bytes(self, start: int, count: int) -> bytes | bytearray:
-        raise NotImplementedError
+# -- JPEG ----------------------------------------------------------------------------
+# PIL's JpegImageFile._open steps over every byte that is not 0xFF (junk), over 0xFF 0xFF
+# (a fill byte before a marker) and 0xFF 0x00 (an escaped 0xFF). Here junk is skipped by one
+# bytes.find (memchr); a run of fill bytes by one search, at most _FILL_BYTES_MAX long.
+_NOT_FILL = re.compile(rb"[^\xff]")
+_FILL_BYTES_MAX = 1024
+# PIL's marker table (JpegImagePlugin.MARKER): every byte from 0xC0 is a marker, those below
+# are not ("no marker found"); these carry no length and no payload.
+_JPEG_BARE = frozenset([0xC8, *range(0xD0, 0xDA), *range(0xF0, 0xFE)])
+_JPEG_SOF = frozenset([*range(0xC0, 0xC4), *range(0xC5, 0xC8), *range(0xC9, 0xCC)])
+_JPEG_SOF |= frozenset([*range(0xCD, 0xD0), 0xDE])
+_JPEG_SOS, _JPEG_DQT = 0xDA, 0xDB
 
 
-class _BytesPrefix(_Prefix):
-    """A raw body, read in place: ``io.BytesIO`` would copy a bytearray, and TorchServe
-    hands every body over as one (a 36 MiB body was copied whole to read 600 bytes)."""
+def _jpeg_frame(data: bytes, final: bool) -> bytes:
+    """The JPEG that PIL reads the size of ``data`` from: start-of-image, the last frame
+    header before the scan, an empty start-of-scan. Replays PIL's walk in at most
+    ``STEPS_MAX`` steps, with the refusals PIL makes on the way."""
+    position, steps, frame, scanned = 2, 0, b"", False
+    icc: list[bytes] = []
+    while not scanned:
+        steps += 1
+        if steps > STEPS_MAX:
+            raise _Refused
+        marker, position = _jpeg_marker(data, position)
+        if marker < 0:  # the end: PIL stops here and keeps the frame header it has
+            if not final:
+                raise _NeedMore
+            break
+        if marker == 0 or marker in _JPEG_BARE:  # an escaped 0xFF, or no payload
+            continue
+        if marker < 0xC0:
+            raise _Refused  # "no marker found"
+        payload, position = _jpeg_payload(data, position, final)
+        if marker in _JPEG_SOF:
+            frame = _jpeg_sof(marker, payload, icc)
+            icc = []
+        elif marker == _JPEG_DQT:
+            steps += _dqt_tables(payload)
+        elif marker == 0xE2 and payload.startswith(b"ICC_PROFILE\0"):
+            icc.append(payload)
+        elif _jpeg_version_short(marker, payload):
+            raise _Refused  # PIL reads a version at offset 5
+        scanned = marker == _JPEG_SOS
+    if not frame:
+        raise _Refused  # PIL found no size
+    return b"\xff\xd8" + frame + b"\xff\xda\x00\x02"
 
-    def __init__(self, body: bytes | bytearray) -> None:
-        super().__init__()
-        self._body = body
 
-    def _available(self, end: int) -> int:
-        return min(end, len(self._body), HEADER_BYTES_MAX)
+def _jpeg_marker(data: bytes, position: int) -> tuple[int, int]:
+    """The byte after the next 0xFF (and its fill bytes) from ``position``, and where the
+    byte after it is; -1 at the end. Refused past _FILL_BYTES_MAX fill bytes."""
+    start = data.find(b"\xff", position)
+    if start < 0:
+        return -1, len(data)
+    found = _NOT_FILL.search(data, start, start + _FILL_BYTES_MAX)
+    if found is None:
+        if start + _FILL_BYTES_MAX < len(data):
+            raise _Refused
+        return -1, len(data)  # 0xFF to the end
+    return data[found.start()], found.end()
 
-    def _bytes(self, start: int, count: int) -> bytes | bytearray:
-        return self._body[start : start + count]
+
+def _jpeg_version_short(marker: int, payload: bytes) -> bool:
+    """A JFIF (APP0) or Adobe (APP14) segment too short for the version PIL reads."""
+    tagged = payload.startswith(b"JFIF") if marker == 0xE0 else payload.startswith(b"Adobe")
+    return marker in (0xE0, 0xEE) and tagged and len(payload) < 7
 
 
-class _Base64Prefix(_Prefix):
-    """Base64 text decoded as ``base64.b64decode`` decodes it, as far as it is read: at most
-    ``TEXT_CHARS_MAX`` characters are scanned, ``HEADER_BYTES_MAX`` bytes decoded."""
+def _jpeg_payload(data: bytes, position: int, final: bool) -> tuple[bytes, int]:
+    """A segment's payload and where the next byte is; a segment the end cuts short is
+    refused as PIL refuses it (its length unreadable, its payload a truncated read)."""
+    if position + 2 > len(data):
+        raise _NeedMore if not final else _Refused
+    size = int.from_bytes(data[position : position + 2], "big") - 2
+    start = position + 2
+    if size <= 0:
+        return b"", start  # PIL reads nothing and goes on
+    if start + size > len(data):
+        raise _NeedMore if not final else _Refused
+    return data[start : start + size], start + size
+
+
+def _jpeg_sof(marker: int, payload: bytes, icc: list[bytes]) -> bytes:
+    """A frame header as PIL's SOF handler checks it, cut to its components (PIL loops
+    over every 3 bytes after them); refused when PIL raises on it."""
+    if len(payload) < 6 or payload[0] != 8 or payload[5] not in (1, 3, 4):
+        raise _Refused  # short, not 8-bit, or a layer count PIL has no mode for
+    if icc and len(min(icc)) < 14:
+        raise _Refused  # PIL reads the fragment count of the first fragment, sorted
+    kept = payload[: 6 + 3 * payload[5]]
+    return bytes([0xFF, marker]) + (len(kept) + 2).to_bytes(2, "big") + kept
+
+
+def _dqt_tables(payload: bytes) -> int:
+    """How many quantization tables ``payload`` holds; refused when the last is cut
+    short, as PIL refuses it ("bad quantization table marker")."""
+    offset, tables = 0, 0
+    while offset < len(payload):
+        offset += 65 if payload[offset] < 16 else 129  # 8-bit or 16-bit entries
+        tables += 1
+        if offset > len(payload) or tables > STEPS_MAX:
+            raise _Refused
+    return tables
+
+
+# -- PNG -----------------------------------------------------------------------------
+
+
+def _png_header(data: bytes, final: bool) -> bytes:
+    """``data`` when PIL reaches its first IDAT or IEND, or the end, within ``STEPS_MAX``
+    chunks (PIL's work per chunk is then in C: CRC, zlib)."""
+    position = 8
+    for _ in range(STEPS_MAX):
+        if position + 8 > len(data):
+            break
+        kind = data[position + 4 : position + 8]
+        if kind in (b"IDAT", b"IEND"):
+            return data
+        position += 12 + int.from_bytes(data[position : position + 4], "big")
+    else:
+        raise _Refused
+    if not final:
+        raise _NeedMore
+    return data  # PIL refuses a chunk the end cuts short
+
+
+# -- base64 --------------------------------------------------------------------------
+
+
+class _Base64:
+    """Base64 text decoded as ``base64.b64decode`` decodes it, as far as it is asked: at
+    most ``TEXT_CHARS_MAX`` characters are scanned, ``HEADER_BYTES_MAX`` bytes decoded."""
 
     def __init__(self, text: str) -> None:
-        super().__init__()
         self._text = text
         self._scanned = 0  # characters of the text consumed
         self._pending = b""  # alphabet characters short of a group of 4
         self._decoded = bytearray()
 
-    def _available(self, end: int) -> int:
-        end = min(end, HEADER_BYTES_MAX)
-        while len(self._decoded) < end and self._scanned < min(len(self._text), TEXT_CHARS_MAX):
-            self._decode_step(end - len(self._decoded))
-        return min(end, len(self._decoded))
+    def done(self) -> bool:
+        """Whether the bytes decoded so far are all there is (up to the cap)."""
+        limit = min(len(self._text), TEXT_CHARS_MAX)
+        return self._scanned >= limit or len(self._decoded) >= HEADER_BYTES_MAX
 
-    def _bytes(self, start: int, count: int) -> bytes | bytearray:
-        return self._decoded[start : start + count]
+    def decode(self, end: int) -> bytes:
+        """The first ``end`` bytes (fewer when the text ends first)."""
+        end = min(end, HEADER_BYTES_MAX)
+        limit = min(len(self._text), TEXT_CHARS_MAX)
+        while len(self._decoded) < end and self._scanned < limit:
+            self._decode_step(end - len(self._decoded))
+        return bytes(self._decoded[:end])
 
     def _decode_step(self, wanted_bytes: int) -> None:
         chars = max(_STEP_CHARS, wanted_bytes * 4 // 3 + 4)
