@@ -475,3 +475,29 @@ def test_any_arrival_schedule_answers_every_request_once_with_its_own_answer(
             else:
                 assert (status, body) == (200, {"double": 2 * i})
         handler.micro_batching.shutdown()
+
+
+def test_drain_rate_counts_no_idle_time_before_a_burst_() -> None:
+    """The drain rate counted the whole time since the previous answer as busy: after 3 s of
+    quiet, the first answers of a burst made it about a second an item, and a model of ~1 ms
+    a stage refused 20 of 40 later requests against a 200 ms objective."""
+    from ts_microbatch.core.continuous import StageCosts, StreamPolicy
+
+    stages = ("preprocess", "inference", "postprocess")
+    costs = StageCosts(stages)
+    for stage in stages:
+        costs.on_stage(stage, 1, 0.0, 0.001, failed=False)
+    policy = StreamPolicy(costs, max_window_s=0.005)
+    threads = dict.fromkeys(stages, 1)
+    now = 0.0
+    policy.started(now)
+    for _ in range(20):  # a busy stretch: an item answered every millisecond
+        now += 0.001
+        policy.answered(now, 1, busy=True)
+    now += 3.0  # quiet: the pipeline empty
+    policy.started(now)  # a burst goes into the empty pipeline
+    for _ in range(5):
+        now += 0.001
+        policy.answered(now, 1, busy=True)  # requests of the burst wait behind it
+    predicted = policy.predicted_s(20, threads)
+    assert predicted is not None and predicted < 0.2, predicted

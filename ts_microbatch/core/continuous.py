@@ -125,10 +125,18 @@ class StreamPolicy:
             self._gap_s = _mean(self._gap_s, max(0.0, now - self._last_arrival))
         self._last_arrival = now
 
+    def started(self, now: float) -> None:
+        """A micro-batch went into an empty pipeline at ``now``: it stood idle since its last
+        answer, so the next answer's interval measures idle time, not draining, and teaches
+        the drain rate nothing. (Counted, a burst after 3 s of quiet made the drain ~1 s an
+        item and refused later requests for good: the test named after it.)"""
+        self._last_answer = None
+
     def answered(self, now: float, items: int, busy: bool) -> None:
         """``items`` were answered at ``now``; ``busy``: work was waiting all along since the
         answer before, so the time between the two is what the pipeline took per item when
-        it never stood idle (every overhead included, which the stage costs leave out)."""
+        it never stood idle (every overhead included, which the stage costs leave out). Only
+        an interval with items in flight throughout counts (``started``)."""
         last, self._last_answer = self._last_answer, now
         if busy and last is not None and items > 0:
             self._drain_s = _mean(self._drain_s, (now - last) / items)

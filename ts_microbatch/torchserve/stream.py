@@ -268,6 +268,8 @@ class ContinuousBatcher:
         # and in the micro-batches the pipeline cuts them into, one slot each.
         items = len(batch) if batch is not None else 0
         load = _Load(max(1, math.ceil(items / self._host.gather_size())), items)
+        if self._in_flight == 0:  # the pipeline was idle: that time is no drain time
+            self.policy.started(loop.time())
         self._in_flight += load.slots
         self._in_flight_items += load.items
         if batch is None:  # nothing to run (unreadable bodies, or refused): answered now
