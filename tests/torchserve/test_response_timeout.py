@@ -7,6 +7,7 @@ with 90% of responseTimeout, and a ``timeout_s`` at or above it fails the load.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Callable
@@ -124,3 +125,63 @@ def test_defect_upstream_style_handler_waited_forever_on_a_stuck_batch() -> None
         mb.shutdown()
     assert [a["code"] for a in answers] == [504, 504, 504]
     assert all("timeout_s=0.9" in a["message"] for a in answers)
+
+
+def slow_cut_handler(monkeypatch: pytest.MonkeyPatch, timeout_s: float) -> tuple[Any, Any, Any]:
+    """A MicroBatching whose cut (``submit_batch``, where headers are read and the batch
+    planned) takes ``timeout_s`` + 1 s on the deadline's clock, its inference stuck; the
+    ``cut`` event is set once the cut ran."""
+    from tests.core.fakes import FakeHandler
+    from ts_microbatch import MicroBatching, MicroBatchingConfig
+    from ts_microbatch.torchserve import micro_batching
+
+    handler = FakeHandler()
+    handler.inference = stuck = StuckInference()
+    config = MicroBatchingConfig.from_mapping({"micro_batch_size": 2, "timeout_s": timeout_s})
+    mb = MicroBatching(handler, config=config)
+    now_s = [1000.0]
+    monkeypatch.setattr(micro_batching, "_clock", lambda: now_s[0])
+    cut, submit_batch = threading.Event(), mb._pipeline.submit_batch
+
+    def slow_cut(*args: Any, **kwargs: Any) -> Any:
+        now_s[0] += timeout_s + 1  # reading the bodies took longer than the whole budget
+        cut.set()
+        return submit_batch(*args, **kwargs)
+
+    monkeypatch.setattr(mb._pipeline, "submit_batch", slow_cut)
+    return mb, stuck, cut
+
+
+def returned_while_stuck(stage: StuckInference, call: Callable[[], Any]) -> Any:
+    """Runs ``call`` on a thread; asserts it returned within a bounded wait (well under the
+    100 s ``timeout_s`` the batch would otherwise have waited on top of its cut)."""
+    answers: list[Any] = []
+    caller = threading.Thread(target=lambda: answers.append(call()))
+    try:
+        caller.start()
+        caller.join(30)
+        assert not caller.is_alive(), "handle() waited timeout_s after a cut that spent it"
+    finally:
+        stage.release.set()
+        caller.join(60)
+    return answers[0]
+
+
+@pytest.mark.parametrize("path", ["handle", "handle_async"])
+def test_defect_the_time_spent_cutting_a_batch_did_not_count_against_timeout_s(
+    monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    # Issue 40: timeout_s started after _submit returned, so the seconds a cut spent
+    # reading hostile headers came on top of it, past the frontend's responseTimeout.
+    mb, stuck, cut = slow_cut_handler(monkeypatch, timeout_s=100.0)
+    if path == "handle":
+        call = lambda: mb.handle([1, 2, 3], None)  # noqa: E731
+    else:
+        call = lambda: asyncio.run(mb.handle_async([1, 2, 3], None))  # noqa: E731
+    try:
+        answers = returned_while_stuck(stuck, call)
+    finally:
+        mb.shutdown()
+    assert cut.is_set()  # the scenario: the cut ran, and spent the budget
+    assert [a["code"] for a in answers] == [504, 504, 504]
+    assert all("timeout_s=100.0" in a["message"] for a in answers)

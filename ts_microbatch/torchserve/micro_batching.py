@@ -7,7 +7,8 @@ It replaces a handler's ``handle``. What a batch goes through, in order (``handl
    (``kserve.unpack``);
 2. the items are submitted to the pipeline (``ts_microbatch.core.pipeline``), which cuts
    them into micro-batches and runs preprocess, inference and postprocess on its threads;
-3. ``handle`` waits for the batch, at most ``timeout_s`` (``timeouts``);
+3. ``handle`` waits for the batch, at most ``timeout_s`` (``timeouts``) counted from when
+   it was entered: reading the requests and cutting the batch (shapes, lengths) spend it;
 4. each request's outcome becomes its status and the bytes TorchServe sends
    (``answers.answer_batch``).
 
@@ -261,14 +262,21 @@ class MicroBatching:
         instances per request), no per-request status is set: an index would name the
         wrong request, and the error body stays in the output.
         """
+        start_s = _clock()
         submitted = self._submit(data, context)
-        if submitted.batch is not None:
-            submitted.batch.wait(self._timeout_s(submitted))
+        batch = submitted.batch
+        if batch is not None:
+            timeout_s = self._timeout_s(submitted)
+            answered = threading.Event()
+            batch.when_answered(lambda _: answered.set())
+            answered.wait(_left_s(timeout_s, start_s))
+            batch.expire(timeout_s)
         return answer_batch(submitted, self._observer)
 
     async def handle_async(self, data: Sequence[Any], context: Any = None) -> list[Any]:
         """``handle`` for TorchServe's asynchronous worker (``asyncCommunication: true``):
         awaits the pipeline instead of blocking the worker's event loop."""
+        start_s = _clock()
         submitted = self._submit(data, context)
         batch = submitted.batch
         if batch is not None:
@@ -277,7 +285,7 @@ class MicroBatching:
             answered = loop.create_future()
             # One wake-up for the whole batch, on the loop's thread.
             batch.when_answered(lambda _: call_soon(loop, answered))
-            await asyncio.wait([answered], timeout=timeout_s)
+            await asyncio.wait([answered], timeout=_left_s(timeout_s, start_s))
             batch.expire(timeout_s)
         return answer_batch(submitted, self._observer)
 
@@ -466,6 +474,19 @@ class MicroBatching:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown(wait=True)
+
+
+# The deadline's clock, read where the timeout starts and where it is waited on (a test
+# moves it to stand for a slow cut).
+_clock = time.monotonic
+
+
+def _left_s(timeout_s: float, start_s: float) -> float:
+    """What is left of ``timeout_s`` since ``start_s``: the time spent reading the requests
+    and cutting the batch (a header reader, a handler's ``item_shape`` or ``item_length``)
+    is the batch's, so a slow cut cannot push its answer past the frontend's
+    ``responseTimeout`` (issue 40: a 1 MiB body read for 10 s, then ``timeout_s`` on top)."""
+    return max(0.0, timeout_s - (_clock() - start_s))
 
 
 async def _returning(value: Any) -> Any:
