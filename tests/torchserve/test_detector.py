@@ -169,3 +169,27 @@ def test_a_bad_body_gets_a_400_saying_what_was_sent(
     assert [status for status, _ in got] == [200, 400, 200]
     assert got[1][1]["message"].startswith(message), got[1][1]
     assert "object at 0x" not in got[1][1]["message"]
+
+
+def test_defect_hostile_jpeg_headers_held_up_their_batch(grouped: Any, alone: list[Any]) -> None:
+    # Issue 40: a JPEG start-of-image marker then zeros to the 1 MiB cap took seconds to
+    # read (PIL skipped the zeros a byte at a time) on the thread that cuts the batch,
+    # before timeout_s started; a dozen passed the frontend's responseTimeout. Now the
+    # cutting thread takes a bounded number of Python steps, the timeout counts the cut,
+    # and the good photo is served beside the hostile bodies, each of which gets its 400.
+    from dataclasses import replace
+
+    from tests.torchserve.hostile_headers import python_steps
+
+    hostile = b"\xff\xd8\xff" + bytes(HEADER_BYTES_MAX - 3)
+    micro_batching = handler_of(grouped).micro_batching
+    config = micro_batching.base_config
+    micro_batching.configure(replace(config, timeout_s=30.0))
+    try:
+        bodies = [(hostile, JPEG)] * 12 + [(PHOTOS[3], JPEG)]
+        got, steps = python_steps(lambda: predict(grouped, bodies), limit=500_000)
+    finally:
+        micro_batching.configure(config)
+    assert [status for status, _ in got] == [400] * 12 + [200]
+    assert got[-1][1] == alone[3]
+    assert steps <= 500_000  # the defect: ~20 per byte, 21 million for each hostile body
