@@ -190,7 +190,7 @@ class Isolator:
                 _answer_nowhere(mb)  # its verdict is in: the later stages drop it
                 logger.info(
                     "stage %s: its known-good input passed alone, so the failures were the "
-                    "inputs'; not judged broken",
+                    "inputs'; the stage serves on",
                     self._names[stage],
                 )
             return self._release(probe)
