@@ -74,7 +74,7 @@ class PipelineStats(NamedTuple):
     queued: dict[str, int]
     batches_in_flight: int
     abandoned_threads: dict[str, int]  # stuck in calls that timed out, replaced
-    # Stages judged broken now: failing alike fails fast (ts_microbatch.core.breaker).
+    # Stages judged broken now: a micro-batch failing there fails fast (ts_microbatch.core.breaker).
     broken_stages: tuple[str, ...] = ()
 
 
