@@ -282,21 +282,15 @@ def test_auto_micro_batch_size_answers_every_request_within_its_bounds(
         summary = scraped(server, AUTO_MODEL)
         text = server.scrape_metrics()
         assert summary["micro_batches"] > summary["batches"] >= 3, summary
-        # Every micro-batch within max_micro_batch_size (6): all in the histogram's
-        # "<= 7.5" bucket. (Below min is allowed: a batch's remainder.)
-        count = next(
-            line
+        # Every micro-batch within max_micro_batch_size (6): each counted once, all in
+        # the size ranges up to "5-8". (Below min is allowed: a batch's remainder.)
+        sizes = summary["micro_batch_sizes"]
+        assert sizes and set(sizes) <= {"1", "2", "3-4", "5-8"}, sizes
+        assert sum(sizes.values()) == summary["micro_batches"]
+        assert any(
+            line.startswith("MicroBatchSize") and 'Sizes="' in line and AUTO_MODEL in line
             for line in text.splitlines()
-            if line.startswith("MicroBatchSize_count") and AUTO_MODEL in line
         )
-        in_bucket = next(
-            line
-            for line in text.splitlines()
-            if line.startswith("MicroBatchSize_bucket")
-            and AUTO_MODEL in line
-            and 'le="7.5"' in line
-        )
-        assert float(in_bucket.rsplit(" ", 1)[1]) == float(count.rsplit(" ", 1)[1])
         assert '"micro_batch_size": "auto"' in server.log()
     finally:
         assert server.unregister(AUTO_MODEL).status == 200

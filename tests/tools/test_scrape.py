@@ -25,10 +25,8 @@ def scrape(scale: float, model: str = "m") -> str:
         f'hostname="vm",}} {64 * scale * 90000}',
         f"MicroBatchesPerBatch_count{{{labels}}} {2 * scale}",
         f"MicroBatchesPerBatch_sum{{{labels}}} {16 * scale}",
-        f"MicroBatchSize_count{{{labels}}} {16 * scale}",
-        f"MicroBatchSize_sum{{{labels}}} {64 * scale}",
+        f'MicroBatchSize{{Sizes="3-4",{labels}}} {16 * scale}',
         f'MicroBatchRequestErrors{{StatusCode="400",{labels}}} {scale}',
-        f'MicroBatchSize_bucket{{{labels}le="+Inf",}} {16 * scale}',
     ]
     for stage, seconds in (("preprocess", 0.02), ("inference", 0.005), ("postprocess", 0.001)):
         lines += [
@@ -81,8 +79,8 @@ def test_summary_by_interval_takes_its_counts_from_the_counters() -> None:
             f"ts_inference_requests_total{{{frontend}}} 42",
             f"MicroBatchesPerBatch_count{{{labels}}} 2",
             f"MicroBatchesPerBatch_sum{{{labels}}} 9.0",
-            f"MicroBatchSize_count{{{labels}}} 2",
-            f"MicroBatchSize_sum{{{labels}}} 5.0",
+            f'MicroBatchSize{{Sizes="2",{labels}}} 1',
+            f'MicroBatchSize{{Sizes="3-4",{labels}}} 1',
             f"MicroBatchBatches{{{labels}}} 11",
             f"MicroBatchesCut{{{labels}}} 18",
         ]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import ts
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+from ts.metrics.metric_type_enum import MetricTypes
 
 from tests.core.fakes import FakeHandler, expected
 from tests.torchserve.metric_lines import written_by
@@ -26,7 +27,7 @@ from ts_microbatch.torchserve.metrics import (
 
 # A batch of 3 in micro-batches of 2 ([1 2] [3]): MicroBatchesPerBatch, MicroBatchBatches
 # and MicroBatchesCut once, then per micro-batch and stage MicroBatchStageSeconds and
-# MicroBatchQueueSeconds, plus MicroBatchSize per micro-batch in preprocess.
+# MicroBatchQueueSeconds, plus a MicroBatchSize count per micro-batch in preprocess.
 LINES_OF_ONE_BATCH = 3 + 2 * 3 * 2 + 2
 
 
@@ -224,14 +225,16 @@ def test_an_interval_is_one_line_per_metric_the_mean_of_a_histogram_the_sum_of_a
     lines = interval_lines(caplog)
     model = "ModelName:None,Level:Model"
     assert lines[f"MicroBatchesPerBatch|{model}"] == [2.0]
-    assert lines[f"MicroBatchSize|{model}"] == [1.5]  # (2 + 1 + 2 + 1) / 4
+    # One count per micro-batch, by size range: [1 2] and [3] twice, summed.
+    assert lines[f"MicroBatchSize|Sizes:2,{model}"] == [2.0]
+    assert lines[f"MicroBatchSize|Sizes:1,{model}"] == [2.0]
     for stage in ("preprocess", "inference", "postprocess"):
         assert len(lines[f"MicroBatchStageSeconds|Stage:{stage},{model}"]) == 1
         assert len(lines[f"MicroBatchQueueSeconds|Stage:{stage},{model}"]) == 1
     assert lines[f"MicroBatchRequestErrors|StatusCode:400,{model}"] == [2.0]  # sums
     assert lines[f"MicroBatchBatches|{model}"] == [2.0]
     assert lines[f"MicroBatchesCut|{model}"] == [4.0]
-    assert sum(len(v) for v in lines.values()) == 11
+    assert sum(len(v) for v in lines.values()) == 12
 
 
 def test_an_interval_is_written_when_it_ends_without_a_flush(
@@ -291,3 +294,53 @@ def test_items_of_unknown_shape_are_a_counter(caplog: pytest.LogCaptureFixture) 
         assert kinds and all("#type:COUNTER" in line for line in kinds)
     finally:
         observer.close()
+
+
+def test_micro_batch_size_was_an_intervals_mean_in_latency_buckets_now_a_count_per_micro_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # MicroBatchSize was a histogram observed once an interval with the interval's mean
+    # size, in TorchServe's fixed buckets (5 ms to 10 s): 38 observations for 3,608
+    # requests, sizes 16 and 32 in one "+Inf" bucket. Now every micro-batch counts once
+    # under its power-of-two size range, summed exactly per interval, as the package's
+    # metrics.yaml declares it.
+    from ts_microbatch.tools import METRICS_YAML
+
+    metrics = MetricsCacheYamlImpl(str(METRICS_YAML))
+    metrics.initialize_cache()
+    metrics.request_ids = {i: f"req-{i}" for i in range(64)}
+    declared = metrics.get_metric("MicroBatchSize", MetricTypes.COUNTER)
+    assert declared.dimension_names[0] == "Sizes"
+    observer = TorchServeMetricsObserver(metrics, interval_s=3600)  # one interval
+    sizes = [32, 32, 16, 7, 5, 1, 1, 2, 3, 64]
+    try:
+        with caplog.at_level(logging.INFO):
+            for size in sizes:
+                observer.on_stage("preprocess", size, 0.0, 0.001, failed=False)
+            observer.on_stage("inference", 32, 0.0, 0.001, failed=False)  # not a new one
+            assert observer.flush(timeout_s=30)
+            lines = interval_lines(caplog)
+            kinds = [line for line, _ in written_by(caplog.records, "[METRICS]MicroBatchSize.")]
+    finally:
+        observer.close()
+    model = "ModelName:None,Level:Model"
+    counted = {k.split("|")[1]: v for k, v in lines.items() if k.startswith("MicroBatchSize|")}
+    assert counted == {
+        f"Sizes:17-32,{model}": [2.0],
+        f"Sizes:9-16,{model}": [1.0],
+        f"Sizes:5-8,{model}": [2.0],
+        f"Sizes:1,{model}": [2.0],
+        f"Sizes:2,{model}": [1.0],
+        f"Sizes:3-4,{model}": [1.0],
+        f"Sizes:33-64,{model}": [1.0],
+    }
+    assert sum(v[0] for v in counted.values()) == len(sizes)  # one per micro-batch
+    assert kinds and all("#type:COUNTER" in line for line in kinds)
+
+
+def test_size_ranges_are_powers_of_two() -> None:
+    from ts_microbatch.torchserve.metrics import size_range
+
+    assert [size_range(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 64, 65)] == [
+        "0", "1", "2", "3-4", "3-4", "5-8", "5-8", "9-16", "9-16", "17-32", "33-64", "65-128",
+    ]  # fmt: skip

@@ -86,8 +86,9 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
     Returns a dict with ``requests`` (TorchServe's ``ts_inference_requests_total``),
     ``frontend_queue_ms`` and ``frontend_latency_ms`` (means per request, as TorchServe
     measures them), ``batches`` (frontend batches: the ``MicroBatchBatches`` counter when the
-    metrics config declares it, else the histogram's count), ``micro_batches`` (lines of
-    ``MicroBatchSize``: one per micro-batch, or per interval with ``metrics_interval_s``),
+    metrics config declares it, else the histogram's count), ``micro_batches`` (the
+    ``MicroBatchSize`` counter: one per micro-batch, over every size range),
+    ``micro_batch_sizes`` (of those, how many by size range: "1", "2", "3-4", ...),
     ``mean_batch_size`` and ``mean_micro_batch_size`` (requests per batch and per
     micro-batch cut, from the counters; else from the histograms), ``micro_batches_per_batch``,
     ``stage_ms`` and ``stage_wait_ms`` (per stage, mean per micro-batch; by interval, the mean
@@ -113,13 +114,18 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
 
     requests = delta("ts_inference_requests_total", **frontend)
     batches = delta(f"{MICRO_BATCHES_PER_BATCH}_count", **model)
-    micro_batches = delta(f"{MICRO_BATCH_SIZE}_count", **model)
-    sized = delta(f"{MICRO_BATCH_SIZE}_sum", **model)
+    # A counter by size range (a Prometheus client may append _total to a counter's name).
+    size_names = (MICRO_BATCH_SIZE, f"{MICRO_BATCH_SIZE}_total")
+    ranges = sorted({(s.labels.get("Sizes", ""), s.name) for s in a if s.name in size_names})
+    sizes: dict[str, int] = {}
+    for label, name in ranges:
+        sizes[label] = sizes.get(label, 0) + int(delta(name, Sizes=label, **model))
+    micro_batches = float(sum(sizes.values()))
     cuts = delta(f"{MICRO_BATCHES_PER_BATCH}_sum", **model)
-    mean_size = _ratio(sized, micro_batches)
+    sized, mean_size = requests, _ratio(requests, micro_batches)
     # The exact counters (metric lines by interval make each histogram observation an
     # interval's mean); without them (a metrics config that does not declare them) the
-    # histograms, exact with a line per micro-batch.
+    # MicroBatchesPerBatch histogram and the MicroBatchSize counter.
     counted = delta(BATCHES, **model) + delta(f"{BATCHES}_total", **model)
     if counted:
         batches = counted
@@ -148,6 +154,7 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
         / 1000,
         "batches": batches,
         "micro_batches": micro_batches,
+        "micro_batch_sizes": {k: n for k, n in sizes.items() if n},
         "mean_batch_size": _ratio(sized, batches),
         "mean_micro_batch_size": mean_size,
         "micro_batches_per_batch": _ratio(cuts, batches),
