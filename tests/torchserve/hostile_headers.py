@@ -129,7 +129,8 @@ def structures(n: int) -> Iterator[tuple[str, bytes]]:
     yield "jpeg-soi-ff-ff-zeros", SOI + b"\xff\xff" + bytes(n - 4)
     yield "jpeg-fill-ff", SOI + b"\xff" * (n - 2)
     yield "jpeg-escaped-ff00", _repeat(b"\xff\x00", SOI, n)
-    yield "jpeg-junk-then-sof", SOI + b"\xff" + bytes(n - 65) + _sof(64, 48) + _segment(0xFFDA, bytes(10))
+    scan = _segment(0xFFDA, bytes(10))
+    yield "jpeg-junk-then-sof", SOI + b"\xff" + bytes(n - 65) + _sof(64, 48) + scan
     yield "jpeg-empty-com-run", _repeat(b"\xff\xfe\x00\x02", SOI, n)
     yield "jpeg-empty-app-run", _repeat(b"\xff\xe5\x00\x02", SOI, n)
     yield "jpeg-rst-run", _repeat(b"\xff\xd0", SOI, n)
