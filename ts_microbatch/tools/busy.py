@@ -3,8 +3,8 @@
 On a shared machine a slow phase of someone else's work lands on whichever variant runs
 then. ``OtherCpu`` reads, before and after a run, the busy time of the cores this process
 may run on (``/proc/stat`` through psutil, per core, restricted to the affinity mask) and
-the CPU of this process and its descendants (the load generator and the TorchServe it
-started: launcher, frontend, workers); the difference over the run's wall time is what
+the CPU of this process, its descendants and their sessions (the load generator and the
+TorchServe it started: launcher, frontend, workers); the difference over the run's wall time is what
 everything else used, in cores. A run past ``BUSY_CORES`` is flagged, and the sweep
 (ts_microbatch.tools.curves) runs it once more.
 """
@@ -38,12 +38,29 @@ def machine_busy_s() -> float:
 
 
 def own_tree_s() -> float:
-    """CPU seconds (user + system) used by this process and its live descendants."""
+    """CPU seconds (user + system) used by this process, its live descendants, and the
+    processes of their sessions (a TorchServe started in a session of its own: its
+    frontend lives on if the launcher exits first, no longer a descendant)."""
     import psutil
 
     me = psutil.Process()
+    procs = {p.pid: p for p in [me, *me.children(recursive=True)]}
+    sessions = set()
+    for pid in procs:
+        try:
+            sessions.add(os.getsid(pid))
+        except OSError:
+            continue  # exited in between
+    sessions.discard(os.getsid(0))  # our own session may hold the shell that started us
+    if sessions:
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid not in procs and os.getsid(proc.pid) in sessions:
+                    procs[proc.pid] = proc
+            except OSError:
+                continue
     total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
+    for proc in procs.values():
         try:
             times = proc.cpu_times()
         except psutil.Error:
