@@ -33,7 +33,7 @@ help:
 	@echo "make bert-mar    build $(BERT_MAR)"
 	@echo "make bench   run the default benchmark comparison"
 	@echo "make bench-compare BASE=<commit>  the working tree against a commit and upstream, interleaved (~45 min)"
-	@echo "make bench-latency [WORKLOAD=compute|resnet18|text] [TUNED=model-config.yaml]  latency against offered load, open loop (~15-30 min)"
+	@echo "make bench-latency [WORKLOAD=compute|resnet18|text] [TUNED=model-config.yaml]  latency against offered load, open loop, 3 rounds (hours: each point at least 1,500 requests, 375 s at 4 req/s)"
 	@echo "make bench-continuous [WORKLOAD=compute] [OVERLOAD=500]  the asynchronous worker's continuous batching, curves and overload (~25 min)"
 	@echo "make bench-photos    upstream vs ours, same stages and best decoder, photo bodies (~17 min)"
 	@echo "make bench-detect    the detector on photos of 7 sizes: grouped, ungrouped, upstream, plain (~25 min)"
