@@ -47,14 +47,23 @@ class RegistrationError(RuntimeError):
 
 
 def server_for(
-    store: Path, workdir: Path, metrics_mode: str, base_config: Path | None = None
+    store: Path,
+    workdir: Path,
+    metrics_mode: str,
+    base_config: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> TorchServe:
     """A TorchServe on free loopback ports: ``base_config`` (a config.properties) when
-    given, else DEFAULT_PROPERTIES; either way in ``metrics_mode``."""
+    given, else DEFAULT_PROPERTIES; either way in ``metrics_mode``; ``env`` added to its
+    environment and its workers'."""
     properties = {} if base_config else dict(DEFAULT_PROPERTIES)
     properties["metrics_mode"] = metrics_mode
     return TorchServe(
-        model_store=store, workdir=workdir, properties=properties, base_config=base_config
+        model_store=store,
+        workdir=workdir,
+        properties=properties,
+        base_config=base_config,
+        env=dict(env or {}),
     )
 
 
@@ -70,12 +79,14 @@ def measure(
     sample: tuple[bytes, str],
     archive: str | None = None,
     base_config: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One server, one model (the store's ``archive``, a .mar, when given; else its
     directory ``model``), warm-up then the measured run through ``send``. ``config`` gives
     ``metrics_mode``, ``warmup_requests`` and ``response_timeout``; ``point`` the load
     (``batch_size``, ``max_batch_delay``, ``workers``, ``concurrency``, ``requests``).
-    ``sample`` (body, content type): the sample answers kept beside the scrape.
+    ``sample`` (body, content type): the sample answers kept beside the scrape. ``env``:
+    more environment for the server and its workers (``OMP_NUM_THREADS``).
 
     In log mode the per-batch HandlerTime and per-request QueueTime lines are read back
     from the metric logs. In prometheus mode (TorchServe then writes no metric logs)
@@ -86,7 +97,7 @@ def measure(
         RegistrationError: TorchServe refused the model.
     """
     mode = config["metrics_mode"]
-    with server_for(store, server_dir, mode, base_config) as server:
+    with server_for(store, server_dir, mode, base_config, env) as server:
         resp = server.register(
             archive or model,
             model_name=model if archive else None,
