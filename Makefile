@@ -19,7 +19,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv kserve-venv agent test test-unit fuzz mar serve bert-mar serve-bert stop metrics ab bench bench-latency bench-continuous bench-compare bench-photos bench-detect bench-segment bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv kserve-venv agent test test-unit fuzz mar serve bert-mar serve-bert tabular-mar serve-tabular stop metrics ab bench bench-latency bench-continuous bench-compare bench-photos bench-detect bench-segment bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -31,6 +31,7 @@ help:
 	@echo "make fuzz    the generative tests with a long random profile (not in CI)"
 	@echo "make mar     build $(MAR)"
 	@echo "make bert-mar    build $(BERT_MAR)"
+	@echo "make tabular-mar build $(TABULAR_MAR) (make serve-tabular: build, start, send a request)"
 	@echo "make bench   run the default benchmark comparison"
 	@echo "make bench-compare BASE=<commit>  the working tree against a commit and upstream, interleaved (~45 min)"
 	@echo "make bench-latency [WORKLOAD=compute|resnet18|text] [TUNED=model-config.yaml]  latency against offered load, open loop, 3 rounds (hours: each point at least 1,500 requests, 375 s at 4 req/s)"
@@ -149,6 +150,28 @@ serve-bert: $(BERT_MAR)
 	$(PY) -m ts_microbatch.tools.serve start --model-store model_store --mar $(BERT_NAME).mar \
 	  --config configs/config.properties --batch-size $(BATCH_SIZE) \
 	  --max-batch-delay $(MAX_BATCH_DELAY) --input $(BERT_BUILD)/sample.txt
+
+# The fraud scorer example (examples/tabular_scorer): an MLP over 128 JSON features,
+# untrained, or WEIGHTS=<a state dict of its FraudMLP>.
+TABULAR_NAME ?= tabular_mb
+TABULAR_MAR := model_store/$(TABULAR_NAME).mar
+TABULAR_BUILD := build/$(TABULAR_NAME)
+TABULAR_ARGS := $(TABULAR_BUILD)/.build-args
+$(TABULAR_ARGS): FORCE
+	@mkdir -p $(TABULAR_BUILD)
+	@echo '$(WEIGHTS)' | cmp -s - $@ || echo '$(WEIGHTS)' > $@
+
+$(TABULAR_MAR): $(STAMP) $(TABULAR_ARGS) examples/tabular_scorer/*.py \
+        examples/tabular_scorer/micro_batching.json examples/tabular_scorer/model-config.yaml
+	$(PY) examples/tabular_scorer/build_mar.py --export-path model_store \
+	  --model-name $(TABULAR_NAME) $(if $(WEIGHTS),--weights $(WEIGHTS))
+
+tabular-mar: $(TABULAR_MAR)
+
+serve-tabular: $(TABULAR_MAR)
+	$(PY) -m ts_microbatch.tools.serve start --model-store model_store --mar $(TABULAR_NAME).mar \
+	  --config configs/config.properties --batch-size $(BATCH_SIZE) \
+	  --max-batch-delay $(MAX_BATCH_DELAY) --input $(TABULAR_BUILD)/sample.json
 
 stop:
 	$(PY) -m ts_microbatch.tools.serve stop
