@@ -34,7 +34,7 @@ help:
 	@echo "make tabular-mar build $(TABULAR_MAR) (make serve-tabular: build, start, send a request)"
 	@echo "make bench   run the default benchmark comparison"
 	@echo "make bench-compare BASE=<commit>  the working tree against a commit and upstream, interleaved (~45 min)"
-	@echo "make bench-latency [WORKLOAD=compute|resnet18|text] [TUNED=model-config.yaml]  latency against offered load, open loop, 3 rounds (hours: each point at least 1,500 requests, 375 s at 4 req/s)"
+	@echo "make bench-latency [WORKLOAD=compute|resnet18|text|tabular] [TUNED=model-config.yaml]  latency against offered load, open loop, 3 rounds (hours: each point at least 1,500 requests, 375 s at 4 req/s)"
 	@echo "make bench-continuous [WORKLOAD=compute] [OVERLOAD=500]  the asynchronous worker's continuous batching, curves and overload (~25 min)"
 	@echo "make bench-photos    upstream vs ours, same stages and best decoder, photo bodies (~17 min)"
 	@echo "make bench-detect    the detector on photos of 7 sizes: grouped, ungrouped, upstream, plain (~25 min)"
@@ -196,7 +196,8 @@ COMPARE_ARGS ?=
 # Latency against offered load, open loop (benchmarks/latency_load.py): plain, upstream and
 # the example at several windows, and with TUNED=<model-config.yaml> the SLO tuner's choice.
 # WORKLOAD=compute or resnet18 (the image example, 720px) or text (the BERT example on the
-# long-tailed mix of bench-text, built if missing); each has its own rates and objective.
+# long-tailed mix of bench-text, built if missing) or tabular (the fraud scorer example,
+# examples/tabular_scorer, on its corpus); each has its own rates and objective.
 WORKLOAD ?= compute
 LATENCY_OUT ?= benchmarks/results/latency_load/$(WORKLOAD)
 bench-latency: $(STAMP)

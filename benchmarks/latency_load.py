@@ -26,6 +26,13 @@ without micro-batching, ``upstream`` the example's stages under upstream's ``Mic
 at micro-batch 4 (threads 1/1/1), ``ours`` the example as it ships (length order, a token
 budget of 2048); its objective is P99 within 250 ms.
 
+``tabular`` is the fraud scorer example (examples/tabular_scorer: an MLP over 128 JSON
+features) on its corpus of 512 bodies, ``plain`` and ``upstream`` its stages without
+micro-batching and under upstream's ``MicroBatching`` at its micro-batch size
+(benchmarks/tabular_workload.py); its objective is P99 within 25 ms, about twice a lone
+request's latency at the 5 ms window (11 ms median; 61 ms at 50 ms), so only windows well
+under 25 ms can hold it.
+
 Every model keeps batchSize 32 unless tuned. Each point lasts ``--rate-seconds`` and at
 least ``--min-answers`` requests (1,500: a P99 with 15 answers above it), and is run once
 more when other processes took CPU meanwhile (ts_microbatch.tools.busy). The generator asks
@@ -56,6 +63,7 @@ sys.path[:0] = [str(HERE)]
 
 import compare  # noqa: E402
 import text_lengths  # noqa: E402
+from tabular_workload import tabular_models  # noqa: E402
 
 from ts_microbatch.tools.corpus import Corpus, read_corpus  # noqa: E402
 from ts_microbatch.tools.curve_report import (  # noqa: E402
@@ -90,6 +98,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "compute": {"rates": "30:390:60", "slo_p99_ms": 100.0, "label": "compute, 720px"},
     "resnet18": {"rates": "4:40:4", "slo_p99_ms": 100.0, "label": "ResNet-18, 720px"},
     "text": {"rates": "10:130:20", "slo_p99_ms": 250.0, "label": "BERT, long-tailed text"},
+    "tabular": {"rates": "250:3250:500", "slo_p99_ms": 25.0, "label": "fraud scorer MLP, JSON"},
 }
 TEXT_UPSTREAM_MICRO_BATCH = 4  # upstream's best on this mix at saturation (text_lengths)
 
@@ -358,6 +367,8 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
     models = {model for model, _ in chosen.values()}
     if args.workload == "text":
         sources, corpus = text_models(models, work)
+    elif args.workload == "tabular":
+        sources, corpus = tabular_models(models, work)
     else:
         sources, corpus = image_models(args.workload, models, work)
     store = work / "store"

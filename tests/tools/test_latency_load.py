@@ -3,6 +3,7 @@ each objective, the ratios at each variant family's best, and the workloads' def
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tests.helpers import load_module
@@ -92,3 +93,31 @@ def test_the_report_compares_p99_at_equal_load_with_an_interval_and_says_the_nic
     assert "the generator asked for niceness -10 and ran at -10" in text
     assert "ours-w5 / upstream-w5 at 10 req/s offered: P99 0.3" in text
     assert text.count("**win**") == 2 and "throughput" not in text
+
+
+def test_the_tabular_workload_serves_the_example_and_its_stages_under_each_baseline(
+    tmp_path: Path,
+) -> None:
+    import json
+    import zipfile
+
+    sources, corpus = study.tabular_models({"head-example", "plain", "upstream"}, tmp_path)
+
+    def read(model: str, name: str) -> Any:
+        with zipfile.ZipFile(sources[model]) as mar:
+            return json.loads(mar.read(name))
+
+    handlers = {m: read(m, "MAR-INF/MANIFEST.json")["model"]["handler"] for m in sources}
+    assert handlers == {
+        "head-example": "tabular_handler.py",
+        "plain": "plain_tabular_handler.py",
+        "upstream": "upstream_tabular_handler.py",
+    }
+    # Upstream reads the example's micro-batch size and threads; ours is off beside it.
+    upstream = read("upstream", "micro_batching.json")
+    assert upstream["enabled"] is False and upstream["micro_batch_size"] == 8
+    assert read("head-example", "micro_batching.json")["micro_batch_size"] == 8
+    assert len(corpus.bodies) == 512
+    assert {b.content_type for b in corpus.bodies} == {"application/json"}
+    assert len(json.loads(corpus.bodies[0].data)["features"]) == 128
+    assert study.WORKLOADS["tabular"]["slo_p99_ms"] == 25.0
