@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,10 +123,20 @@ def test_async_worker_restart_serves_requests_queued_during_its_load_(server: To
     failed ("Received more than 1 control command") or answered none of them."""
     (pid_before,) = worker_pids(server, MODEL)
     psutil.Process(pid_before).kill()
-    # Sent while the worker is down: queued until the restarted one has loaded the model
-    # (TorchServe waits a second before it restarts a worker).
+    # Sent once the frontend knows the worker is down, so they queue until the restarted
+    # one has loaded the model (TorchServe waits a second before it restarts a worker). A
+    # request the frontend handed to the dead process before it noticed gets 500 "Worker
+    # died." at once with the agent, which is the agent's answer to another scenario.
+    deadline = time.monotonic() + 30
+    while not any(sign in server.log("ts_log.log") for sign in RESTART_SIGNS):
+        assert time.monotonic() < deadline, server.log("ts_log.log")[-2000:]
+        time.sleep(0.05)
     answers = parallel(server, [b"x"] * CLIENTS, MODEL, timeout_s=60)
-    (pid_after,) = worker_pids(server, MODEL)
-    assert pid_after != pid_before  # the fault happened: a new backend process
+    # The fault happened: a new backend process. The frontend learns a worker's pid from
+    # the process's own output, read on another thread, so the description may lag a little.
+    deadline = time.monotonic() + 30
+    while worker_pids(server, MODEL) == [pid_before] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert worker_pids(server, MODEL) != [pid_before]
     assert [a.status for a in answers] == [200] * CLIENTS, [a.body[:200] for a in answers]
     assert server.describe(MODEL)["workers"][0]["status"] == "READY"

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from tests.helpers import ROOT, load_module
-from ts_microbatch.tools import benchmark, tune
+from ts_microbatch.tools import benchmark, slo_confirm, tune
 
 text_build = load_module("examples/text_classifier/build_mar.py", "ts_microbatch_text_build_mar")
 SAMPLE = Path(ROOT, "examples/text_classifier/sample.txt")
@@ -65,10 +65,12 @@ def test_the_slo_tuner_confirms_its_choice_on_a_real_torchserve(tmp_path: Path) 
         if x
     ]
     confirmed = [line for line in lines if line["kind"] == "confirmed"]
-    # The scenario: the two best were served, each swept open loop around 20 req/s.
+    # The scenario: the two best were served, each swept open loop up the ladder that
+    # brackets its prediction, lowest first.
     assert len(confirmed) == 2
     for line in confirmed:
-        assert [p["offered_per_s"] for p in line["curve"]][:3] == [6.0, 9.0, 12.0]
+        offered = [p["offered_per_s"] for p in line["curve"]]
+        assert offered == slo_confirm.ladder(line["predicted_per_s"])[: len(offered)]
         assert all(p["errors"] == 0 for p in line["curve"])
     # The one the server held most with is written (the model's first when none held: no
     # latency is asserted here, only which measurement decides).
