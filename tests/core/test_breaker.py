@@ -5,9 +5,11 @@ per batch, until the first success closes it. Bad inputs never open one."""
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 
+from ts_microbatch.core._stall import StallGuard
 from ts_microbatch.core.batch import Batch
 from ts_microbatch.core.breaker import (
     BROKEN_AFTER_FAILURES,
@@ -16,7 +18,9 @@ from ts_microbatch.core.breaker import (
     KnownGood,
     StageBreaker,
 )
-from ts_microbatch.core.micro_batch import cut
+from ts_microbatch.core.errors import SiblingFailedError
+from ts_microbatch.core.isolation import Isolator
+from ts_microbatch.core.micro_batch import _MicroBatch, cut
 from ts_microbatch.core.order import Order
 
 from .isolation_driver import Boom, Drive
@@ -231,3 +235,71 @@ def test_defect_a_bad_body_got_500_after_a_concurrent_batch_served_the_first_sta
     (mb,) = cut(x, [0], 1)
     isolator.failed(mb, 0, Boom("not an image"))
     assert x.first_stage_served  # what the adapter reads for 400
+
+
+# -- a probe and its batch's timeout (driven one step at a time) ---------------------------
+
+
+def _on_trial() -> Isolator:
+    """Stage 1 served "served", then a batch of five bad requests failed there alone."""
+    isolator = Isolator(["stage0", "stage1"])
+    served = Batch(1)
+    isolator.track(served)
+    (mb,) = cut(served, ["served"], 1)
+    isolator.passed(mb, 0)
+    isolator.passed(mb, 1)
+    served.answer(mb.indices, outputs=["served"])
+    burst = Batch(BROKEN_AFTER_FAILURES)
+    isolator.track(burst)
+    for mb in cut(burst, [f"bad {n}" for n in range(BROKEN_AFTER_FAILURES)], 1):
+        isolator.passed(mb, 0)
+        isolator.failed(mb, 1, Boom("bad"))
+    burst.answer(range(BROKEN_AFTER_FAILURES), error=Boom("bad"))
+    assert isolator._breakers[1].state == ON_TRIAL
+    return isolator
+
+
+def _probe_for(isolator: Isolator, batch: Batch) -> _MicroBatch:
+    isolator.track(batch)
+    (mb,) = cut(batch, [f"item {n}" for n in range(len(batch))], len(batch))
+    isolator.passed(mb, 0)
+    outcome = isolator.failed(mb, 1, Boom("bad in it"))
+    (probe,) = outcome.first
+    assert list(probe.items) == ["served"]  # the known-good input, held parts waiting
+    return probe
+
+
+def test_defect_a_running_probe_was_taken_for_stuck_when_its_batch_was_answered() -> None:
+    # A KServe request's failed instance skips its siblings: every held part answered while
+    # the known-good probe was still in its call. The probe's batch was expired with it,
+    # and StallGuard abandoned the healthy probe's thread and started another.
+    isolator = _on_trial()
+    batch = Batch(4, owners=[0, 0, 0, 0])
+    probe = _probe_for(isolator, batch)
+    started: list[str] = []
+    guard = StallGuard(started.append)
+    thread, spare = threading.current_thread(), threading.Thread(target=lambda: None)
+    guard.begin(thread, "stage1", probe)  # the probe is in its call
+    batch.answer_items(range(4), error=SiblingFailedError("a sibling failed"))
+    assert batch.outcome(0) is not None and not batch.timed_out  # the scenario
+    guard.check({"stage1": [thread, spare]}, {"stage1": 2})
+    assert started == []  # nothing taken for stuck
+    assert not probe.batch.timed_out and not probe.answered()  # it finishes
+    isolator.passed(probe, 1)  # and its verdict goes nowhere
+    assert isolator.broken() == []
+
+
+def test_defect_a_stuck_probe_was_run_again_by_every_later_batch() -> None:
+    # The known-good probe got stuck and its batch timed out: no verdict was ever given,
+    # so each later failing batch ran the same item again, each losing a thread to it.
+    isolator = _on_trial()
+    batch = Batch(2, owners=[0, 0])
+    probe = _probe_for(isolator, batch)
+    assert not batch.wait(0)  # times out, the probe still in its call
+    assert probe.batch.timed_out and probe.answered()  # stuck with it: may be abandoned
+    later = Batch(2, owners=[0, 0])
+    isolator.track(later)
+    (mb,) = cut(later, ["x", "y"], 2)
+    isolator.passed(mb, 0)
+    outcome = isolator.failed(mb, 1, Boom("bad in it"))
+    assert all(list(p.items) != ["served"] for p in outcome.first)  # not run again

@@ -160,9 +160,12 @@ class Batch:
         if not self._results.remaining():
             return True
         error = RequestTimeoutError(f"no answer within timeout_s={timeout_s}")
-        if not self._results.set_many(range(len(self._results)), error=error):
-            return True  # the last ones were answered in between
+        # Set before the last answer, whose callbacks read it: a known-good probe held for
+        # this batch expires with it only when it timed out (ts_microbatch.core.isolation).
         self.timed_out = True
+        if not self._results.set_many(range(len(self._results)), error=error):
+            self.timed_out = False
+            return True  # the last ones were answered in between
         if self._on_timeout is not None:
             self._on_timeout()
         return False

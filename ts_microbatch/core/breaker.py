@@ -81,10 +81,9 @@ class KnownGood(NamedTuple):
     position: int
     context: Any
 
-    def micro_batch(self, until: Batch) -> _MicroBatch:
+    def micro_batch(self) -> _MicroBatch:
         """The item alone, in a private batch of its own that nobody awaits (quiet: no
-        metrics), as a probe; answered (stale, dropped before any stage) once ``until`` is,
-        so a call stuck on it can be abandoned with ``until``'s timeout."""
+        metrics), as a probe."""
         order, at = self.order, range(self.position, self.position + 1)
         own = Order(
             1,
@@ -94,11 +93,6 @@ class KnownGood(NamedTuple):
             shapes=order.shapes_at(at),
         )
         batch = Batch(1, self.context, quiet=True, order=own)
-
-        def expire(_: Batch) -> None:
-            batch.expire(None)
-
-        until.when_answered(expire)
         return _MicroBatch(batch, 0, 0, [self.item])
 
 
@@ -122,6 +116,11 @@ class StageBreaker:
     def suspect(self) -> bool:
         """On trial or open: a failing micro-batch waits for a probe."""
         return self.state != CLOSED
+
+    def forget(self, good: KnownGood) -> None:
+        """``good`` is known-good no longer (its probe timed out); one store, no lock."""
+        if self.good is good:
+            self.good = None
 
     def clear(self) -> None:
         """A success in the stage."""

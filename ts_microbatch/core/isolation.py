@@ -266,13 +266,32 @@ class Isolator:
         good = self._breakers[stage].good
         held: Parts
         if good is not None:
-            alone, held = good.micro_batch(until=mb.batch), [(mb, error)]
+            alone, held = good.micro_batch(), [(mb, error)]
+            mb.batch.when_answered(self._probe_expiry(alone, stage, good))
         else:
             alone, rest = mb.first_alone()
             held = [(rest, error)] if rest is not None else []
         probe = _BrokenProbe(record, stage, held, known_good=good is not None)
         alone.split = record.probes[stage] = probe
         return Outcome([], [], first=(alone,))
+
+    def _probe_expiry(
+        self, probe: _MicroBatch, stage: int, good: KnownGood
+    ) -> Callable[[Batch], None]:
+        """What the batch a known-good probe runs for does at its last answer. Only when it
+        timed out does the probe expire with it, so a call stuck on it is abandoned with
+        the batch's timeout; answered for any other reason (its held parts failed whole,
+        or skipped as a failed instance's siblings), the probe finishes and its answer goes
+        nowhere: expiring it then made ``StallGuard`` take a healthy call for a stuck one.
+        A probe that timed out gives no verdict, so its input is known-good no longer: the
+        next batch does not run it again, nor lose another thread to it."""
+
+        def expire(batch: Batch) -> None:
+            if batch.timed_out and not probe.batch.expire(None):
+                # No lock: this may run at once, under it (a batch answered already).
+                self._breakers[stage].forget(good)
+
+        return expire
 
     def _known_good_failed(
         self, mb: _MicroBatch, probe: _BrokenProbe, stage: int, error: BaseException
