@@ -393,6 +393,37 @@ def test_slo_tuner_writes_the_best_confirmed_when_rank_1_was_rejected(
     assert "held " in capsys.readouterr().out
 
 
+def test_confirm_out_deleted_the_store_and_servers_of_a_users_folder_(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `--confirm-out .` in a project folder: the confirm runs and the frontend's CPU run
+    # removed ./store and ./servers when they were done.
+    from ts_microbatch.tools import slo_confirm
+    from ts_microbatch.tools.results import MARKER
+
+    server = FakeServer({"c1": 1e9, "c2": 1e9}, 1000.0)
+    monkeypatch.setattr(slo_confirm, "measure", server)
+    monkeypatch.setattr(tune, "java_problem", lambda: None)
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    project = tmp_path / "project"
+    for name in ("store/mine.mar", "servers/notes.txt"):
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(f"the user's {name}")
+    out = tmp_path / "model-config.yaml"
+    argv = slo_argv(mar, out, tmp_path)
+    argv[argv.index("--confirm-out") + 1] = str(project)
+    with pytest.raises(SystemExit, match=f"--confirm-out {project}: the folder is not empty"):
+        main(argv)
+    assert server.served == {}  # refused before any server
+    for name in ("store/mine.mar", "servers/notes.txt"):
+        assert (project / name).read_text() == f"the user's {name}"
+    assert not (project / MARKER).exists() and not out.exists()
+    # A folder the tuner made is its own: confirmed into, its scratch folders removed.
+    assert main(slo_argv(mar, out, tmp_path)) == 0
+    assert sorted(server.served) == ["c1", "c2", "cpu"]  # the scenario: the servers ran
+    assert sorted(p.name for p in (tmp_path / "confirm").iterdir()) == [MARKER]
+
+
 def test_tuner_wrote_micro_batching_json_over_the_users_file_(tmp_path: Path) -> None:
     mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
     out = tmp_path / "micro_batching.json"

@@ -52,7 +52,7 @@ from .corpus import Body, Corpus
 from .inprocess import load_handler, make_context, measure, tuning_corpus
 from .merge import MergeError, read_existing, write_merged
 from .ranking import Confirmed, Trial, print_confirmed, print_ranking
-from .results import OutputError, ResultsLog, output_dir, output_file
+from .results import OutputError, ResultsLog, claimed_dir, output_file
 from .server import java_problem
 
 # The micro_batching keys this tuner chooses; merged into an existing --out, the others stay.
@@ -243,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
     """Before anything is measured: the folders of ``--out`` and ``--confirm-out`` made
-    (the default --confirm-out is ``<out>-confirm/`` beside it, kept), ``--confirm``'s
+    (the default --confirm-out is ``<out>-confirm/`` beside it, kept; a non-empty one the
+    tuner did not make is refused), ``--confirm``'s
     needs checked, and the trials file (``<out>.trials.jsonl``) that every measurement is
     appended to as it comes."""
     if args.confirm:
@@ -259,7 +260,11 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
         read_existing(args.out)  # a file that cannot be merged into fails now, not at the end
         if args.confirm:
             default = args.out.with_name(f"{args.out.stem}-confirm")
-            args.confirm_out = output_dir(args.confirm_out or default, "--confirm-out")
+            # The confirm runs delete and rewrite store/, servers/, r<i>-c<j>/ and
+            # results.json in it: never in a folder of the user's (results.claimed_dir).
+            args.confirm_out = claimed_dir(
+                args.confirm_out or default, "ts-microbatch-tune", "--confirm-out"
+            )
         return ResultsLog(args.out.with_name(f"{args.out.stem}.trials.jsonl"))
     except (OutputError, MergeError) as err:
         raise SystemExit(f"error: {err}") from None
