@@ -14,7 +14,7 @@ import yaml
 from ts_microbatch import MicroBatchingConfig
 from ts_microbatch.tools import slo_confirm
 from ts_microbatch.tools.batching_model import Tail, service_curve, sustained
-from ts_microbatch.tools.merge import MergeError, write_merged
+from ts_microbatch.tools.merge import MergeError, backup_path, write_merged
 from ts_microbatch.tools.results import ResultsLog
 from ts_microbatch.tools.slo_confirm import (
     LadderSender,
@@ -254,3 +254,44 @@ def test_merge_into_micro_batching_json_keeps_its_other_keys(tmp_path: Path) -> 
         "order": "arrival",
     }
     assert json.loads((tmp_path / "micro_batching.json.bak").read_text())["timeout_s"] == 9
+
+
+def test_merge_backup_spun_forever_on_a_dangling_bak_symlink_(tmp_path: Path) -> None:
+    # exists() follows the link and says no; open(..., "xb") then refuses the name, and
+    # _backup asked backup_path for the same name again, at full CPU, forever.
+    out = tmp_path / "model-config.yaml"
+    out.write_text("responseTimeout: 30\n")
+    dangling = tmp_path / "model-config.yaml.bak"
+    dangling.symlink_to(tmp_path / "gone")
+    assert dangling.is_symlink() and not dangling.exists()  # the scenario
+    assert backup_path(out) == tmp_path / "model-config.yaml.bak.1"
+    _, backup = write_merged(out, {"batchSize": 4})
+    assert backup == tmp_path / "model-config.yaml.bak.1"
+    assert backup.read_text() == "responseTimeout: 30\n"
+    assert dangling.is_symlink() and not dangling.exists()  # left as it was
+
+
+def test_merge_replaced_a_symlinked_config_and_dropped_its_mode_(tmp_path: Path) -> None:
+    # os.replace over the link put a regular file in its place, with the umask's mode: the
+    # file the link names kept the old config, and a private 0600 config became readable.
+    real = tmp_path / "shared" / "model-config.yaml"
+    real.parent.mkdir()
+    real.write_text("responseTimeout: 30\n")
+    real.chmod(0o600)
+    link = tmp_path / "model-config.yaml"
+    link.symlink_to(real)
+    written, backup = write_merged(link, {"batchSize": 4})
+    assert written == {"responseTimeout": 30, "batchSize": 4}  # the scenario: a merge
+    assert link.is_symlink() and link.resolve() == real
+    assert yaml.safe_load(real.read_text()) == written
+    assert real.stat().st_mode & 0o777 == 0o600
+    assert backup == tmp_path / "model-config.yaml.bak"
+    assert backup.read_text() == "responseTimeout: 30\n"
+    assert not list(real.parent.glob(".*.tmp-*"))  # no scratch file left
+    # A regular file keeps its mode too.
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("responseTimeout: 30\n")
+    plain.chmod(0o600)
+    write_merged(plain, {"batchSize": 4})
+    assert yaml.safe_load(plain.read_text())["batchSize"] == 4  # rewritten
+    assert plain.stat().st_mode & 0o777 == 0o600

@@ -14,7 +14,9 @@ Now a tuner's output goes through ``write_merged``:
   and nothing is written: merging into what cannot be read would lose it.
 
 The merged file is written to a temporary file beside it and renamed over it, so a crash
-leaves either file whole. YAML comments are not carried over (the backup keeps them).
+leaves either file whole. YAML comments are not carried over (the backup keeps them). A
+config that is a symlink stays one: the file it points to is rewritten, keeping its mode
+(a rename over the link replaced it with a regular file, with the umask's mode).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -85,9 +88,11 @@ def merged(
 
 
 def backup_path(path: Path) -> Path:
-    """The first of ``<name>.bak``, ``<name>.bak.1``, ``.bak.2``... that does not exist."""
+    """The first of ``<name>.bak``, ``<name>.bak.1``, ``.bak.2``... that does not exist,
+    not even as a dangling symlink (``exists()`` follows it and says no, ``open(..., "xb")``
+    then refuses the name: ``_backup`` retried that one name forever)."""
     candidate, number = path.with_name(path.name + ".bak"), 0
-    while candidate.exists():
+    while os.path.lexists(candidate):
         number += 1
         candidate = path.with_name(f"{path.name}.bak.{number}")
     return candidate
@@ -127,7 +132,10 @@ def write_merged(
     else:
         text = (f"# {header}\n" if header else "") + yaml.safe_dump(data, sort_keys=False)
     backup = _backup(path) if existing is not None else None
-    scratch = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    target = path.resolve()  # a symlinked config: its file rewritten, the link kept
+    scratch = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     scratch.write_text(text, encoding="utf-8")
-    os.replace(scratch, path)
+    if existing is not None:
+        os.chmod(scratch, stat.S_IMODE(target.stat().st_mode))
+    os.replace(scratch, target)
     return data, backup
