@@ -186,3 +186,31 @@ def test_defect_the_time_spent_cutting_a_batch_did_not_count_against_timeout_s(
     assert cut.is_set()  # the scenario: the cut ran, and spent the budget
     assert [a["code"] for a in answers] == [504, 504, 504]
     assert all("timeout_s=100.0" in a["message"] for a in answers)
+
+
+@pytest.mark.parametrize("path", ["handle", "handle_async"])
+def test_defect_a_cut_that_spent_timeout_s_still_started_its_micro_batches(
+    monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    # Issue 40, after the deadline counted the cut: a batch whose cut used up timeout_s was
+    # still queued, so the stage threads started micro-batches nobody waited for, work taken
+    # from the next batch. Answered 504 at the cut now, none queued.
+    mb, stuck, cut = slow_cut_handler(monkeypatch, timeout_s=100.0)
+    queued: list[Any] = []
+    enqueue = mb._pipeline._enqueue
+    monkeypatch.setattr(
+        mb._pipeline, "_enqueue", lambda *args, **kw: (queued.append(args), enqueue(*args, **kw))
+    )
+    if path == "handle":
+        call = lambda: mb.handle([1, 2, 3], None)  # noqa: E731
+    else:
+        call = lambda: asyncio.run(mb.handle_async([1, 2, 3], None))  # noqa: E731
+    try:
+        answers = returned_while_stuck(stuck, call)
+    finally:
+        mb.shutdown(wait=True)  # the stage threads are joined: any call they made is counted
+    assert cut.is_set()  # the scenario: the cut ran, and spent the budget
+    assert [a["code"] for a in answers] == [504, 504, 504]
+    assert all("timeout_s=100.0" in a["message"] for a in answers)
+    assert queued == [] and not stuck.entered.is_set()
+    assert mb.handler.calls == {"preprocess": [], "inference": [], "postprocess": []}

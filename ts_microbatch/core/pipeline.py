@@ -238,6 +238,7 @@ class Pipeline:
         owners: Sequence[int] | None = None,
         micro_batch_size: int | None = None,
         quiet: bool = False,
+        timed_out: Callable[[], float | None] | None = None,
     ) -> Batch:
         """Queues a batch that carries ``context`` to its stage calls; returns the Batch.
 
@@ -248,6 +249,8 @@ class Pipeline:
             micro_batch_size: split this batch at this size instead of the one in force, in
                 arrival order whatever the length rule (warm-up runs chosen shapes).
             quiet: report nothing of it to the observer or the automatic size (warm-up).
+            timed_out: asked once the batch is cut: the caller's timeout when the cut used it
+                up (the batch is then expired with it and no micro-batch is queued), else None.
 
         Raises:
             ValueError: ``owners`` does not give one request index per item, in order.
@@ -285,6 +288,10 @@ class Pipeline:
             report_cut(self._observer, batch, micro_batches, self._shapes)
         if auto is not None:
             batch.when_answered(auto.batch_reporter(size))
+        spent_s = timed_out() if timed_out is not None else None
+        if spent_s is not None:  # nobody waits for it: no stage starts it (issue 40)
+            batch.expire(spent_s)
+            return batch
         for mb in micro_batches:
             self._enqueue(0, mb)
         return batch

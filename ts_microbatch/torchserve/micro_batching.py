@@ -263,7 +263,7 @@ class MicroBatching:
         wrong request, and the error body stays in the output.
         """
         start_s = _clock()
-        submitted = self._submit(data, context)
+        submitted = self._submit(data, context, start_s)
         batch = submitted.batch
         if batch is not None:
             timeout_s = self._timeout_s(submitted)
@@ -277,7 +277,7 @@ class MicroBatching:
         """``handle`` for TorchServe's asynchronous worker (``asyncCommunication: true``):
         awaits the pipeline instead of blocking the worker's event loop."""
         start_s = _clock()
-        submitted = self._submit(data, context)
+        submitted = self._submit(data, context, start_s)
         batch = submitted.batch
         if batch is not None:
             timeout_s = self._timeout_s(submitted)
@@ -300,15 +300,25 @@ class MicroBatching:
             return self._config.timeout_s
         return default_timeout_s(getattr(context, "model_yaml_config", None))
 
-    def _submit(self, data: Sequence[Any], context: Any) -> SubmittedBatch:
+    def _submit(
+        self, data: Sequence[Any], context: Any, start_s: float | None = None
+    ) -> SubmittedBatch:
+        """Unpacks and submits a batch; with ``start_s`` (when its ``timeout_s`` started), a
+        cut that spent the whole timeout expires the batch before any stage starts it."""
         submitted, items, owners = self._unpack(data, context)
         if not items:
             return submitted
         # When rows are not requests, stage calls reach no request at all.
         view = submitted.view
         stages_view = view if submitted.target is not None or view is None else view.for_rows(())
+        timed_out = None
+        if start_s is not None:
+            timeout_s = self._timeout_s(submitted)
+            timed_out = lambda: timeout_s if _left_s(timeout_s, start_s) <= 0 else None  # noqa: E731
         try:
-            submitted.batch = self._pipeline.submit_batch(items, stages_view, owners=owners)
+            submitted.batch = self._pipeline.submit_batch(
+                items, stages_view, owners=owners, timed_out=timed_out
+            )
         except PipelineStalledError as stalled:
             # Answered at once: waiting would only turn this into TorchServe's timeout.
             logger.error("batch of %d refused: %s", len(data), stalled)
