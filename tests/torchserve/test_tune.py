@@ -424,6 +424,39 @@ def test_confirm_out_deleted_the_store_and_servers_of_a_users_folder_(
     assert sorted(p.name for p in (tmp_path / "confirm").iterdir()) == [MARKER]
 
 
+def test_slo_tuner_merged_frontend_keys_into_a_micro_batching_json_(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only the exact default `micro_batching.json` went to model-config.yaml: with
+    # `--out conf/micro_batching.json`, batchSize, maxBatchDelay, minWorkers and a nested
+    # micro_batching were merged into the pipeline's JSON, which the package then refuses.
+    from ts_microbatch.tools import slo_confirm
+
+    server = FakeServer({"c1": 1e9, "c2": 1e9}, 1000.0)
+    monkeypatch.setattr(slo_confirm, "measure", server)
+    monkeypatch.setattr(tune, "java_problem", lambda: None)
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    users = json.dumps({"timeout_s": 9, "micro_batch_size": 2})
+    for name in ("micro_batching.json", "tuned.JSON"):
+        out = conf / name
+        out.write_text(users)
+        with pytest.raises(SystemExit, match=f"--out {out}: --slo-p99-ms tunes") as refused:
+            main(slo_argv(mar, out, tmp_path))
+        assert f"give --out {conf / 'model-config.yaml'}" in str(refused.value)
+        assert out.read_text() == users  # untouched, before anything was measured
+    assert server.served == {} and sorted(p.name for p in conf.iterdir()) == [
+        "micro_batching.json", "tuned.JSON"
+    ]  # fmt: skip
+    # The model-config.yaml it names is written, the frontend's keys at its top level.
+    assert main(slo_argv(mar, conf / "model-config.yaml", tmp_path)) == 0
+    assert sorted(server.served) == ["c1", "c2", "cpu"]  # the scenario: it was tuned
+    written = yaml.safe_load((conf / "model-config.yaml").read_text())
+    assert {"batchSize", "maxBatchDelay", "micro_batching"} <= set(written)
+    assert (conf / "micro_batching.json").read_text() == users
+
+
 def test_tuner_wrote_micro_batching_json_over_the_users_file_(tmp_path: Path) -> None:
     mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
     out = tmp_path / "micro_batching.json"

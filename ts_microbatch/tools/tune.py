@@ -203,7 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
         "1024,2048,4096",
     )
     parser.add_argument("--repeats", type=int, default=3, help="batches measured per combination")
-    parser.add_argument("--out", type=Path, default=Path("micro_batching.json"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the file the best is merged into: micro_batching.json by default, "
+        "model-config.yaml with --slo-p99-ms (which refuses a .json: see out_file)",
+    )
     confirming = parser.add_argument_group("confirming on a real TorchServe")
     confirming.add_argument(
         "--confirm", type=int, default=0, metavar="K", help="benchmark the K best (default 0: no)"
@@ -241,6 +247,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def out_file(args: argparse.Namespace) -> Path:
+    """``--out``, or its default: micro_batching.json, or model-config.yaml with
+    ``--slo-p99-ms``, whose frontend keys (batchSize, maxBatchDelay, the workers) and
+    ``micro_batching`` section only model-config.yaml holds. A ``.json`` given with
+    ``--slo-p99-ms`` is refused: merged into micro_batching.json, those keys landed among
+    the pipeline's settings, where the frontend never reads them and the package's config
+    check refuses them."""
+    if args.out is None:
+        return Path("model-config.yaml" if args.slo_p99_ms else "micro_batching.json")
+    if args.slo_p99_ms and args.out.suffix.lower() == ".json":
+        raise SystemExit(
+            f"error: --out {args.out}: --slo-p99-ms tunes the frontend's batchSize and "
+            "maxBatchDelay with a micro_batching section, which only a model-config.yaml "
+            "holds, not a micro_batching.json; give --out "
+            f"{args.out.with_name('model-config.yaml')}"
+        )
+    return Path(args.out)
+
+
 def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
     """Before anything is measured: the folders of ``--out`` and ``--confirm-out`` made
     (the default --confirm-out is ``<out>-confirm/`` beside it, kept; a non-empty one the
@@ -272,8 +297,7 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.slo_p99_ms and args.out == Path("micro_batching.json"):
-        args.out = Path("model-config.yaml")  # the frontend's settings are part of it
+    args.out = out_file(args)
     trials = prepare_outputs(args)
     print(f"Each measurement is appended to {trials.path} as it comes", flush=True)
     if args.slo_p99_ms:
