@@ -265,14 +265,18 @@ soak: $(STAMP) ab
 # config.properties names its paths under KSERVE_MOUNT, where the pod mounts the storage URI.
 KSERVE_OUT ?= build/kserve/$(MODEL_NAME)
 KSERVE_MOUNT ?= /mnt/models
+# The .mar is built in build/, never in $(KSERVE_OUT): the bundle tool writes only into a
+# folder that is new, empty or its own, and a .mar staged there first made it neither.
+KSERVE_STAGING := build/kserve-staging/$(MODEL_NAME)
 kserve-bundle: $(STAMP)
-	$(PY) examples/image_classifier/build_mar.py --export-path $(KSERVE_OUT)/.staging \
+	rm -rf $(KSERVE_STAGING)
+	$(PY) examples/image_classifier/build_mar.py --export-path $(KSERVE_STAGING) \
 	  --model-name $(MODEL_NAME) --micro-batching-json $(MB_CONFIG) --self-contained --kserve \
 	  $(if $(WEIGHTS),--weights $(WEIGHTS))
-	$(PY) -m ts_microbatch.tools.bundle --out $(KSERVE_OUT) --mar $(KSERVE_OUT)/.staging/$(MODEL_NAME).mar \
+	$(PY) -m ts_microbatch.tools.bundle --out $(KSERVE_OUT) --mar $(KSERVE_STAGING)/$(MODEL_NAME).mar \
 	  --model-name $(MODEL_NAME) --mount-path $(KSERVE_MOUNT) \
 	  --batch-size $(BATCH_SIZE) --max-batch-delay $(MAX_BATCH_DELAY)
-	rm -rf $(KSERVE_OUT)/.staging
+	rm -rf $(KSERVE_STAGING)
 
 # CONFIRM=3 also benchmarks the 3 best on a real TorchServe and keeps the fastest there.
 CONFIRM ?= 0

@@ -140,16 +140,34 @@ def test_bundle_wrote_over_a_users_config_and_mar_(
     out = tmp_path / "storage"
     (out / "config").mkdir(parents=True)
     (out / "config" / "config.properties").write_text("inference_address=mine\n")
-    (out / ".staging").mkdir()  # as `make kserve-bundle` leaves its .mar: not in the way
     argv = ["--out", str(out), "--mar", str(mar), "--model-name", "m"]
     with pytest.raises(SystemExit) as exited:
         bundle.main(argv)
     assert exited.value.code == 2
-    assert "already holds config/config.properties" in capsys.readouterr().err
+    assert f"--out {out}: the folder is not empty" in capsys.readouterr().err
     assert (out / "config" / "config.properties").read_text() == "inference_address=mine\n"
     assert not (out / "model-store").exists()
     fresh = tmp_path / "bundle"
-    (fresh / ".staging").mkdir(parents=True)
     for _ in range(2):  # a bundle it wrote, written again
         assert bundle.main(["--out", str(fresh), *argv[2:]]) == 0
     assert (fresh / "model-store" / "m.mar").read_bytes() == b"the .mar to bundle"
+
+
+def test_bundle_claimed_a_users_folder_that_held_none_of_its_files_(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A folder was another's only when it already held one of the bundle's three files: a
+    # user's non-empty folder got the tool's marker, and from then on the bundle wrote over
+    # the config/config.properties the user put there.
+    mar = tmp_path / "m.mar"
+    mar.write_bytes(b"the .mar to bundle")
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "notes.txt").write_text("my notes")
+    argv = ["--out", str(out), "--mar", str(mar), "--model-name", "m"]
+    assert not (out / MARKER).exists()  # the scenario: the user's, none of the bundle's files
+    with pytest.raises(SystemExit) as exited:
+        bundle.main(argv)
+    assert exited.value.code == 2
+    assert f"--out {out}: the folder is not empty and has no {MARKER}" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # no marker, nothing written

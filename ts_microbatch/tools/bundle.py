@@ -153,8 +153,8 @@ def write_bundle(
     relative = {k: v for k, v in keys.items() if not PurePosixPath(v).is_absolute()}
     if relative:  # resolved against the image's working directory, not the bundle's
         raise ValueError(f"config.properties names relative paths: {relative}")
-    written = ["config/config.properties", "config/metrics.yaml", f"model-store/{mar.name}"]
-    claimed_dir(out, "ts-microbatch-bundle", writes=written)  # never over a user's files
+    # It overwrites config/ and model-store/: only in a folder it made (results.claimed_dir).
+    claimed_dir(out, "ts-microbatch-bundle")
     (out / "config").mkdir(parents=True, exist_ok=True)
     (out / "model-store").mkdir(parents=True, exist_ok=True)
     shutil.copy2(mar, out / "model-store" / mar.name)

@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +48,13 @@ def output_dir(path: Path, what: str = "output folder") -> Path:
 MARKER = ".ts-microbatch-output"  # in a folder a tool made: which tool, so it may write again
 
 
-def claimed_dir(path: Path, tool: str, what: str = "--out", writes: Sequence[str] = ()) -> Path:
+def claimed_dir(path: Path, tool: str, what: str = "--out") -> Path:
     """``path`` as ``output_dir`` makes it, for ``tool`` to delete and overwrite in: new,
-    empty, or made by ``tool`` before (its marker says so). With ``writes`` (the files it
-    writes, relative to ``path``), a folder is another's only when one of them is already
-    there (``make kserve-bundle`` stages its .mar in the bundle's folder first).
+    empty, or made by ``tool`` before (its marker says so).
 
     Raises:
-        OutputError: ``path`` is another's (see above) and ``tool``'s marker is not in it;
-            nothing was touched.
+        OutputError: ``path`` is not empty and ``tool``'s marker is not in it; nothing was
+            touched.
     """
     path = Path(path)
     marker = path / MARKER
@@ -65,16 +62,13 @@ def claimed_dir(path: Path, tool: str, what: str = "--out", writes: Sequence[str
     if marker.is_file():
         with contextlib.suppress(ValueError, AttributeError):
             made_by = json.loads(marker.read_text(encoding="utf-8")).get("made_by")
-    if made_by != tool and path.is_dir():
-        found = [n for n in writes if (path / n).exists()] if writes else list(path.iterdir())
-        if found:
-            holds = f"already holds {', '.join(map(str, found))}" if writes else "is not empty"
-            whose = f"was made by {made_by}" if made_by else f"has no {MARKER} of a tool's"
-            raise OutputError(
-                f"{what} {path}: the folder {holds} and {whose}: {tool} overwrites and "
-                "deletes what it writes in its folder, so it writes only into a new or empty "
-                "folder or one it made itself; give another"
-            )
+    if made_by != tool and path.is_dir() and any(path.iterdir()):
+        whose = f"was made by {made_by}" if made_by else f"has no {MARKER} of a tool's"
+        raise OutputError(
+            f"{what} {path}: the folder is not empty and {whose}: {tool} overwrites and "
+            "deletes what it writes in its folder, so it writes only into a new or empty "
+            "folder or one it made itself; give another"
+        )
     output_dir(path, what)
     if made_by != tool:
         marker.write_text(json.dumps({"made_by": tool}) + "\n", encoding="utf-8")
