@@ -10,7 +10,9 @@ built to make a parser step per byte or per entry. For each body, ``image_shape`
 the least CPU time (``time.process_time``) kept: the body's cost without the noise of a
 shared machine. ``--base64`` also reads each body as base64 text. ``--reference`` times PIL
 on a ``BytesIO`` of the whole body (what the handlers run) and checks the reader's answer
-against it: the same shape, or None. Prints the slowest bodies and the maximum.
+against it: the same shape, or None (a PNG whose ancillary chunks PIL refuses, the zTXt and
+iTXt bombs, gets its IHDR's shape: images.py says why). Prints the slowest bodies and the
+maximum.
 """
 
 from __future__ import annotations

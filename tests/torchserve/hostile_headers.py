@@ -11,7 +11,9 @@ seeded generator, so a run is reproducible.
   markers and lengths, a frame header declaring 65535 x 65535, DQT, Photoshop, EXIF and
   MPF payloads that PIL parses entry by entry;
 - PNG, GIF, BMP, WEBP and TIFF headers with huge declared sizes, runs of tiny chunks or
-  blocks, lengths past the end, directories of 65535 entries.
+  blocks, lengths past the end, directories of 65535 entries;
+- PNG compression bombs: iCCP, zTXt and iTXt chunks of about 1 KiB, each inflating to
+  just under the 1 MiB PIL allows a chunk, as many as the reader walks before the IDAT.
 """
 
 from __future__ import annotations
@@ -115,6 +117,27 @@ def _png_chunk(kind: bytes, data: bytes) -> bytes:
 
 
 _IHDR = _png_chunk(b"IHDR", struct.pack(">IIBBBBB", 64, 48, 8, 2, 0, 0, 0))
+# A deflate stream of about 1 KiB that inflates to just under PIL's MAX_TEXT_CHUNK (1 MiB).
+_INFLATES = zlib.compress(bytes((1 << 20) - 1024), 9)
+# Each bomb chunk's data before the deflate stream: iCCP a profile name and method 0; zTXt a
+# keyword and method 0; iTXt a keyword, compressed, method 0, no language, no keyword.
+PNG_BOMBS = {b"iCCP": b"icc\0\0", b"zTXt": b"k\0\0", b"iTXt": b"k\0\x01\0\0\0"}
+# IHDR, the bomb chunks and IDAT: the 256 chunks (STEPS_MAX) the reader walks at most.
+PNG_BOMB_CHUNKS_MAX = 254
+
+
+def png(*chunks: tuple[bytes, bytes]) -> bytes:
+    """A 64 x 48 RGB PNG: IHDR, the (type, data) ``chunks``, an empty IDAT, IEND."""
+    end = _png_chunk(b"IDAT", b"") + _png_chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + _IHDR + b"".join(_png_chunk(*c) for c in chunks) + end
+
+
+def png_bomb(kind: bytes, n: int) -> bytes:
+    """``png`` of at most ``n`` bytes (about 268 KB at most) with as many ``kind`` chunks as
+    fit, PNG_BOMB_CHUNKS_MAX at most."""
+    data = PNG_BOMBS[kind] + _INFLATES
+    count = min(PNG_BOMB_CHUNKS_MAX, (n - len(png())) // (12 + len(data)))
+    return png(*[(kind, data)] * count)
 
 
 def _exif_ifd(entries: int) -> bytes:
@@ -175,6 +198,8 @@ def structures(n: int) -> Iterator[tuple[str, bytes]]:
         _repeat(_png_chunk(b"tEXt", b"k\0v"), b"\x89PNG\r\n\x1a\n" + _IHDR, n),
     )
     yield "png-length-past-end", b"\x89PNG\r\n\x1a\n" + _IHDR + b"\xff\xff\xff\xf0teST" + bytes(64)
+    for kind in PNG_BOMBS:
+        yield f"png-{kind.decode()}-bomb", png_bomb(kind, n)
     yield "png-bad-crc", b"\x89PNG\r\n\x1a\n" + _IHDR[:-4] + b"\0\0\0\0" + bytes(n - 33)
     gif = b"GIF89a" + struct.pack("<HHBBB", 64, 48, 0, 0, 0)
     yield "gif-extension-subblocks", _repeat(b"\x01\x00", gif + b"\x21\xfe", n)

@@ -13,6 +13,7 @@ import base64
 import binascii
 import io
 import tracemalloc
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,15 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from PIL import Image
 
-from tests.torchserve.hostile_headers import corpus, python_steps, structures
+from tests.torchserve.hostile_headers import (
+    PNG_BOMB_CHUNKS_MAX,
+    PNG_BOMBS,
+    corpus,
+    png,
+    png_bomb,
+    python_steps,
+    structures,
+)
 from tests.torchserve.images import make_jpeg, padded_to, with_app_segments, wrapped
 from ts_microbatch.torchserve.images import (
     HEADER_BYTES_MAX,
@@ -219,11 +228,13 @@ def test_every_hostile_header_gets_the_shape_pil_reads() -> None:
     assert any(shape is not None for _, shape, _ in differing)  # some are images
 
 
-def test_pil_parses_no_more_than_a_bounded_header(monkeypatch: pytest.MonkeyPatch) -> None:
-    # What PIL is handed, for the whole corpus at the cap: JPEG only the frame header the
-    # walk found; PNG the prefix, once the walk counted at most STEPS_MAX chunks before its
-    # image data; WEBP the prefix (libwebp parses it in C); anything else its first
-    # OTHER_BYTES_MAX bytes. Once per body at most.
+# What PIL is handed for a PNG: the signature, IHDR cut to its 13 bytes, an empty IDAT, IEND.
+PNG_HANDED_BYTES = 8 + 25 + 12 + 12
+
+
+@pytest.fixture
+def handed_to_pil(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, int]]:
+    """(formats, bytes) of every ``Image.open`` while the test runs."""
     opened: list[tuple[Any, int]] = []
     real = Image.open
 
@@ -232,13 +243,52 @@ def test_pil_parses_no_more_than_a_bounded_header(monkeypatch: pytest.MonkeyPatc
         return real(fp, mode, formats)
 
     monkeypatch.setattr(Image, "open", spying)
+    return opened
+
+
+def test_pil_parses_no_more_than_a_bounded_header(handed_to_pil: list[tuple[Any, int]]) -> None:
+    # What PIL is handed, for the whole corpus at the cap: JPEG only the frame header the
+    # walk found; PNG only its IHDR, once the walk reached its image data; WEBP the prefix
+    # (libwebp parses it in C); anything else its first OTHER_BYTES_MAX bytes. Once per body.
+    limit = {("JPEG",): 64, ("PNG",): PNG_HANDED_BYTES, ("WEBP",): HEADER_BYTES_MAX}
     for name, body in corpus(HEADER_BYTES_MAX):
-        opened.clear()
+        handed_to_pil.clear()
         image_shape(body)
-        assert len(opened) <= 1, name
-        for formats, size in opened:
-            limit = {("JPEG",): 64, ("PNG",): HEADER_BYTES_MAX, ("WEBP",): HEADER_BYTES_MAX}
+        assert len(handed_to_pil) <= 1, name
+        for formats, size in handed_to_pil:
             assert size <= limit.get(formats, OTHER_BYTES_MAX), (name, formats, size)
+
+
+@pytest.mark.parametrize("kind", list(PNG_BOMBS), ids=lambda kind: kind.decode())
+def test_defect_pil_inflated_every_ancillary_chunk_of_a_png(
+    kind: bytes, handed_to_pil: list[tuple[Any, int]]
+) -> None:
+    # Review of issue 40: the walk counted a PNG's chunks and, at most STEPS_MAX of them,
+    # handed PIL the whole buffer; PIL inflates each iCCP, zTXt and iTXt chunk up to 1 MiB
+    # (no limit over the image for iCCP): 254 MiB of inflate for a body of 268 KB.
+    body = png_bomb(kind, HEADER_BYTES_MAX)
+    first = body.index(kind) + 4 + len(PNG_BOMBS[kind])  # the scenario: 254 chunks, each...
+    assert body.count(kind) == PNG_BOMB_CHUNKS_MAX and len(body) < 300_000
+    assert len(zlib.decompressobj().decompress(body[first:])) > 1_000_000  # ...~1 MiB
+    assert image_shape(body) == (64, 48)
+    assert handed_to_pil == [(("PNG",), PNG_HANDED_BYTES)]  # none of the chunks
+
+
+def test_a_png_whose_ancillary_chunk_pil_refuses_gets_a_shape() -> None:
+    # Deliberate: the ancillary chunks are not parsed, so a PNG whose iCCP PIL refuses
+    # (compression method 1) gets its IHDR's shape; its decode in the stage fails it, alone.
+    body = png((b"iCCP", b"icc\0\x01" + zlib.compress(b"profile")))
+    assert pil_shape(body) is None  # the scenario: PIL refuses it
+    assert image_shape(body) == (64, 48)
+
+
+def test_a_png_with_a_second_ihdr_has_no_shape() -> None:
+    # Deliberate: PIL takes the last IHDR of several; the reader, which hands PIL the first,
+    # gives no shape rather than one the decode does not reach.
+    second = (b"IHDR", bytes.fromhex("0000002000000020") + bytes([8, 2, 0, 0, 0]))
+    body = png(second)
+    assert pil_shape(body) == (32, 32)  # the scenario: PIL reads the second one
+    assert image_shape(body) is None
 
 
 def test_hostile_headers_take_a_bounded_number_of_python_steps() -> None:

@@ -15,10 +15,12 @@ rest of the cap only when a header needs it), and only a bounded number of Pytho
 spent on them, whatever they hold. PIL cannot be handed the buffer as it is: its JPEG
 reader skips junk after a start-of-image marker one byte per step (a JPEG SOI marker then
 1 MiB of zeros: 9.5 s through the file object this module used to give PIL, 0.5-0.9 s on a
-``BytesIO``), its PNG reader takes a step per chunk (12 bytes each), its line and token
-readers (PPM, XPM, EPS, IM) a step per byte. So the formats whose header may sit deep in
-the cap are walked here, in C-speed steps (``re`` and slices skip junk and payloads) and at
-most ``STEPS_MAX`` of them, and PIL only confirms:
+``BytesIO``), its PNG reader takes a step per chunk (12 bytes each) and inflates every
+iCCP, zTXt and iTXt chunk up to 1 MiB (254 such chunks of about 1 KiB: 254 MiB of inflate
+for a body of 268 KB), its line and token readers (PPM, XPM, EPS, IM) a step per byte. So
+the formats whose header may sit deep in the cap are walked here, in C-speed steps (``re``
+and slices skip junk and payloads) and at most ``STEPS_MAX`` of them, and PIL only
+confirms:
 
 - JPEG (header past EXIF, ICC and XMP segments): PIL's marker walk replayed (junk, fill
   bytes and escaped 0xFF00 skipped as PIL skips them, the same markers refused, a segment
@@ -29,9 +31,17 @@ most ``STEPS_MAX`` of them, and PIL only confirms:
   metadata PIL parses entry by entry (EXIF, MPF, Photoshop resources) is not parsed: a body
   whose metadata PIL refuses may get a shape, and its own decode then fails it, isolated
   as any item whose decode fails.
-- PNG (header after any number of chunks): the chunks up to IDAT or IEND are counted; PIL
-  parses the buffer when they are at most ``STEPS_MAX`` (its work per chunk is then C:
-  CRCs, zlib).
+- PNG (header after any number of chunks): PIL's chunk walk replayed up to the first IDAT
+  or IEND, with the checks PIL makes on each chunk (a type of 4 word characters, its data
+  and CRC within the body, the CRC right); PIL then opens the IHDR alone (the signature,
+  IHDR cut to the 13 bytes PIL reads, an empty IDAT) and confirms its size, mode and the
+  decompression-bomb limit. The ancillary chunks PIL parses (iCCP, zTXt and iTXt
+  inflated, tRNS, gAMA, APNG's frames) are not parsed: a PNG whose ancillary chunk PIL
+  refuses (an unknown compression method, a profile or text over 1 MiB, over 64 MiB of
+  text in all, a short gAMA) may get a shape, and its own decode then fails it, isolated
+  as any item whose decode fails. IHDR must be the first chunk and the only one, as the
+  PNG specification says (PIL also accepts one later, and takes the last of several):
+  otherwise no shape.
 - WEBP: PIL parses the buffer (libwebp demuxes it in C).
 - Any other format PIL opens: PIL parses the first ``OTHER_BYTES_MAX`` bytes (their headers
   sit at the start: BMP, GIF's screen, TGA, ICO; a TIFF whose directory lies past them, or
@@ -60,6 +70,7 @@ from __future__ import annotations
 import binascii
 import io
 import re
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -266,22 +277,45 @@ def _dqt_tables(payload: bytes) -> int:
 # -- PNG -----------------------------------------------------------------------------
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_KIND = re.compile(rb"\w{4}")  # PIL's is_cid: any other chunk type is refused
+# The end of the PNG handed to PIL: an empty IDAT, where PIL stops, and IEND.
+_PNG_END = b"".join(bytes(4) + k + zlib.crc32(k).to_bytes(4, "big") for k in (b"IDAT", b"IEND"))
+
+
 def _png_header(data: bytes, final: bool) -> bytes:
-    """``data`` when PIL reaches its first IDAT or IEND, or the end, within ``STEPS_MAX``
-    chunks (PIL's work per chunk is then in C: CRC, zlib)."""
-    position = 8
+    """The PNG that PIL reads the size of ``data`` from: the signature, the first chunk
+    (IHDR) cut to the 13 bytes PIL reads, an empty IDAT. Walks the chunks up to the first
+    IDAT or IEND in at most ``STEPS_MAX`` steps, with the checks PIL makes on each (a type
+    of 4 word characters, its data and CRC within the body, the CRC right); PIL never sees
+    the ancillary chunks, whose handlers inflate (iCCP, zTXt, iTXt: up to 1 MiB each)."""
+    position, ihdr = 8, b""
     for _ in range(STEPS_MAX):
         if position + 8 > len(data):
             break
         kind = data[position + 4 : position + 8]
-        if kind in (b"IDAT", b"IEND"):
-            return data
-        position += 12 + int.from_bytes(data[position : position + 4], "big")
+        if not _PNG_KIND.fullmatch(kind):
+            raise _Refused  # "broken PNG file"
+        if (kind == b"IHDR") != (position == 8):
+            raise _Refused  # IHDR not first, or again (PIL would take the last)
+        if kind in (b"IDAT", b"IEND"):  # PIL stops here, before the data and its CRC
+            return _PNG_SIGNATURE + ihdr + _PNG_END
+        end = position + 8 + int.from_bytes(data[position : position + 4], "big")
+        if end + 4 > len(data):
+            break  # PIL refuses a chunk the end cuts short
+        if zlib.crc32(data[position + 4 : end]) != int.from_bytes(data[end : end + 4], "big"):
+            raise _Refused  # "bad header checksum"
+        if kind == b"IHDR":
+            if end - position < 8 + 13:
+                raise _Refused  # "Truncated IHDR chunk"
+            kept = b"IHDR" + data[position + 8 : position + 21]
+            ihdr = (13).to_bytes(4, "big") + kept + zlib.crc32(kept).to_bytes(4, "big")
+        position = end + 4
     else:
         raise _Refused
     if not final:
         raise _NeedMore
-    return data  # PIL refuses a chunk the end cuts short
+    raise _Refused
 
 
 # -- base64 --------------------------------------------------------------------------
