@@ -21,7 +21,6 @@ from ts_microbatch.core.breaker import (
 from ts_microbatch.core.errors import SiblingFailedError
 from ts_microbatch.core.isolation import Isolator
 from ts_microbatch.core.micro_batch import _MicroBatch, cut
-from ts_microbatch.core.order import Order
 
 from .isolation_driver import Boom, Drive
 
@@ -161,7 +160,7 @@ def test_the_verdict_needs_a_batch_end_with_nothing_served_and_two_requests() ->
 
 def test_with_a_known_good_input_the_verdict_is_only_a_trial() -> None:
     breaker = StageBreaker()
-    breaker.good = KnownGood("served once", Order(1), 0, None)
+    breaker.keep(KnownGood("served once", (0, 0), False, None, lambda n: n, None, None))
     for _ in range(BROKEN_AFTER_FAILURES):
         breaker.failed_alone()
     assert breaker.batch_done(breaker.successes, failed_alone=2) == ON_TRIAL

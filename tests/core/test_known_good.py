@@ -2,8 +2,8 @@
 a stage is judged broken only when an input it once served fails there alone.
 
 Through the pipeline's public API, with fake stages whose answer depends on the item
-alone (``Model``). The two defects named here were reproduced on 81bb3fd; each test fails
-there.
+alone (``Model``, ``Lookup``). The first two defects named here were reproduced on
+81bb3fd, the replayed request's two on 2a9309d; each test fails there.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ts_microbatch import Pipeline
+from ts_microbatch.core.micro_batch import current_micro_batch
 
 pytestmark = pytest.mark.generative
 
@@ -200,9 +201,10 @@ def test_a_model_failing_every_call_costs_a_call_per_micro_batch_and_a_probe(
     served: bool,
 ) -> None:
     # A model failing every call of a stage with 1-3 exception types in turn, that served
-    # before (a known-good input: on trial, then judged on it) or never did: once the
-    # streak of five is reached, each batch costs at most one call per micro-batch and
-    # one probe in that stage (within the number of micro-batches + 2).
+    # one request before (a known-good input: on trial, then, as no verdict rests on one
+    # replayed request, judged as a model that never served) or never did: once judged,
+    # each batch costs at most one call per micro-batch and one probe in that stage
+    # (within the number of micro-batches + 2).
     model = Model()
     micro_batches = math.ceil(requests / micro_batch_size)
     parallelism = {name: threads for name in STAGES}
@@ -212,7 +214,10 @@ def test_a_model_failing_every_call_costs_a_call_per_micro_batch_and_a_probe(
         if served:
             assert answers(pipeline, ["served"]) == ["served"]
         model.failing[stage] = tuple(errors)
-        to_judge = math.ceil(5 / requests)  # batches that fail five requests alone
+        # Batches that fail five requests alone; then, having served one request only, one
+        # more: its lone known-good input failing is no verdict (one replayed request may
+        # fail for a reason of its own), so that batch is isolated and the input retired.
+        to_judge = math.ceil(5 / requests) + served
         costs = []
         for _ in range(to_judge + 3):
             calls = model.calls_in(stage)
@@ -223,3 +228,117 @@ def test_a_model_failing_every_call_costs_a_call_per_micro_batch_and_a_probe(
         if requests >= 2 and micro_batch_size >= 2:
             # Judged (a batch of one request, or of runs of one item, never needs it).
             assert pipeline.stats().broken_stages == (stage,)
+
+
+# -- the known-good input is a replayed request: a reviewer's repros -----------------------
+
+
+class Lookup:
+    """Inference looks each row's id up in a store, as a feature store does: a row whose
+    entity is missing fails with KeyError, the rest are served; ``bad:`` rows fail with
+    IndexError. What a stage reads of its call's context, and writes there, is recorded."""
+
+    def __init__(self, store: set[str]) -> None:
+        self.store = store
+        self.calls: list[list[str]] = []
+        self.contexts: list[Any] = []
+
+    def stages(self) -> dict[str, Any]:
+        def inference(rows: list[str]) -> list[str]:
+            info = current_micro_batch()
+            assert info is not None
+            self.calls.append(list(rows))
+            self.contexts.append(info.context)
+            if info.context is not None:
+                info.context.writes.append(list(rows))  # as set_response_status would
+            for row in rows:
+                if row.startswith("bad:"):
+                    raise IndexError(f"cannot take {row}")
+                if row not in self.store:
+                    raise KeyError(row)
+            return list(rows)
+
+        return {"preprocess": list, "inference": inference}
+
+
+class Rows:
+    """A batch's context, as the adapter's ``BatchContext``: ``private_row`` gives a
+    request's own row, and writes are recorded."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.writes: list[list[str]] = []
+
+    def private_row(self, request: int) -> Rows:
+        return Rows(f"{self.name}[{request}] alone")
+
+
+def _on_trial(pipeline: Pipeline, model: Lookup, context: Any = None) -> None:
+    burst = pipeline.submit_batch([f"bad:{n}" for n in range(5)], context)
+    assert burst.wait(WAIT_S)
+    assert all(isinstance(burst.outcome(n).error, IndexError) for n in range(5))  # type: ignore[union-attr]
+
+
+def test_defect_a_replayed_request_whose_row_was_deleted_judged_a_healthy_model_broken() -> None:
+    # The known-good input was the last item served, a user request: its entity deleted
+    # since, its probe failed (KeyError), the stage was judged broken and the good request
+    # held behind it failed whole (500) although it passes alone.
+    model = Lookup({"A", "B", "good"})
+    with Pipeline(model.stages(), micro_batch_size=2) as pipeline:
+        assert answers(pipeline, ["B"]) == ["B"]
+        assert answers(pipeline, ["A"]) == ["A"]  # the last served
+        model.store.discard("A")  # its entity deleted
+        _on_trial(pipeline, model)
+        calls = len(model.calls)
+        batch = pipeline.submit_batch(["bad:x", "good"])
+        assert batch.wait(WAIT_S)
+        ran = model.calls[calls:]
+        assert ran[:2] == [["bad:x", "good"], ["A"]]  # the scenario: it failed, A replayed
+        assert batch.outcome(1).value == "good"  # type: ignore[union-attr]  (what it gets alone)
+        assert isinstance(batch.outcome(0).error, IndexError)  # type: ignore[union-attr]
+        assert pipeline.stats().broken_stages == ()
+
+
+def test_defect_a_known_good_probe_wrote_into_the_context_of_the_batch_it_came_from() -> None:
+    # The probe ran with its batch's whole context: a stage's set_response_status or
+    # header reached the RequestProcessors of a batch that may still be in flight.
+    model = Lookup({"served", "good"})
+    served = Rows("served")
+    with Pipeline(model.stages(), micro_batch_size=2) as pipeline:
+        first = pipeline.submit_batch(["served"], served)
+        assert first.wait(WAIT_S) and first.succeeded()
+        assert served.writes == [["served"]]
+        _on_trial(pipeline, model, Rows("burst"))
+        calls = len(model.calls)
+        answers(pipeline, ["bad:x", "good"])
+        assert model.calls[calls + 1] == ["served"]  # the scenario: the probe ran
+        probe_context = model.contexts[calls + 1]
+        assert probe_context is not served and probe_context.name == "served[0] alone"
+        assert served.writes == [["served"]]  # nothing more written there
+
+
+def test_two_inputs_served_to_two_requests_failing_alone_judge_the_model_broken() -> None:
+    # The verdict rests on two replayed requests: both fail, the stage is judged broken.
+    model = Lookup({"A", "B"})
+    with Pipeline(model.stages(), micro_batch_size=2) as pipeline:
+        assert answers(pipeline, ["B"]) == ["B"]
+        assert answers(pipeline, ["A"]) == ["A"]
+        model.store.clear()  # the store is down: every lookup fails
+        _on_trial(pipeline, model)
+        calls = len(model.calls)
+        got = answers(pipeline, ["C", "D"])
+        assert model.calls[calls:] == [["C", "D"], ["A"], ["B"]]  # both witnesses ran
+        assert all(isinstance(r, KeyError) for r in got)
+        assert pipeline.stats().broken_stages == ("inference",)
+
+
+def test_warm_up_s_sample_stays_the_known_good_input_whatever_is_served_after() -> None:
+    model = Lookup({"warm", "A", "good"})
+    with Pipeline(model.stages(), micro_batch_size=2) as pipeline:
+        warm = pipeline.submit_batch(["warm"], quiet=True)
+        assert warm.wait(WAIT_S) and warm.succeeded()
+        assert answers(pipeline, ["A"]) == ["A"]
+        _on_trial(pipeline, model)
+        calls = len(model.calls)
+        assert answers(pipeline, ["bad:x", "good"])[1] == "good"
+        assert model.calls[calls + 1] == ["warm"]  # the probe: warm-up's sample, not A

@@ -16,6 +16,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,6 +26,8 @@ from ts.async_service import AsyncService
 
 from tests.torchserve.test_continuous import answers, gathered, torchserve_s_own_worker
 from tests.torchserve.ts_machinery import decode, load_service, request, write_manifest
+from ts_microbatch.core.micro_batch import MicroBatchInfo
+from ts_microbatch.torchserve.context import BatchContext, stage_context
 
 pytestmark = pytest.mark.generative
 
@@ -195,3 +198,39 @@ def mixed_texts(batches: list[list[tuple[int, int] | None]]) -> list[list[str]]:
         [f"short {n}.{i}" if kind is None else over_long(*kind) for i, kind in enumerate(batch)]
         for n, batch in enumerate(batches)
     ]
+
+
+class _Processor:
+    """TorchServe's RequestProcessor, as far as a context reaches it."""
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.headers = headers
+        self.written: list[Any] = []
+
+    def get_request_property(self, key: str) -> str | None:
+        return self.headers.get(key)
+
+    def get_request_properties(self) -> dict[str, str]:
+        return self.headers
+
+    def report_status(self, code: int, reason_phrase: str | None = None) -> None:
+        self.written.append((code, reason_phrase))
+
+    def add_response_property(self, key: str, value: str) -> None:
+        self.written.append((key, value))
+
+
+def test_a_known_good_probe_s_context_reads_its_own_row_and_writes_nowhere() -> None:
+    # The probe replays a request of a batch that may still be in flight (asynchronous
+    # worker): it reads that request's id and headers, and its writes reach no processor.
+    processors = [_Processor({"k": "zero"}), _Processor({"k": "one"})]
+    live = SimpleNamespace(request_ids={0: "id-0", 1: "id-1"}, request_processor=processors)
+    row = BatchContext(live).private_row(1)
+    view = stage_context(MicroBatchInfo(0, 0, 1, 0, context=row))  # as a stage call gets it
+    assert view.get_request_id(0) == "id-1"
+    assert view.get_request_header(0, "k") == "one"
+    view.set_response_status(500, "no", 0)
+    view.set_all_response_status(503)
+    view.set_response_header(0, "x", "y")
+    assert processors[0].written == processors[1].written == []
+    assert row.request_ids == {0: "id-1"} and row.request_processor is not processors

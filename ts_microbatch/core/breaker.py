@@ -10,12 +10,16 @@ broken only when an input it once served fails there alone (a load balancer's he
 check hits a fixed path, not the failing user request). Failures of the inputs on trial,
 however many and of whatever types, only put it on trial.
 
-* **known-good input**: every micro-batch that gets through the stage leaves its first item
-  as the stage's ``good`` (with where it sat: its batch's order, position and context), so
-  it can run again alone as it ran then; warm-up's sample is the first. One item per stage
-  is held, never a batch. A stage's input is the previous stage's output, so the known-good
-  input of stage k is the first-stage item whose run stage k received in a call that
-  passed; it runs from the first stage again, and its answer goes nowhere;
+* **known-good inputs**: every micro-batch that gets through the stage leaves its first item
+  (``KnownGood``: the item, its length or shape, and a private copy of its own request's
+  row of the context, never its batch nor the batch's context), so it can run again alone
+  as it ran then. Warm-up's sample, when there was one, is the stage's witness and user
+  traffic never replaces it; otherwise the last two items served, of two requests, are.
+  A stage's input is the previous stage's output, so the known-good input of stage k is
+  the first-stage item whose run stage k received in a call that passed; it runs from the
+  first stage again, with its private context (what a stage writes there goes nowhere),
+  and its answer goes nowhere. So a stage must be safe to run again on an input it served
+  (replay-safe);
 * **closed**: every run of one item that fails in the stage with an error that may be the
   model's (not a bad input's) adds to a streak, whatever its exception type (a feature
   store refusing some calls and timing out on others is one broken model); a success in
@@ -27,16 +31,20 @@ however many and of whatever types, only put it on trial.
   of one request, which a breaker cannot make cheaper (a request alone is its own probe);
 * **the probe**: on trial or open, the first micro-batch of a batch that fails in the stage
   with an error that may be the model's waits, with every other one of that batch failing
-  there, for one probe per batch run alone ahead of the queue: the known-good input. Failing
-  in the stage with an error that may be the model's, it opens the breaker (the model fails
-  what it served) and what waited fails whole (500, the model's failure); getting through
-  the stage, it closes it (the failures were the inputs'), and what waited is isolated by
-  the rule;
+  there, for the batch's probe run alone ahead of the queue: its witnesses in turn. Warm-up's
+  sample failing, or both served ones (a replayed request may fail alone for a reason of its
+  own: the row it looks up deleted since), in the stage with an error that may be the
+  model's, opens the breaker (the model fails what it served) and what waited fails whole
+  (500, the model's failure); one getting through the stage closes it (the failures were
+  the inputs'), and what waited is isolated by the rule. A witness that failed with no
+  verdict (the only request served failing, or one failing where another passed) is
+  known-good no longer; so is one whose probe timed out;
 * **open**: judged broken, it stays so until the first success closes it; each batch pays
-  one call per micro-batch and the one probe.
+  one call per micro-batch and its probe (one or two witnesses).
 
 **With no known-good input** (the stage has passed nothing since the pipeline started:
-no warm-up, and every call so far failed), there is nothing to judge the model with, and
+no warm-up, and every call so far failed; or the only request it served failed its replay,
+and it has served nothing since), there is nothing to judge the model with, and
 the breaker behaves as before known-good inputs: the verdict at a batch's end opens it at
 once, and the probe is the first item of the failing micro-batch, an input on trial. So a
 model broken from load still costs one call per micro-batch and a probe per batch from its
@@ -46,23 +54,26 @@ request that shares a failing micro-batch with a bad first item fails with it (5
 first success, of any request, gives it a known-good input and closes it.
 
 Counts only; the isolator calls every method under its lock. Without the lock, and only in
-``Isolator.passed``, a success bumps ``successes`` and stores ``good`` (each one store of a
-reference, atomic under the GIL; a batch compares ``successes`` with its value at its
-start, so even a lost increment of two racing ones counts as a change), then reads
-``streak`` to skip the lock when there is nothing to clear. That read may miss a streak
-being added to under the lock by another thread, and leave it uncleared; but ``good`` was
-stored first, so such a stage has a known-good input, and a missed clear can at most put
-it on trial, where its known-good probe passes and clears it: never a verdict on a model
-that serves.
+``Isolator.passed``, a success bumps ``successes`` and stores its known-good input
+(``keep``: each one store of a reference, atomic under the GIL; a batch compares
+``successes`` with its value at its start, so even a lost increment of two racing ones
+counts as a change), then reads ``streak`` to skip the lock when there is nothing to clear.
+That read may miss a streak being added to under the lock by another thread, and leave it
+uncleared; but its known-good input was stored first, so such a stage has one, and a
+missed clear can at most put it on trial, where its known-good probe passes and clears it:
+never a verdict on a model that serves. Two racing stores may lose one witness, or bring
+back one just retired (``forget``, also unlocked, from a probe's timeout): at most one
+probe more, never a verdict on one input.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .batch import Batch
 from .micro_batch import _MicroBatch
-from .order import Order
+from .order import Order, Shape
 
 # Envoy's default for consecutive 5xx before ejecting a host: five runs of one item failing
 # with nothing served in between, and a batch that served nothing to end it.
@@ -72,38 +83,61 @@ CLOSED, ON_TRIAL, OPEN = "closed", "on trial", "open"
 
 
 class KnownGood(NamedTuple):
-    """An item a stage served: the first item of a micro-batch that got through it, with its
-    batch's order, its position there and its batch's context, so that it runs alone as it
-    ran then (its request's context row, its length or shape)."""
+    """An item a stage served (the first item of a micro-batch that got through it) with
+    only what it needs to run alone as it ran then: its length or shape, and its own row
+    of its batch's context, copied (``private_row``). Never its batch, nor its context."""
 
     item: Any
-    order: Order
-    position: int
-    context: Any
+    source: tuple[int, int]  # (its batch's id, its request): one request is one witness
+    warm: bool  # warm-up's sample: the operator's input, never a replayed user request
+    lengths: tuple[int, ...] | None
+    pad_length: Callable[[int], int]
+    shapes: tuple[Shape | None, ...] | None
+    context: Any  # its request's row alone: reads as it did, writes go nowhere
+
+    @classmethod
+    def of(cls, mb: _MicroBatch) -> KnownGood:
+        """The first item of ``mb``, which got through a stage."""
+        batch, at = mb.batch, range(mb.offset, mb.offset + 1)
+        order = batch.order
+        (request,) = order.requests_at(at)
+        return cls(
+            mb.items[0],
+            (id(batch), request),
+            batch.quiet,
+            order.lengths_at(at),
+            order.pad_length,
+            order.shapes_at(at),
+            private_row(batch.context, request),
+        )
 
     def micro_batch(self) -> _MicroBatch:
         """The item alone, in a private batch of its own that nobody awaits (quiet: no
-        metrics), as a probe."""
-        order, at = self.order, range(self.position, self.position + 1)
-        own = Order(
-            1,
-            owners=order.requests_at(at),
-            lengths=order.lengths_at(at),
-            pad_length=order.pad_length,
-            shapes=order.shapes_at(at),
-        )
+        metrics), as a probe: its one row is request 0 of its private context."""
+        own = Order(1, lengths=self.lengths, pad_length=self.pad_length, shapes=self.shapes)
         batch = Batch(1, self.context, quiet=True, order=own)
         return _MicroBatch(batch, 0, 0, [self.item])
+
+
+def private_row(context: Any, request: int) -> Any:
+    """The probe's own context: ``context.private_row(request)`` when the context offers it
+    (the adapter's ``BatchContext``: that request's id and headers, its status and response
+    headers written nowhere); otherwise None, since the core cannot copy a context it does
+    not know, and a probe must never write into a batch that may still be in flight."""
+    copy = getattr(context, "private_row", None)
+    return copy(request) if callable(copy) else None
 
 
 class StageBreaker:
     """The record of one stage."""
 
-    __slots__ = ("successes", "good", "streak", "state")
+    __slots__ = ("successes", "warm", "served", "streak", "state")
 
     def __init__(self) -> None:
         self.successes = 0  # bumped on every success, without a lock (module docstring)
-        self.good: KnownGood | None = None  # stored on every success, without a lock
+        # The known-good inputs, each stored without a lock (one store of a reference):
+        self.warm: KnownGood | None = None  # warm-up's sample, replaced by warm-up only
+        self.served: tuple[KnownGood, ...] = ()  # the last two served, of two requests
         self.streak = 0  # runs of one item failed, of any type, since the last success
         self.state = CLOSED
 
@@ -117,10 +151,28 @@ class StageBreaker:
         """On trial or open: a failing micro-batch waits for a probe."""
         return self.state != CLOSED
 
+    def keep(self, good: KnownGood) -> None:
+        """``good`` got through the stage."""
+        if good.warm:
+            self.warm = good
+            return
+        served = self.served
+        if served and served[0].source == good.source:
+            self.served = (good, *served[1:])
+        else:
+            self.served = (good, *served[:1])
+
+    def witnesses(self) -> tuple[KnownGood, ...]:
+        """The known-good inputs a probe runs, in turn: warm-up's sample alone when there
+        is one, else the last two served (newest first)."""
+        warm = self.warm
+        return (warm,) if warm is not None else self.served
+
     def forget(self, good: KnownGood) -> None:
-        """``good`` is known-good no longer (its probe timed out); one store, no lock."""
-        if self.good is good:
-            self.good = None
+        """``good`` is known-good no longer; one store, no lock."""
+        if self.warm is good:
+            self.warm = None
+        self.served = tuple(g for g in self.served if g is not good)
 
     def clear(self) -> None:
         """A success in the stage."""
@@ -141,7 +193,7 @@ class StageBreaker:
             or self.streak < BROKEN_AFTER_FAILURES
         ):
             return None
-        self.state = ON_TRIAL if self.good is not None else OPEN
+        self.state = ON_TRIAL if self.witnesses() else OPEN
         return self.state
 
     def probe_failed(self) -> bool:

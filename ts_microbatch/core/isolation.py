@@ -21,13 +21,14 @@ counted inside a batch, so there is no threshold for bad requests to reach.
 
 **A broken model stays cheap through state across batches** (``ts_microbatch.core.
 breaker``): runs of one item failing in a stage, with nothing served there, over a batch,
-put that stage on trial; then a micro-batch failing there waits for its batch's one probe,
-the stage's known-good input (one it served) run alone: failing there too, it judges the
-stage broken and what waited fails whole (500); getting through, it closes the breaker and
-what waited is isolated. The first success closes it. Errors that mean bad input never
-count: a ``RequestError``, a 4xx ``PredictionException`` or decoder error (the adapter's
-``is_input_error``), and any failure in a first stage that has served a request since load
-(``first_stage_served``: a request failing there alone has met a bad input of its own,
+put that stage on trial; then a micro-batch failing there waits for its batch's probe, the
+stage's known-good inputs (warm-up's sample, or two it served) run alone in turn: failing
+there too, they judge the stage broken and what waited fails whole (500); one getting
+through closes the breaker and what waited is isolated. The first success closes it.
+Errors that mean bad input never count: a ``RequestError``, a 4xx ``PredictionException``
+or decoder error (the adapter's ``is_input_error``), and any failure in a first stage that
+has served a request since load (``first_stage_served``: a request failing there alone has
+met a bad input of its own,
 which the adapter answers 400).
 
 A ``BaseException`` that is not an ``Exception`` (KeyboardInterrupt, SystemExit) is a request
@@ -89,17 +90,26 @@ class _OwnProbe:
 
 
 class _BrokenProbe:
-    """On a batch's one probe in a stage on trial or open: the parts held for it. A
-    ``known_good`` probe is the stage's known-good input in a private batch (its answer
-    goes nowhere); otherwise the first item of the batch's failing micro-batch."""
+    """On a batch's one probe in a stage on trial or open: the parts held for it. With a
+    known-good input (``good``), the probe is that input in a private batch (its answer goes
+    nowhere), ``rest`` the witnesses still to run should it fail and ``failed`` those that
+    failed; otherwise the probe is the first item of the batch's failing micro-batch."""
 
-    __slots__ = ("record", "stage", "held", "known_good")
+    __slots__ = ("record", "stage", "held", "good", "rest", "failed")
 
-    def __init__(self, record: _BatchRecord, stage: int, held: Parts, known_good: bool) -> None:
+    def __init__(
+        self,
+        record: _BatchRecord,
+        stage: int,
+        held: Parts,
+        witnesses: Sequence[KnownGood] = (),
+    ) -> None:
         self.record = record
         self.stage = stage
         self.held = held
-        self.known_good = known_good
+        self.good: KnownGood | None = witnesses[0] if witnesses else None
+        self.rest = list(witnesses[1:])
+        self.failed: list[KnownGood] = []
 
 
 _BROKEN = "broken"  # the batch's probe failed there too: the stage's failures fail whole
@@ -169,7 +179,7 @@ class Isolator:
         breaker = self._breakers[stage]
         # No lock, and in this order (ts_microbatch.core.breaker says why): a pass that
         # skips the lock below has left a known-good input first.
-        breaker.good = KnownGood(mb.items[0], mb.batch.order, mb.offset, mb.batch.context)
+        breaker.keep(KnownGood.of(mb))
         breaker.successes += 1
         if stage == 0:
             # Only ever set, never cleared: no lock.
@@ -186,8 +196,10 @@ class Isolator:
             if probe is None or probe.stage != stage:
                 return _NOTHING
             mb.split = None
-            if isinstance(probe, _BrokenProbe) and probe.known_good:
+            if isinstance(probe, _BrokenProbe) and probe.good is not None:
                 _answer_nowhere(mb)  # its verdict is in: the later stages drop it
+                for failed in probe.failed:  # failed alone where another passed
+                    breaker.forget(failed)
                 logger.info(
                     "stage %s: its known-good input passed alone, so the failures were the "
                     "inputs'; the stage serves on",
@@ -208,8 +220,8 @@ class Isolator:
         """``mb`` failed in ``stage`` with ``error``."""
         with self._lock:
             probe, mb.split = mb.split, None
-            if isinstance(probe, _BrokenProbe) and probe.known_good:
-                return self._known_good_failed(mb, probe, stage, error)
+            if isinstance(probe, _BrokenProbe) and probe.good is not None:
+                return self._known_good_failed(mb, probe, probe.good, stage, error)
             if not isinstance(error, Exception):
                 # KeyboardInterrupt, SystemExit, GeneratorExit: a request to stop, which says
                 # nothing about any input. Code that asked to stop is not re-run.
@@ -253,7 +265,7 @@ class Isolator:
 
     def _while_broken(self, mb: _MicroBatch, stage: int, error: BaseException) -> Outcome:
         """``stage`` is on trial or open: the batch's probe decides, the stage's known-good
-        input (the first item on trial when it has none: ts_microbatch.core.breaker)."""
+        inputs (the first item on trial when it has none: ts_microbatch.core.breaker)."""
         record = self._record(mb.batch)
         state = record.probes.get(stage)
         if state is _BROKEN:
@@ -263,16 +275,21 @@ class Isolator:
         if isinstance(state, _BrokenProbe):
             state.held.append((mb, error))
             return _NOTHING
-        good = self._breakers[stage].good
-        held: Parts
-        if good is not None:
-            alone, held = good.micro_batch(), [(mb, error)]
-            mb.batch.when_answered(self._probe_expiry(alone, stage, good))
-        else:
-            alone, rest = mb.first_alone()
-            held = [(rest, error)] if rest is not None else []
-        probe = _BrokenProbe(record, stage, held, known_good=good is not None)
-        alone.split = record.probes[stage] = probe
+        witnesses = self._breakers[stage].witnesses()
+        if witnesses:
+            probe = record.probes[stage] = _BrokenProbe(record, stage, [(mb, error)], witnesses)
+            return self._run_witness(probe, witnesses[0], mb.batch)
+        alone, rest = mb.first_alone()
+        held = [(rest, error)] if rest is not None else []
+        alone.split = record.probes[stage] = _BrokenProbe(record, stage, held)
+        return Outcome([], [], first=(alone,))
+
+    def _run_witness(self, probe: _BrokenProbe, good: KnownGood, until: Batch) -> Outcome:
+        """``good`` runs alone ahead of the queue as ``probe``, for the batch ``until``."""
+        probe.good = good
+        alone = good.micro_batch()
+        alone.split = probe
+        until.when_answered(self._probe_expiry(alone, probe.stage, good))
         return Outcome([], [], first=(alone,))
 
     def _probe_expiry(
@@ -294,16 +311,33 @@ class Isolator:
         return expire
 
     def _known_good_failed(
-        self, mb: _MicroBatch, probe: _BrokenProbe, stage: int, error: BaseException
+        self,
+        mb: _MicroBatch,
+        probe: _BrokenProbe,
+        good: KnownGood,
+        stage: int,
+        error: BaseException,
     ) -> Outcome:
-        """The known-good probe ``mb`` failed in ``stage``: no request's failure, only the
-        verdict on what waited for it."""
+        """The known-good probe ``mb`` failed in ``stage``: no request's failure. The stage
+        is judged broken only when warm-up's sample fails, or two inputs it served, of two
+        requests: a replayed request may fail alone for a reason of its own (the row it
+        looks up deleted since), and one such must not fail the good requests held for it.
+        A witness that failed with no verdict is known-good no longer."""
         _answer_nowhere(mb)
         if not isinstance(error, Exception):  # a request to stop: no verdict on the model
             return self._release(probe)
         if self._may_be_broken(stage, error):
             self._breakers[stage].failed_alone()
-        return self._probe_failed(probe, stage, error)
+        breaker = self._breakers[probe.stage]
+        probe.failed.append(good)
+        if stage == probe.stage and breaker.suspect and self._may_be_broken(stage, error):
+            if probe.rest:  # the next witness runs, for the same batch
+                return self._run_witness(probe, probe.rest.pop(0), probe.held[0][0].batch)
+            if good.warm or len(probe.failed) >= 2:
+                return self._probe_failed(probe, stage, error)
+        for failed in probe.failed:
+            breaker.forget(failed)
+        return self._release(probe)
 
     def _probe_failed(self, probe: object, stage: int, error: BaseException) -> Outcome:
         """A probe failed alone (its own failure is given by the caller): what waited for
@@ -317,7 +351,7 @@ class Isolator:
             # micro-batch of the batch got through) closed it: they are isolated instead.
             if breaker.probe_failed():
                 logger.error(
-                    "stage %s judged broken: its known-good input failed alone with %s after "
+                    "stage %s judged broken: its known-good inputs failed alone (%s) after "
                     "%d runs of one item failed with nothing served in between; its "
                     "micro-batches that fail now fail whole after one probe per batch, until "
                     "it serves again",

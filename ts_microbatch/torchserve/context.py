@@ -71,6 +71,21 @@ class BatchContext:
 
         return self._view(tuple(request(owner) for owner in owners))
 
+    def private_row(self, request: int) -> BatchContext:
+        """A context of its own for request ``request`` alone (as its row 0), for a
+        known-good probe that runs it again (``ts_microbatch.core.breaker``): its request id
+        and its request headers read as they did; a status or response header written to it
+        goes nowhere, never to a batch that may still be in flight. It holds that row only:
+        no other request's, and no RequestProcessor."""
+        request_id = self.get_request_id(request)
+        headers = self.get_all_request_header(request)  # held, not copied: read only
+        row = BatchContext.__new__(BatchContext)
+        row._context = self._context  # the model's parts (name, manifest) are read live
+        row._request_ids = {} if request_id is None else {0: request_id}
+        row._processors = [_PrivateRow(headers)]
+        row._rows = None
+        return row
+
     def _view(self, rows: tuple[int, ...] | None) -> BatchContext:
         view = BatchContext.__new__(BatchContext)
         view._context = self._context
@@ -238,6 +253,35 @@ class BatchContext:
 
     def get_response_content_type(self, idx: int) -> str | None:
         return self.get_response_headers(idx).get("content-type")
+
+
+class _PrivateRow:
+    """A RequestProcessor's reading side, for ``BatchContext.private_row``: the headers it
+    had; its writes are dropped and its status reads as TorchServe's default."""
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self._headers = headers
+
+    def get_request_property(self, key: str) -> str | None:
+        return self._headers.get(key)
+
+    def get_request_properties(self) -> dict[str, str]:
+        return self._headers
+
+    def report_status(self, code: int, reason_phrase: str | None = None) -> None:
+        pass
+
+    def add_response_property(self, key: str, value: str) -> None:
+        pass
+
+    def get_response_status_code(self) -> int:
+        return 200
+
+    def get_response_status_phrase(self) -> str | None:
+        return None
+
+    def get_response_headers(self) -> dict[str, str]:
+        return {}
 
 
 def stage_context(info: Any) -> Any:
