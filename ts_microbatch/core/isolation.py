@@ -49,6 +49,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from ._probes import BatchRecord, BrokenProbe, OwnProbe, Verdict
 from .batch import Batch
 from .breaker import ON_TRIAL, OPEN, KnownGood, StageBreaker
 from .errors import RequestError
@@ -76,57 +77,6 @@ class Outcome(NamedTuple):
 
 
 _NOTHING = Outcome([], [])
-Parts = list[tuple[_MicroBatch, BaseException]]
-
-
-class _OwnProbe:
-    """On the first item of a failed micro-batch of one request: the rest, waiting for it."""
-
-    __slots__ = ("stage", "rest")
-
-    def __init__(self, stage: int, rest: _MicroBatch | None) -> None:
-        self.stage = stage
-        self.rest = rest
-
-
-class _BrokenProbe:
-    """On a batch's one probe in a stage on trial or open: the parts held for it. With a
-    known-good input (``good``), the probe is that input in a private batch (its answer goes
-    nowhere), ``rest`` the witnesses still to run should it fail and ``failed`` those that
-    failed; otherwise the probe is the first item of the batch's failing micro-batch."""
-
-    __slots__ = ("record", "stage", "held", "good", "rest", "failed")
-
-    def __init__(
-        self,
-        record: _BatchRecord,
-        stage: int,
-        held: Parts,
-        witnesses: Sequence[KnownGood] = (),
-    ) -> None:
-        self.record = record
-        self.stage = stage
-        self.held = held
-        self.good: KnownGood | None = witnesses[0] if witnesses else None
-        self.rest = list(witnesses[1:])
-        self.failed: list[KnownGood] = []
-
-
-_BROKEN = "broken"  # the batch's probe failed there too: the stage's failures fail whole
-_ISOLATE = "isolate"  # the probe passed or failed otherwise: the batch's failures bisected
-
-
-class _BatchRecord:
-    """A batch's part in the stages' records: each breaker's successes at its start, how
-    many of its requests failed a run of one item there, and its probe while a breaker is
-    open."""
-
-    __slots__ = ("successes", "failed_alone", "probes")
-
-    def __init__(self, breakers: Sequence[StageBreaker]) -> None:
-        self.successes = [breaker.successes for breaker in breakers]
-        self.failed_alone: list[set[int]] = [set() for _ in breakers]
-        self.probes: dict[int, _BrokenProbe | str] = {}
 
 
 def declared_per_request(error: BaseException) -> bool:
@@ -158,7 +108,7 @@ class Isolator:
         self._lock = threading.Lock()
         self._breakers = [StageBreaker() for _ in self._names]
         # A batch's record lives as long as the batch; one never tracked gets one on use.
-        self._records: weakref.WeakKeyDictionary[Batch, _BatchRecord] = weakref.WeakKeyDictionary()
+        self._records: weakref.WeakKeyDictionary[Batch, BatchRecord] = weakref.WeakKeyDictionary()
         # The first stage has served a request since the pipeline started (only ever set).
         self.first_stage_served = False
 
@@ -167,7 +117,7 @@ class Isolator:
         if self.first_stage_served:
             batch.first_stage_served = True
         with self._lock:
-            self._records[batch] = _BatchRecord(self._breakers)
+            self._records[batch] = BatchRecord(self._breakers)
         batch.when_answered(self._batch_done)
 
     def broken(self) -> list[str]:
@@ -196,7 +146,7 @@ class Isolator:
             if probe is None or probe.stage != stage:
                 return _NOTHING
             mb.split = None
-            if isinstance(probe, _BrokenProbe) and probe.good is not None:
+            if isinstance(probe, BrokenProbe) and probe.good is not None:
                 _answer_nowhere(mb)  # its verdict is in: the later stages drop it
                 for failed in probe.failed:  # failed alone where another passed
                     breaker.forget(failed)
@@ -220,7 +170,7 @@ class Isolator:
         """``mb`` failed in ``stage`` with ``error``."""
         with self._lock:
             probe, mb.split = mb.split, None
-            if isinstance(probe, _BrokenProbe) and probe.good is not None:
+            if isinstance(probe, BrokenProbe) and probe.good is not None:
                 return self._known_good_failed(mb, probe, probe.good, stage, error)
             if not isinstance(error, Exception):
                 # KeyboardInterrupt, SystemExit, GeneratorExit: a request to stop, which says
@@ -260,36 +210,38 @@ class Isolator:
         if not mb.one_request():
             return Outcome(list(mb.halves()), [])
         alone, rest = mb.first_alone()
-        alone.split = _OwnProbe(stage, rest)
+        alone.split = OwnProbe(stage, rest)
         return Outcome([], [], first=(alone,))
 
     def _while_broken(self, mb: _MicroBatch, stage: int, error: BaseException) -> Outcome:
         """``stage`` is on trial or open: the batch's probe decides, the stage's known-good
         inputs (the first item on trial when it has none: ts_microbatch.core.breaker)."""
         record = self._record(mb.batch)
-        state = record.probes.get(stage)
-        if state is _BROKEN:
+        verdict = record.verdicts.get(stage)
+        if verdict is Verdict.BROKEN:
             return Outcome([], [Fail(mb, error, stage, isolated=False)])
-        if state is _ISOLATE:
+        if verdict is Verdict.ISOLATE:
             return self._isolate(mb, stage)
-        if isinstance(state, _BrokenProbe):
-            state.held.append((mb, error))
+        if verdict is Verdict.PENDING:
+            record.held[stage].append((mb, error))
             return _NOTHING
+        record.verdicts[stage] = Verdict.PENDING
         witnesses = self._breakers[stage].witnesses()
+        probe = BrokenProbe(record, stage, mb.batch, witnesses)
         if witnesses:
-            probe = record.probes[stage] = _BrokenProbe(record, stage, [(mb, error)], witnesses)
-            return self._run_witness(probe, witnesses[0], mb.batch)
+            record.held[stage] = [(mb, error)]
+            return self._run_witness(probe, witnesses[0])
         alone, rest = mb.first_alone()
-        held = [(rest, error)] if rest is not None else []
-        alone.split = record.probes[stage] = _BrokenProbe(record, stage, held)
+        record.held[stage] = [(rest, error)] if rest is not None else []
+        alone.split = probe
         return Outcome([], [], first=(alone,))
 
-    def _run_witness(self, probe: _BrokenProbe, good: KnownGood, until: Batch) -> Outcome:
-        """``good`` runs alone ahead of the queue as ``probe``, for the batch ``until``."""
+    def _run_witness(self, probe: BrokenProbe, good: KnownGood) -> Outcome:
+        """``good`` runs alone ahead of the queue as ``probe``, for its batch."""
         probe.good = good
         alone = good.micro_batch()
         alone.split = probe
-        until.when_answered(self._probe_expiry(alone, probe.stage, good))
+        probe.until.when_answered(self._probe_expiry(alone, probe.stage, good))
         return Outcome([], [], first=(alone,))
 
     def _probe_expiry(
@@ -313,7 +265,7 @@ class Isolator:
     def _known_good_failed(
         self,
         mb: _MicroBatch,
-        probe: _BrokenProbe,
+        probe: BrokenProbe,
         good: KnownGood,
         stage: int,
         error: BaseException,
@@ -332,7 +284,7 @@ class Isolator:
         probe.failed.append(good)
         if stage == probe.stage and breaker.suspect and self._may_be_broken(stage, error):
             if probe.rest:  # the next witness runs, for the same batch
-                return self._run_witness(probe, probe.rest.pop(0), probe.held[0][0].batch)
+                return self._run_witness(probe, probe.rest.pop(0))
             if good.warm or len(probe.failed) >= 2:
                 return self._probe_failed(probe, stage, error)
         for failed in probe.failed:
@@ -343,7 +295,7 @@ class Isolator:
         """A probe failed alone (its own failure is given by the caller): what waited for
         it. An own probe's rest needs nothing: all above the probe in its request, it is
         never run (``Outcomes.skip_items_above``)."""
-        if not isinstance(probe, _BrokenProbe):
+        if not isinstance(probe, BrokenProbe):
             return _NOTHING
         breaker = self._breakers[stage]
         if stage == probe.stage and breaker.suspect and self._may_be_broken(stage, error):
@@ -359,30 +311,29 @@ class Isolator:
                     type(error).__name__,
                     breaker.streak,
                 )
-            probe.record.probes[probe.stage] = _BROKEN
-            return Outcome([], [Fail(mb, e, probe.stage, isolated=False) for mb, e in probe.held])
+            held = probe.record.settle(probe.stage, Verdict.BROKEN)
+            return Outcome([], [Fail(mb, e, probe.stage, isolated=False) for mb, e in held])
         return self._release(probe)
 
     def _release(self, probe: object) -> Outcome:
         """A probe got through its stage, or was dropped, or failed unlike the stage: what
         waited for it is isolated by the rule."""
-        if isinstance(probe, _OwnProbe):
+        if isinstance(probe, OwnProbe):
             rest = probe.rest
             if rest is None:
                 return _NOTHING
             return Outcome([rest] if len(rest) == 1 else list(rest.halves()), [])
-        if isinstance(probe, _BrokenProbe):
-            probe.record.probes[probe.stage] = _ISOLATE
+        if isinstance(probe, BrokenProbe):
             outcome = _NOTHING
-            for mb, _ in probe.held:
+            for mb, _ in probe.record.settle(probe.stage, Verdict.ISOLATE):
                 outcome = _merge(outcome, self._isolate(mb, probe.stage))
             return outcome
         return _NOTHING
 
-    def _record(self, batch: Batch) -> _BatchRecord:
+    def _record(self, batch: Batch) -> BatchRecord:
         record = self._records.get(batch)
         if record is None:
-            record = self._records[batch] = _BatchRecord(self._breakers)
+            record = self._records[batch] = BatchRecord(self._breakers)
         return record
 
     def _batch_done(self, batch: Batch) -> None:
