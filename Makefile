@@ -14,7 +14,11 @@ WEIGHTS ?=
 MB_CONFIG ?= configs/micro_batching.json
 MODEL_CONFIG ?= examples/image_classifier/model-config.yaml
 BATCH_SIZE ?= 32
-MAX_BATCH_DELAY ?= 50
+# The frontend's window, ms, per example: what each example's model-config.yaml ships and
+# why is written there (benchmarks/results/latency_window/).
+MAX_BATCH_DELAY ?= 2
+BERT_MAX_BATCH_DELAY ?= 50
+TABULAR_MAX_BATCH_DELAY ?= 1
 INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
@@ -149,7 +153,7 @@ bert-mar: $(BERT_MAR)
 serve-bert: $(BERT_MAR)
 	$(PY) -m ts_microbatch.tools.serve start --model-store model_store --mar $(BERT_NAME).mar \
 	  --config configs/config.properties --batch-size $(BATCH_SIZE) \
-	  --max-batch-delay $(MAX_BATCH_DELAY) --input $(BERT_BUILD)/sample.txt
+	  --max-batch-delay $(BERT_MAX_BATCH_DELAY) --input $(BERT_BUILD)/sample.txt
 
 # The fraud scorer example (examples/tabular_scorer): an MLP over 128 JSON features,
 # untrained, or WEIGHTS=<a state dict of its FraudMLP>.
@@ -171,7 +175,7 @@ tabular-mar: $(TABULAR_MAR)
 serve-tabular: $(TABULAR_MAR)
 	$(PY) -m ts_microbatch.tools.serve start --model-store model_store --mar $(TABULAR_NAME).mar \
 	  --config configs/config.properties --batch-size $(BATCH_SIZE) \
-	  --max-batch-delay $(MAX_BATCH_DELAY) --input $(TABULAR_BUILD)/sample.json
+	  --max-batch-delay $(TABULAR_MAX_BATCH_DELAY) --input $(TABULAR_BUILD)/sample.json
 
 stop:
 	$(PY) -m ts_microbatch.tools.serve stop
