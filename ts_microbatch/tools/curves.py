@@ -129,6 +129,16 @@ def sweep(
     return results
 
 
+def open_loop_bodies(corpus: Corpus, token: str | None) -> tuple[list[bytes], dict[str, str]]:
+    """A corpus's bodies in its order, and the headers an open-loop run sends them with (the
+    first body's content type, the token when the server wants one)."""
+    bodies = [corpus.bodies[i].data for i in corpus.sequence(len(corpus.order))]
+    headers = {"Content-Type": corpus.bodies[corpus.order[0]].content_type}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return bodies, headers
+
+
 class CurveSender:
     """A ``measure.Send`` for the benchmark's ``--rates``: the warm-up from parallel
     clients as usual, the measured run a sweep over ``rates`` on the same server (the
@@ -164,10 +174,7 @@ class CurveSender:
     ) -> tuple[dict[str, Any], dict[str, float]]:
         if label.endswith("warm-up"):
             return send_corpus(url, self.corpus, requests, self.concurrency, token=token)
-        bodies = [self.corpus.bodies[i].data for i in self.corpus.sequence(len(self.corpus.order))]
-        headers = {"Content-Type": self.corpus.bodies[self.corpus.order[0]].content_type}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        bodies, headers = open_loop_bodies(self.corpus, token)
 
         def progress(row: dict[str, Any]) -> None:
             self.log(

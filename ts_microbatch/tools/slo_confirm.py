@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .corpus import Corpus
-from .curves import behind
+from .curves import behind, open_loop_bodies
 from .drive import send_corpus, summarize
 from .mar import override_mar
 from .measure import RegistrationError, measure
@@ -119,10 +119,7 @@ class LadderSender:
     ) -> tuple[dict[str, Any], dict[str, float]]:
         if label.endswith("warm-up"):
             return send_corpus(url, self.corpus, requests, self.concurrency, token=token)
-        bodies = [self.corpus.bodies[i].data for i in self.corpus.sequence(len(self.corpus.order))]
-        headers = {"Content-Type": self.corpus.bodies[self.corpus.order[0]].content_type}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        bodies, headers = open_loop_bodies(self.corpus, token)
         results, misses, start = [], 0, time.monotonic()
         for index, rate in enumerate(self.rates, start=1):
             result = run_open_loop(
