@@ -72,6 +72,7 @@ class TextHandler(MicroBatchingMixin, BaseHandler):
 """
 
 WORKERS = ("synchronous", "asynchronous")
+HANDLER = "known_good_text_handler.py"
 
 
 def over_long(error: int = 0, n: int = 0) -> str:
@@ -87,14 +88,16 @@ class Worker:
     def __init__(self, kind: str, directory: Path, micro_batch_size: int) -> None:
         self.kind = kind
         directory.mkdir()
-        (directory / "text_handler.py").write_text(TEXT_HANDLER, encoding="utf-8")
+        # A module name of its own: TorchServe imports a handler by name, and the text
+        # example's tests import theirs as "text_handler" in this process.
+        (directory / HANDLER).write_text(TEXT_HANDLER, encoding="utf-8")
         section = {"micro_batch_size": micro_batch_size}
         config = f"batchSize: 64\nmicro_batching: {json.dumps(section)}\n"
         if kind == "asynchronous":
             config = "asyncCommunication: true\n" + config
         (directory / "model-config.yaml").write_text(config, encoding="utf-8")
-        write_manifest(directory, "text", "text_handler.py", configFile="model-config.yaml")
-        service = load_service(directory, model_name="text", handler="text_handler.py")
+        write_manifest(directory, "text", HANDLER, configFile="model-config.yaml")
+        service = load_service(directory, model_name="text", handler=HANDLER)
         self.handler = service._entry_point.__self__
         self.service = service
         self.asynchronous = AsyncService(service) if kind == "asynchronous" else None
