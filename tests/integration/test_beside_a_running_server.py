@@ -198,7 +198,9 @@ def test_the_benchmark_leaves_a_running_torchserves_worker_alone(
     other.parent.mkdir()
     shutil.copy(user.root.parent / "user_store" / "text_mb.mar", other)
     out = tmp_path / "out"
-    argv = ["--mar", str(other), "--body", str(SAMPLE), "--rounds", "1", "--requests", "24"]
+    # 200 requests: the OS counts a process's CPU in 10 ms ticks, and 24 requests of the
+    # plain text model once cost its worker less than one (read as 0.0 ms a request).
+    argv = ["--mar", str(other), "--body", str(SAMPLE), "--rounds", "1", "--requests", "200"]
     argv += ["--warmup-requests", "8", "--concurrency", "4", "--batch-size", "4"]
     assert benchmark.main([*argv, "--keep-logs", "--out", str(out)]) == 0
 
@@ -216,7 +218,7 @@ def test_the_benchmark_leaves_a_running_torchserves_worker_alone(
     # sockets were in that server's temp directory, on ports outside the user's block.
     results = json.loads((out / "results.json").read_text())
     assert {r["handler"] for r in results["runs"]} == {"plain", "ours"}
-    assert all(r["complete_requests"] >= 24 and r["errors"] == 0 for r in results["runs"])
+    assert all(r["complete_requests"] >= 200 and r["errors"] == 0 for r in results["runs"])
     # Read from the servers' own processes (ts_microbatch.tools.cpu): every run cost both.
     cpu = [
         (r["frontend_cpu_ms_per_request"], r["workers_cpu_ms_per_request"]) for r in results["runs"]
