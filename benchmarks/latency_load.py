@@ -67,6 +67,7 @@ import compare  # noqa: E402
 import text_lengths  # noqa: E402
 from tabular_workload import tabular_models  # noqa: E402
 
+from ts_microbatch import agent  # noqa: E402
 from ts_microbatch.tools.corpus import Corpus, read_corpus  # noqa: E402
 from ts_microbatch.tools.curve_report import (  # noqa: E402
     compare_curves,
@@ -106,14 +107,23 @@ TEXT_UPSTREAM_MICRO_BATCH = 4  # upstream's best on this mix at saturation (text
 
 
 def variants(
-    windows: dict[str, list[int]], tuned: Path | None, max_latency_ms: float | None = None
+    windows: dict[str, list[int]],
+    tuned: Path | None,
+    max_latency_ms: float | None = None,
+    batch_sizes: list[int] | None = None,
 ) -> dict[str, tuple[str, Any]]:
     """name -> (model built by compare.package, (section override or None, frontend)).
     ``continuous-w<ms>``: the example on the asynchronous worker, ``max_window_ms`` <ms>,
-    with ``max_latency_ms`` when given."""
+    with ``max_latency_ms`` when given. With ``batch_sizes``, ours at each window and each
+    of them, ``ours-w<ms>-b<size>`` (else at the .mar's batchSize)."""
     out: dict[str, tuple[str, Any]] = {}
     for model, model_windows in windows.items():
         for window in model_windows:
+            if model == "ours" and batch_sizes:
+                for size in batch_sizes:
+                    frontend = {"maxBatchDelay": window, "batchSize": size}
+                    out[f"ours-w{window}-b{size}"] = (MODELS[model], (None, frontend))
+                continue
             if model == "continuous":
                 section = {"max_window_ms": window, "max_latency_ms": max_latency_ms}
                 out[f"{model}-w{window}"] = (MODELS[model], (section, ASYNC_FRONTEND))
@@ -124,6 +134,14 @@ def variants(
         frontend = {"batchSize": chosen["batchSize"], "maxBatchDelay": chosen["maxBatchDelay"]}
         out["ours-tuned"] = (MODELS["ours"], (chosen["micro_batching"], frontend))
     return out
+
+
+def async_fix() -> dict[str, str]:
+    """The frontend properties that load the package's Java agent, which fixes TorchServe
+    0.12.0's asynchronous frontend (without it the worker is dropped under load)."""
+    if agent.missing():
+        raise SystemExit(agent.missing())
+    return {"vmargs": agent.vmargs()}
 
 
 def capacity(rows: list[dict[str, Any]], name: str) -> float:
@@ -293,6 +311,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slo-p99-ms", type=float, help="default: the workload's")
     parser.add_argument("--windows", default="plain:5;plain1:5;upstream:5,50;ours:1,2,5,50")
+    parser.add_argument(
+        "--batch-sizes", default="", help="ours at each of these batchSize values, comma-separated"
+    )
     parser.add_argument("--tuned", type=Path, help="a model-config.yaml from the SLO tuner")
     parser.add_argument(
         "--max-latency-ms",
@@ -315,7 +336,8 @@ def main() -> None:
         m: [int(w) for w in ws.split(",")]
         for m, ws in (part.split(":") for part in args.windows.split(";"))
     }
-    chosen = variants(windows, args.tuned, args.max_latency_ms)
+    sizes = [int(v) for v in args.batch_sizes.split(",") if v]
+    chosen = variants(windows, args.tuned, args.max_latency_ms, sizes)
     args.slos = [args.slo_p99_ms] + [float(v) for v in args.also_p99_ms.split(",") if v]
     if args.report_only:
         write_report(args, [json.loads(line) for line in (args.out / "runs.jsonl").open()])
@@ -409,6 +431,7 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
                 (first.data, first.content_type),
                 archive=f"{name}.mar",
                 env=ENV.get(name.rsplit("-w", 1)[0]),
+                properties=async_fix() if name.startswith("continuous") else None,
             )
             rows.append(
                 {
