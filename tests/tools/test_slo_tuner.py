@@ -23,7 +23,13 @@ from ts_microbatch.tools.slo_confirm import (
     held_on,
     ladder,
 )
-from ts_microbatch.tools.slo_plan import Candidate, StageCosts, plan, stage_costs
+from ts_microbatch.tools.slo_plan import (
+    Candidate,
+    StageCosts,
+    plan,
+    stage_costs,
+    worker_cpu_scale,
+)
 
 
 class FakeMicroBatching:
@@ -146,6 +152,22 @@ def test_the_cpu_caps_what_the_model_holds() -> None:
     assert with_cpu.tail.bound == "cpu"
     (at_rate,) = plan([cost], [16], [1], 250.0, rate=1200.0, frontend_cpu_ms=1.5, cores=2)
     assert at_rate.tail is None  # the cores cannot answer 1,200 a second
+
+
+def test_the_worker_cpu_a_real_server_spent_scales_the_in_process_cost_in_the_cap() -> None:
+    # In-process 0.5 ms of worker CPU a request at batch 16 (8 ms a batch); a real worker
+    # serving it spent 2.5 (TorchServe's decode and encode, a costlier mix): 5x.
+    cost = StageCosts(combo(4), {1: 0.5, 16: 4.0}, {1: 0.5, 16: 8.0})
+    (first,) = plan([cost], [16], [1], 250.0, frontend_cpu_ms=1.5, cores=2)
+    scale = worker_cpu_scale([cost], first, 2.5)
+    assert scale == pytest.approx(5.0)
+    (scaled,) = plan([cost], [16], [1], 250.0, frontend_cpu_ms=1.5, cores=2, worker_cpu_scale=scale)
+    assert scaled.held_per_s == pytest.approx(2000 / (1.5 + 2.5))  # 500, not 1,000
+    assert scaled.tail is not None and scaled.tail.bound == "cpu"
+    # Never below in-process, and 1.0 for a configuration it has no costs for.
+    assert worker_cpu_scale([cost], first, 0.1) == 1.0
+    other = StageCosts(combo(8), {1: 0.5}, {1: 0.5})
+    assert worker_cpu_scale([other], first, 2.5) == 1.0
 
 
 class FakeOpenLoop:

@@ -39,7 +39,7 @@ from typing import Any
 
 from .merge import MergeError, write_merged
 from .results import ResultsLog
-from .slo_plan import Candidate, plan, stage_costs
+from .slo_plan import Candidate, plan, stage_costs, worker_cpu_scale
 
 BOUNDS = {
     "window": "maxBatchDelay: the slowest requests waited most for their batch to fill",
@@ -194,18 +194,22 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
             mb.shutdown()
     cores = available_cores()
     frontend_ms = args.frontend_cpu_ms or None
+    scale = 1.0  # the worker's CPU on a real server against in-process (worker_cpu_scale)
 
     def modelled() -> list[Candidate]:
         return plan(
-            costs, batch_sizes, args.windows, args.slo_p99_ms, args.rate, frontend_ms, cores
-        )
+            costs, batch_sizes, args.windows, args.slo_p99_ms, args.rate, frontend_ms, cores,
+            scale,
+        )  # fmt: skip
 
     candidates = modelled()
     if args.confirm and args.frontend_cpu_ms is None and candidates[0].tail is not None:
-        frontend_ms = calibrate_frontend_cpu(
+        calibrated = calibrate_frontend_cpu(
             candidates[0], args.mar, corpus, args.confirm_out, trials, args.ts_config
         )
-        if frontend_ms:
+        if calibrated:
+            frontend_ms, worker_ms = calibrated
+            scale = worker_cpu_scale(costs, candidates[0], worker_ms)
             candidates = modelled()
     for c in candidates:
         trials.append(
@@ -216,11 +220,13 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
                 "p99_ms": c.tail.p99_ms if c.tail else None,
                 "bound": c.tail.bound if c.tail else None,
                 "frontend_cpu_ms": frontend_ms,
+                "worker_cpu_scale": scale,
                 "not_monotone": c.flagged,
             }
         )
     frontend = (
-        f"the frontend's CPU {frontend_ms:.2f} ms a request, {cores} cores"
+        f"the frontend's CPU {frontend_ms:.2f} ms a request, the worker's {scale:.2f}x its "
+        f"in-process CPU, {cores} cores"
         if frontend_ms
         else "the frontend's CPU left out"
     )

@@ -18,9 +18,11 @@ What a new user's fraud scorer taught (two cores, JSON features, an MLP):
   configuration that held the highest rate within the objective on the server (with
   ``--rate``, at least that rate), or None: the tuner then writes nothing.
 - **The frontend's CPU** (``calibrate_frontend_cpu``): a short closed-loop run of the
-  model's rank 1, its frontend's CPU per request read as the benchmark reads it
-  (``ts_microbatch.tools.cpu``), for the model's CPU cap
-  (``batching_model.cpu_cap_per_s``).
+  model's rank 1, its frontend's and its worker's CPU per request read as the benchmark
+  reads them (``ts_microbatch.tools.cpu``), for the model's CPU cap
+  (``batching_model.cpu_cap_per_s``); the worker's against its in-process cost scales
+  every configuration's (``slo_plan.worker_cpu_scale``: on the BERT long tail a real
+  worker spent 1.63x the handler's in-process CPU, and the model over-predicted 2x).
 """
 
 from __future__ import annotations
@@ -199,10 +201,10 @@ def calibrate_frontend_cpu(
     out: Path,
     record: ResultsLog,
     base_config: Path | None = None,
-) -> float | None:
-    """The frontend's CPU milliseconds per request, from a short closed-loop run of
-    ``candidate`` (about 5 s of its predicted rate, 100 to 1,000 requests); None when the
-    server refused the model."""
+) -> tuple[float, float] | None:
+    """The frontend's and the worker's CPU milliseconds per request, from a short
+    closed-loop run of ``candidate`` (about 5 s of its predicted rate, 100 to 1,000
+    requests); None when the server refused the model."""
     requests = int(min(1000, max(100, 5 * candidate.held_per_s)))
     label = f"[frontend CPU] {candidate.describe()}, {requests} requests"
     print(f"\n{label}", flush=True)
@@ -228,8 +230,13 @@ def calibrate_frontend_cpu(
             "workers_cpu_ms_per_request": result.get("workers_cpu_ms_per_request"),
         }
     )
-    print(f"{label}: the frontend spent {frontend_ms:.2f} ms of CPU a request", flush=True)
-    return frontend_ms
+    worker_ms = float(result.get("workers_cpu_ms_per_request") or 0.0)
+    print(
+        f"{label}: the frontend spent {frontend_ms:.2f} ms of CPU a request, the worker "
+        f"{worker_ms:.2f}",
+        flush=True,
+    )
+    return frontend_ms, worker_ms
 
 
 def confirm(

@@ -172,19 +172,22 @@ def plan(
     rate: float | None = None,
     frontend_cpu_ms: float | None = None,
     cores: float = 2.0,
+    worker_cpu_scale: float = 1.0,
 ) -> list[Candidate]:
     """Step 2: every configuration through the batching model, best first: the highest
     rate held within the objective, or with ``rate``, the lowest P99 at it among those
     within the objective. With ``frontend_cpu_ms`` no rate past what ``cores`` can do for
     the frontend and the worker (``batching_model.cpu_cap_per_s``, the worker's CPU per
-    request measured in-process at the batch size) is held."""
+    request measured in-process at the batch size, times ``worker_cpu_scale``: what a real
+    worker spent against that, ``worker_cpu_scale``) is held."""
     candidates = []
     for cost, size, window in itertools.product(costs, batch_sizes, windows):
         service = service_curve({n: ms for n, ms in cost.batch_ms.items() if n <= size})
         cap = None
         if frontend_cpu_ms is not None:
             largest = max(n for n in cost.cpu_ms if n <= size)
-            cap = cpu_cap_per_s(frontend_cpu_ms, cost.cpu_ms[largest] / largest, cores)
+            worker_ms = worker_cpu_scale * cost.cpu_ms[largest] / largest
+            cap = cpu_cap_per_s(frontend_cpu_ms, worker_ms, cores)
         tail: Tail | None
         if rate is None:
             tail = sustained(slo_p99_ms, size, window, service, max_rate_per_s=cap)
@@ -198,3 +201,19 @@ def plan(
     if rate is None:
         return sorted(candidates, key=lambda c: -c.held_per_s)
     return sorted(candidates, key=lambda c: c.tail.p99_ms if c.tail else float("inf"))
+
+
+def worker_cpu_scale(costs: list[StageCosts], candidate: Candidate, worker_ms: float) -> float:
+    """What a real worker spent a request (``worker_ms``, read while serving ``candidate``)
+    against the handler's CPU in-process at ``candidate``'s batch size: TorchServe's worker
+    decodes and encodes every request around the handler, and a model whose cost depends on
+    the bodies (long texts) costs more on the server's mix than on the corpus' first batches.
+    1.0 when there is nothing to compare (no costs for it, or none measured); never below
+    1.0, so the in-process cost stays the floor."""
+    cost = next((c for c in costs if c.settings == candidate.settings), None)
+    if cost is None or worker_ms <= 0:
+        return 1.0
+    largest = max((n for n in cost.cpu_ms if n <= candidate.batch_size), default=None)
+    if largest is None or cost.cpu_ms[largest] <= 0:
+        return 1.0
+    return max(1.0, worker_ms / (cost.cpu_ms[largest] / largest))
