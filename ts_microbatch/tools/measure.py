@@ -89,7 +89,7 @@ def measure(
     (``batch_size``, ``max_batch_delay``, ``workers``, ``concurrency``, ``requests``).
     ``sample`` (body, content type): the sample answers kept beside the scrape. ``env``:
     more environment for the server and its workers (``OMP_NUM_THREADS``); ``properties``:
-more config.properties for the server (``vmargs``).
+    more config.properties for the server (``vmargs``).
 
     In log mode the per-batch HandlerTime and per-request QueueTime lines are read back
     from the metric logs. In prometheus mode (TorchServe then writes no metric logs)
