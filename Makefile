@@ -23,7 +23,7 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv kserve-venv agent test test-unit fuzz mar serve bert-mar serve-bert tabular-mar serve-tabular stop metrics ab bench bench-latency bench-continuous bench-compare bench-photos bench-detect bench-segment bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv kserve-venv agent test test-unit fuzz mar serve bert-mar serve-bert tabular-mar serve-tabular stop metrics ab bench bench-latency bench-compare bench-photos bench-detect bench-segment bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
@@ -39,7 +39,6 @@ help:
 	@echo "make bench   run the default benchmark comparison"
 	@echo "make bench-compare BASE=<commit>  the working tree against a commit and upstream, interleaved (~45 min)"
 	@echo "make bench-latency [WORKLOAD=compute|resnet18|text|tabular] [TUNED=model-config.yaml]  latency against offered load, open loop, 3 rounds (hours: each point at least 1,500 requests, 375 s at 4 req/s)"
-	@echo "make bench-continuous [WORKLOAD=compute] [OVERLOAD=500]  the asynchronous worker's continuous batching, curves and overload (~25 min)"
 	@echo "make bench-photos    upstream vs ours, same stages and best decoder, photo bodies (~17 min)"
 	@echo "make bench-detect    the detector on photos of 7 sizes: grouped, ungrouped, upstream, plain (~25 min)"
 	@echo "make bench-segment   the segmenter on photos of 10 sizes: groupings, micro-batch 1, plain (~25 min)"
@@ -207,19 +206,6 @@ LATENCY_OUT ?= benchmarks/results/latency_load/$(WORKLOAD)
 bench-latency: $(STAMP)
 	$(PY) benchmarks/latency_load.py --workload $(WORKLOAD) --rounds $(ROUNDS) \
 	  $(if $(TUNED),--tuned $(TUNED)) --out $(LATENCY_OUT)
-
-# Continuous micro-batching (docs/continuous.md): the asynchronous worker against ours on the
-# synchronous worker at its best window and tuned, upstream and plain, then an overload run
-# at OVERLOAD req/s (about 1.5x capacity) with max_latency_ms 200.
-CONTINUOUS_OUT ?= benchmarks/results/continuous/$(WORKLOAD)
-OVERLOAD ?= 500
-bench-continuous: $(STAMP)
-	$(PY) benchmarks/latency_load.py --workload $(WORKLOAD) --rounds 2 \
-	  --windows "plain:5;upstream:5;ours:5;continuous:5" $(if $(TUNED),--tuned $(TUNED)) \
-	  --out $(CONTINUOUS_OUT)/curves
-	$(PY) benchmarks/latency_load.py --workload $(WORKLOAD) --rounds 2 \
-	  --windows "ours:5;continuous:5" $(if $(TUNED),--tuned $(TUNED)) --rates $(OVERLOAD) \
-	  --rate-seconds 10 --max-latency-ms 200 --out $(CONTINUOUS_OUT)/overload
 
 bench-compare: $(STAMP) ab
 	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<commit> [HEAD=<commit>] [ROUNDS=3] [COMPARE_ARGS=...]"; exit 2; }

@@ -67,7 +67,6 @@ import compare  # noqa: E402
 import text_lengths  # noqa: E402
 from tabular_workload import tabular_models  # noqa: E402
 
-from ts_microbatch import agent  # noqa: E402
 from ts_microbatch.tools.corpus import Corpus, read_corpus  # noqa: E402
 from ts_microbatch.tools.curve_report import (  # noqa: E402
     compare_curves,
@@ -84,16 +83,12 @@ from ts_microbatch.tools.variants import PLAIN_OVERRIDE  # noqa: E402
 
 SHIPPED_WINDOW = 2  # the image example's model-config.yaml
 MODELS = {"plain": "plain", "upstream": "upstream", "ours": "head-example"}
-MODELS["continuous"] = MODELS["ours"]
 # ``plain1``: the plain handler with torch at one intra-op thread (its server's workers get
 # OMP_NUM_THREADS=1). Torch's default (a thread a core) spins its idle threads: on a small
 # model the plain handler cost about three times the worker CPU a request that it costs at
 # one thread, so the fair baseline is whichever of the two serves more.
 MODELS["plain1"] = MODELS["plain"]
 ENV = {"plain1": {"OMP_NUM_THREADS": "1"}}
-# The asynchronous worker: requests stream to it one by one (TorchServe 0.12's asynchronous
-# frontend fails on larger batches), the continuous batcher forms the micro-batches.
-ASYNC_FRONTEND = {"batchSize": 1, "maxBatchDelay": 1, "asyncCommunication": True}
 # Per workload: the rates swept (10% of ours' capacity to past it, measured on this
 # machine), the objective, and what the bodies are.
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -107,15 +102,11 @@ TEXT_UPSTREAM_MICRO_BATCH = 4  # upstream's best on this mix at saturation (text
 
 
 def variants(
-    windows: dict[str, list[int]],
-    tuned: Path | None,
-    max_latency_ms: float | None = None,
-    batch_sizes: list[int] | None = None,
+    windows: dict[str, list[int]], tuned: Path | None, batch_sizes: list[int] | None = None
 ) -> dict[str, tuple[str, Any]]:
     """name -> (model built by compare.package, (section override or None, frontend)).
-    ``continuous-w<ms>``: the example on the asynchronous worker, ``max_window_ms`` <ms>,
-    with ``max_latency_ms`` when given. With ``batch_sizes``, ours at each window and each
-    of them, ``ours-w<ms>-b<size>`` (else at the .mar's batchSize)."""
+    With ``batch_sizes``, ours at each window and each of them, ``ours-w<ms>-b<size>``
+    (else at the .mar's batchSize)."""
     out: dict[str, tuple[str, Any]] = {}
     for model, model_windows in windows.items():
         for window in model_windows:
@@ -124,24 +115,12 @@ def variants(
                     frontend = {"maxBatchDelay": window, "batchSize": size}
                     out[f"ours-w{window}-b{size}"] = (MODELS[model], (None, frontend))
                 continue
-            if model == "continuous":
-                section = {"max_window_ms": window, "max_latency_ms": max_latency_ms}
-                out[f"{model}-w{window}"] = (MODELS[model], (section, ASYNC_FRONTEND))
-                continue
             out[f"{model}-w{window}"] = (MODELS[model], (None, {"maxBatchDelay": window}))
     if tuned is not None:
         chosen = yaml.safe_load(tuned.read_text())
         frontend = {"batchSize": chosen["batchSize"], "maxBatchDelay": chosen["maxBatchDelay"]}
         out["ours-tuned"] = (MODELS["ours"], (chosen["micro_batching"], frontend))
     return out
-
-
-def async_fix() -> dict[str, str]:
-    """The frontend properties that load the package's Java agent, which fixes TorchServe
-    0.12.0's asynchronous frontend (without it the worker is dropped under load)."""
-    if agent.missing():
-        raise SystemExit(agent.missing())
-    return {"vmargs": agent.vmargs()}
 
 
 def capacity(rows: list[dict[str, Any]], name: str) -> float:
@@ -193,27 +172,6 @@ def equal_load_pairs(
     others = [best(names, median, family, slo) for family in ("upstream-", PLAIN)]
     ours = [n for n in names if n.startswith("ours-")]
     return [(mine, other) for mine in ours for other in others if other]
-
-
-def overload_table(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
-    """Per variant and offered rate, every round: what was answered 200 and how fast, what
-    was refused 429 and how fast it was told, and what failed otherwise or timed out."""
-    lines = [
-        "| variant | offered req/s | answered 200/s | P99 of 200s, ms | refused 429 | "
-        "slowest 429, ms | other errors | timeouts |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name in names:
-        for run in (r for r in rows if r["handler"] == name):
-            for p in run["curve"]:
-                lines.append(
-                    f"| {name} (round {run['repeat']}) | {p['offered_per_s']:g} | "
-                    f"{p['achieved_per_s']:.0f} | {p.get('accepted_p99_ms', 0):.0f} | "
-                    f"{p.get('refused', 0)} of {p['requests']} | "
-                    f"{p.get('refused_max_ms', 0):.0f} | "
-                    f"{p['errors'] - p.get('refused', 0)} | {p['timeouts']} |"
-                )
-    return lines
 
 
 def report(
@@ -281,9 +239,6 @@ def report(
         lines += ["", "P99 at equal offered load, each family at its best within P99 "
                   f"{slos[0]:g} ms (95% bootstrap interval; a win or a loss only when it "
                   "excludes 1):", "", format_comparisons(compare_curves(rows, pairs))]  # fmt: skip
-    if info.get("max_latency_ms") is not None:
-        lines += ["", f"With max_latency_ms {info['max_latency_ms']:g} (continuous):", ""]
-        lines += overload_table(rows, names)
     return "\n".join(lines) + "\n"
 
 
@@ -316,12 +271,6 @@ def main() -> None:
     )
     parser.add_argument("--tuned", type=Path, help="a model-config.yaml from the SLO tuner")
     parser.add_argument(
-        "--max-latency-ms",
-        type=float,
-        help="the continuous variants' max_latency_ms (429 past it); with one rate in --rates "
-        "past capacity, the overload run",
-    )
-    parser.add_argument(
         "--also-p99-ms", default="", help="more objectives for report.md, ms, comma-separated"
     )
     parser.add_argument(
@@ -337,7 +286,7 @@ def main() -> None:
         for m, ws in (part.split(":") for part in args.windows.split(";"))
     }
     sizes = [int(v) for v in args.batch_sizes.split(",") if v]
-    chosen = variants(windows, args.tuned, args.max_latency_ms, sizes)
+    chosen = variants(windows, args.tuned, sizes)
     args.slos = [args.slo_p99_ms] + [float(v) for v in args.also_p99_ms.split(",") if v]
     if args.report_only:
         write_report(args, [json.loads(line) for line in (args.out / "runs.jsonl").open()])
@@ -431,7 +380,6 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
                 (first.data, first.content_type),
                 archive=f"{name}.mar",
                 env=ENV.get(name.rsplit("-w", 1)[0]),
-                properties=async_fix() if name.startswith("continuous") else None,
             )
             rows.append(
                 {
@@ -467,7 +415,6 @@ def write_report(
         "min_answers": args.min_answers,
         "nice": args.nice,
         "variants": served,
-        "max_latency_ms": getattr(args, "max_latency_ms", None),
     }
     if served is None:  # --report-only: the plan the runs were made with
         info = json.loads((args.out / "plan.json").read_text())

@@ -110,6 +110,14 @@ def test_bad_values_name_the_key(mapping: dict[str, Any], message: str) -> None:
     assert message in str(info.value)
 
 
+def test_keys_without_effect_are_those_of_continuous_batching_set_off_their_defaults() -> None:
+    # Continuous micro-batching was removed; its keys still load (and are checked above).
+    assert MicroBatchingConfig().keys_without_effect() == []
+    assert MicroBatchingConfig.from_mapping({"max_window_ms": 5}).keys_without_effect() == []
+    config = MicroBatchingConfig.from_mapping({"max_latency_ms": 200, "max_window_ms": 0})
+    assert config.keys_without_effect() == ["max_window_ms", "max_latency_ms"]
+
+
 def test_direct_construction_is_validated_too() -> None:
     with pytest.raises(ConfigError, match="micro_batching.micro_batch_size: got 0"):
         MicroBatchingConfig(micro_batch_size=0)

@@ -124,7 +124,7 @@ def test_the_tabular_workload_serves_the_example_and_its_stages_under_each_basel
 
 
 def test_batch_sizes_give_ours_at_each_window_and_size_and_leave_the_baselines_alone() -> None:
-    chosen = study.variants({"ours": [2], "upstream": [5]}, None, None, [8, 32])
+    chosen = study.variants({"ours": [2], "upstream": [5]}, None, [8, 32])
     assert chosen["ours-w2-b8"] == ("head-example", (None, {"maxBatchDelay": 2, "batchSize": 8}))
     assert chosen["ours-w2-b32"][1][1] == {"maxBatchDelay": 2, "batchSize": 32}
     assert "ours-w2" not in chosen

@@ -1,7 +1,7 @@
 """The breakers judge the model, not the inputs on trial, through TorchServe's own worker
-machinery, on both workers: the synchronous one (``Service.predict`` on a batch of rows,
-one pipeline batch) and the asynchronous one (``asyncCommunication: true``: each request a
-coroutine, gathered into micro-batches that are each a pipeline batch of their own).
+machinery, on both workers: the synchronous one (``Service.predict`` on a batch of rows)
+and the asynchronous one (``asyncCommunication: true``: TorchServe's asynchronous predict
+awaiting ``handle_async`` on the same batch); either way one pipeline batch.
 
 The handler is a text model whose inference fails a call holding a text past 512
 characters, as BERT's position embeddings do past 512 tokens; its answer depends on the
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,7 +23,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from ts.async_service import AsyncService
 
-from tests.torchserve.test_continuous import answers, gathered, torchserve_s_own_worker
 from tests.torchserve.ts_machinery import decode, load_service, request, write_manifest
 from ts_microbatch.core.micro_batch import MicroBatchInfo
 from ts_microbatch.torchserve.context import BatchContext, stage_context
@@ -32,8 +30,6 @@ from ts_microbatch.torchserve.context import BatchContext, stage_context
 pytestmark = pytest.mark.generative
 
 TEXT_HANDLER = """
-import threading
-
 from ts.torch_handler.base_handler import BaseHandler
 
 from ts_microbatch import MicroBatchingMixin
@@ -46,13 +42,10 @@ class TextHandler(MicroBatchingMixin, BaseHandler):
     def initialize(self, context):
         self.context = context
         self.initialized = True
-        self.gate = threading.Event()  # held by a test: arrivals gather behind it
-        self.gate.set()
         self.inference_calls = []
         self.start_micro_batching(context)
 
     def preprocess(self, data):
-        self.gate.wait(30)
         texts = []
         for row in data:
             value = row.get("body") or row.get("data")
@@ -81,9 +74,9 @@ def over_long(error: int = 0, n: int = 0) -> str:
 
 
 class Worker:
-    """A TorchServe worker serving ``TextHandler`` in-process; ``send`` sends texts together
-    (one batch on the synchronous worker, arrivals gathered behind a held first stage on
-    the asynchronous one) and gives each its (status, body)."""
+    """A TorchServe worker serving ``TextHandler`` in-process; ``send`` sends texts as one
+    batch (on the asynchronous worker, one predict coroutine run on an event loop) and
+    gives each its (status, body)."""
 
     def __init__(self, kind: str, directory: Path, micro_batch_size: int) -> None:
         self.kind = kind
@@ -103,24 +96,15 @@ class Worker:
         self.asynchronous = AsyncService(service) if kind == "asynchronous" else None
 
     def send(self, texts: list[str]) -> list[tuple[int, Any]]:
-        bodies = [text.encode() for text in texts]
+        rows = [request(i, text.encode(), "text/plain") for i, text in enumerate(texts)]
         if self.asynchronous is not None:
-            messages = asyncio.run(gathered(self.asynchronous, self.handler, bodies))
-            return [(status, body) for _, status, body in answers(messages)]
-        code, rows = decode(
-            self.service.predict([request(i, b, "text/plain") for i, b in enumerate(bodies)])
-        )
+            # The asynchronous predict AsyncService bound to the service: a coroutine.
+            message = asyncio.run(self.service.predict(rows))
+        else:
+            message = self.service.predict(rows)
+        code, answers = decode(message)
         assert code == 200
-        return [(status, json.loads(body)) for _, status, body in rows]
-
-    def together(self, texts: list[str]) -> list[str]:
-        """What to send for ``texts`` to share a micro-batch: on the asynchronous worker the
-        first arrivals leave alone, one per stage thread (a free slot each), and the rest
-        gather behind them; over-long texts take those slots."""
-        if self.asynchronous is None:
-            return texts
-        slots = sum(self.handler.micro_batching.parallelism.values())
-        return [over_long(0, -1 - n) for n in range(slots)] + texts
+        return [(status, json.loads(body)) for _, status, body in answers]
 
     def broken_stages(self) -> tuple[str, ...]:
         return tuple(self.handler.micro_batching._pipeline.stats().broken_stages)
@@ -130,9 +114,8 @@ class Worker:
 
 
 @pytest.fixture(params=WORKERS)
-def worker_kind(request: pytest.FixtureRequest) -> Iterator[str]:
-    with torchserve_s_own_worker():  # the asynchronous worker's predict is per process
-        yield request.param
+def worker_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def test_defect_a_burst_of_bad_inputs_failed_a_short_text_served_alone(
@@ -149,7 +132,7 @@ def test_defect_a_burst_of_bad_inputs_failed_a_short_text_served_alone(
         for n in range(5):
             long, short = over_long(0, 100 + n), f"short {n}"
             calls = len(worker.handler.inference_calls)
-            got = worker.send(worker.together([long, short]))
+            got = worker.send([long, short])
             assert [long, short] in worker.handler.inference_calls[calls:]  # shared, failed
             assert got[-2][0] == 500
             assert got[-1] == (200, {"length": len(short)})  # what it gets alone
@@ -179,21 +162,20 @@ def test_a_healthy_model_serves_every_short_text_after_any_burst_of_over_long_on
     # A model that has served one text, then a burst of 0-16 over-long texts of mixed error
     # types, then batches of short and over-long ones: every short text gets 200 and its
     # length (what it gets alone), every over-long one 500; no stage is ever judged.
-    with torchserve_s_own_worker():
-        worker = Worker(kind, tmp_path_factory.mktemp("text") / "model", micro_batch_size)
-        try:
-            assert worker.send(["served"]) == [(200, {"length": 6})]
-            for texts in [[over_long(*b) for b in burst], *mixed_texts(mixed)]:
-                if not texts:
-                    continue
-                for text, (status, body) in zip(texts, worker.send(texts)):
-                    if len(text) > 512:
-                        assert status == 500, (text[:12], body)
-                    else:
-                        assert (status, body) == (200, {"length": len(text)}), text
-                assert worker.broken_stages() == ()
-        finally:
-            worker.close()
+    worker = Worker(kind, tmp_path_factory.mktemp("text") / "model", micro_batch_size)
+    try:
+        assert worker.send(["served"]) == [(200, {"length": 6})]
+        for texts in [[over_long(*b) for b in burst], *mixed_texts(mixed)]:
+            if not texts:
+                continue
+            for text, (status, body) in zip(texts, worker.send(texts)):
+                if len(text) > 512:
+                    assert status == 500, (text[:12], body)
+                else:
+                    assert (status, body) == (200, {"length": len(text)}), text
+            assert worker.broken_stages() == ()
+    finally:
+        worker.close()
 
 
 def mixed_texts(batches: list[list[tuple[int, int] | None]]) -> list[list[str]]:

@@ -73,14 +73,13 @@ Schema (every key optional)::
                                      # "data"}]}, exactly one input); true also
                                      # {"instances": ...} (v1) and any {"inputs": ...} (the KServe
                                      # bundle sets it); false none: every body is the handler's
-    max_window_ms: 5                 # asynchronous worker (asyncCommunication: true) only:
-                                     # the longest a gathered micro-batch waits to fill while
-                                     # a stage thread is free (ts_microbatch.core.continuous)
-    max_latency_ms: null             # asynchronous worker only: a request predicted to take
-                                     # longer (queue ahead x measured stage costs) is answered
-                                     # 429 with Retry-After at once, before any stage; the
-                                     # header x-envoy-expected-rq-timeout-ms lowers it per
-                                     # request; null: every request is queued
+    max_window_ms: 5                 # kept for compatibility, no effect: continuous
+    max_latency_ms: null             # micro-batching, which read them, was removed (the
+                                     # asynchronous worker runs each call's requests through
+                                     # the pipeline as handle() does; docs/continuous.md).
+                                     # Still checked (a number of ms >= 0; null or > 0);
+                                     # set to anything else than these defaults, a warning
+                                     # at load names the key
 
 Where both exist, ``micro_batching.json`` in the model directory is read first and the
 ``micro_batching:`` section of model-config.yaml is applied over it, key by key (and stage
@@ -113,6 +112,9 @@ logger = logging.getLogger(__name__)
 
 STAGES: tuple[str, str, str] = ("preprocess", "inference", "postprocess")
 CONFIG_FILE_NAME = "micro_batching.json"
+# Keys of continuous micro-batching (removed: docs/continuous.md says why), kept so the
+# configs that set them still load; checked as before, read by nothing.
+NO_EFFECT_KEYS: tuple[str, ...] = ("max_window_ms", "max_latency_ms")
 
 
 @dataclass(frozen=True)
@@ -209,8 +211,8 @@ class MicroBatchingConfig:
     truncate: bool = False
     shape_groups: str | int | None = None
     max_micro_batch_pixels: int | None = None
-    max_window_ms: float = 5.0
-    max_latency_ms: float | None = None
+    max_window_ms: float = 5.0  # no effect (NO_EFFECT_KEYS)
+    max_latency_ms: float | None = None  # no effect (NO_EFFECT_KEYS)
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallelism, Parallelism):
@@ -318,6 +320,11 @@ class MicroBatchingConfig:
                 f"{YAML_SECTION}.warmup.sizes: got {list(sizes)}, but {extra} not in "
                 f"allowed_micro_batch_sizes {list(allowed)}: inference never sees those sizes"
             )
+
+    def keys_without_effect(self) -> list[str]:
+        """The keys of ``NO_EFFECT_KEYS`` set to other than their default, in schema order."""
+        default = MicroBatchingConfig()
+        return [key for key in NO_EFFECT_KEYS if getattr(self, key) != getattr(default, key)]
 
     def largest_micro_batch(self) -> int:
         """The most requests one micro-batch can hold."""

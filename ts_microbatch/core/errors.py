@@ -12,8 +12,7 @@ The tree::
     ├── SiblingFailedError                  not run: another item of its request failed
     └── RequestError                        one request is bad on its own; carries an HTTP status
         ├── InvalidInputError               400: the input cannot be decoded
-        ├── PayloadTooLargeError            413: the input is over a configured size limit
-        └── OverloadedError                 429: predicted to miss its latency objective
+        └── PayloadTooLargeError            413: the input is over a configured size limit
 
 HTTP status codes are attached to exceptions only as data; they are turned into
 responses at the handler boundary (``ts_microbatch.torchserve.status``).
@@ -76,13 +75,3 @@ class PayloadTooLargeError(RequestError):
     """The request body is over a configured limit, such as an image's pixel count (HTTP 413)."""
 
     status_code = 413
-
-
-class OverloadedError(RequestError):
-    """Refused before any stage: the request is predicted to miss its latency objective (429)."""
-
-    status_code = 429
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s

@@ -52,13 +52,12 @@ def server_for(
     metrics_mode: str,
     base_config: Path | None = None,
     env: dict[str, str] | None = None,
-    properties: dict[str, str] | None = None,
 ) -> TorchServe:
     """A TorchServe on free loopback ports: ``base_config`` (a config.properties) when
-    given, else DEFAULT_PROPERTIES; either way in ``metrics_mode`` with ``properties``
-    over it (``vmargs``); ``env`` added to its environment and its workers'."""
-    base = {} if base_config else dict(DEFAULT_PROPERTIES)
-    properties = {**base, **(properties or {}), "metrics_mode": metrics_mode}
+    given, else DEFAULT_PROPERTIES; either way in ``metrics_mode``; ``env`` added to its
+    environment and its workers'."""
+    properties = {} if base_config else dict(DEFAULT_PROPERTIES)
+    properties["metrics_mode"] = metrics_mode
     return TorchServe(
         model_store=store,
         workdir=workdir,
@@ -81,26 +80,24 @@ def measure(
     archive: str | None = None,
     base_config: Path | None = None,
     env: dict[str, str] | None = None,
-    properties: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One server, one model (the store's ``archive``, a .mar, when given; else its
-        directory ``model``), warm-up then the measured run through ``send``. ``config`` gives
-        ``metrics_mode``, ``warmup_requests`` and ``response_timeout``; ``point`` the load
-        (``batch_size``, ``max_batch_delay``, ``workers``, ``concurrency``, ``requests``).
-        ``sample`` (body, content type): the sample answers kept beside the scrape. ``env``:
-        more environment for the server and its workers (``OMP_NUM_THREADS``); ``properties``:
-    more config.properties for the server (``vmargs``).
+    directory ``model``), warm-up then the measured run through ``send``. ``config`` gives
+    ``metrics_mode``, ``warmup_requests`` and ``response_timeout``; ``point`` the load
+    (``batch_size``, ``max_batch_delay``, ``workers``, ``concurrency``, ``requests``).
+    ``sample`` (body, content type): the sample answers kept beside the scrape. ``env``:
+    more environment for the server and its workers (``OMP_NUM_THREADS``).
 
-        In log mode the per-batch HandlerTime and per-request QueueTime lines are read back
-        from the metric logs. In prometheus mode (TorchServe then writes no metric logs)
-        ``/metrics`` is scraped before and after the measured run, the second scrape is saved
-        to ``scrape_path`` and the difference gives the pipeline's per-stage times and sizes.
+    In log mode the per-batch HandlerTime and per-request QueueTime lines are read back
+    from the metric logs. In prometheus mode (TorchServe then writes no metric logs)
+    ``/metrics`` is scraped before and after the measured run, the second scrape is saved
+    to ``scrape_path`` and the difference gives the pipeline's per-stage times and sizes.
 
-        Raises:
-            RegistrationError: TorchServe refused the model.
+    Raises:
+        RegistrationError: TorchServe refused the model.
     """
     mode = config["metrics_mode"]
-    with server_for(store, server_dir, mode, base_config, env, properties) as server:
+    with server_for(store, server_dir, mode, base_config, env) as server:
         resp = server.register(
             archive or model,
             model_name=model if archive else None,

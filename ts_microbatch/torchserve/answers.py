@@ -25,17 +25,11 @@ when TorchServe sends them as returned, so each answer is encoded once.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..core.batch import Batch
-from ..core.errors import (
-    OverloadedError,
-    PipelineClosedError,
-    PipelineStalledError,
-    SiblingFailedError,
-)
+from ..core.errors import PipelineClosedError, PipelineStalledError, SiblingFailedError
 from ..core.metrics import PipelineObserver
 from . import _wire, kserve
 from .context import BatchContext
@@ -50,9 +44,7 @@ class SubmittedBatch:
     view: BatchContext | None
     requests: list[kserve.Request]
     batch: Batch | None = None
-    # Answered unrun: a stalled pipeline (503), the latency objective (429), or a request
-    # that timed out before it left the asynchronous worker's queue (504).
-    refused: BaseException | None = None
+    refused: PipelineStalledError | None = None  # answered unrun: 503
     # The answers go to TorchServe's serializer as returned: answer with their bytes.
     wire: bool = False
 
@@ -170,10 +162,6 @@ def _deliver(submitted: SubmittedBatch, idx: int, reply: Reply, observer: Pipeli
         return
     if submitted.target is not None:
         submitted.target.set_response_status(reply.status, reply.phrase, idx)
-        refused = submitted.refused
-        if isinstance(refused, OverloadedError) and reply.status == refused.status_code:
-            retry_after = str(math.ceil(refused.retry_after_s))
-            submitted.target.set_response_header(idx, "Retry-After", retry_after)
     observer.on_request_error(reply.status)
 
 

@@ -30,13 +30,12 @@ from dataclasses import replace
 from typing import Any
 
 from ..core.config import STAGES, MicroBatchingConfig, Parallelism, _positive_int
-from ..core.continuous import StageCosts, StreamPolicy
 from ..core.errors import PipelineStalledError
 from ..core.metrics import GuardedObserver, PipelineObserver
 from ..core.micro_batch import MicroBatchInfo
 from ..core.pipeline import Pipeline, PipelineStats
 from . import kserve
-from ._async import call_soon, in_event_loop, lean_predict_installed
+from ._async import call_soon, in_event_loop
 from .answers import SubmittedBatch, answer_batch
 from .compiled import CompiledInference, check_inference_threads
 from .context import BatchContext, stage_context, stage_request_ids
@@ -44,7 +43,6 @@ from .envelopes import check_envelope, plain_handle
 from .images import image_shape
 from .metrics import TorchServeMetricsObserver
 from .settings import apply_size, body_length, in_place, new_pipeline, shape_count
-from .stream import ContinuousBatcher
 from .timeouts import default_timeout_s
 from .warmup import WarmUp
 
@@ -97,9 +95,6 @@ class MicroBatching:
         # Guarded once for every consumer (pipeline, answers, compiled model): a metrics hook
         # that raises is logged, and changes no answer.
         self._observer = GuardedObserver.wrap(observer or PipelineObserver())
-        # The stage costs the asynchronous worker's batcher decides from; the metrics after.
-        self._costs = StageCosts(STAGES, self._observer)
-        self._stream: ContinuousBatcher | None = None  # made on the first asynchronous call
         handler = self.handler
 
         def stage(name: str) -> Any:
@@ -118,7 +113,7 @@ class MicroBatching:
         self._pipeline = self._new_pipeline(config)
 
     def _new_pipeline(self, config: MicroBatchingConfig) -> Pipeline:
-        return new_pipeline(self._stages, config, self._costs, self.item_length, self.item_shape)
+        return new_pipeline(self._stages, config, self._observer, self.item_length, self.item_shape)
 
     def item_length(self, item: Any) -> Any:
         """One item's length: what the handler's ``item_length(item)`` returns (a
@@ -173,8 +168,6 @@ class MicroBatching:
         if self.compiled is not None:
             self.compiled.on_recompile = config.on_recompile
             self.compiled.recompile_limit = shape_count(config)
-        if self._stream is not None:
-            self._stream.configure(*_stream_limits_s(config))
         self._config = config
 
     @property
@@ -275,7 +268,8 @@ class MicroBatching:
 
     async def handle_async(self, data: Sequence[Any], context: Any = None) -> list[Any]:
         """``handle`` for TorchServe's asynchronous worker (``asyncCommunication: true``):
-        awaits the pipeline instead of blocking the worker's event loop."""
+        the call's requests go through the pipeline exactly as ``handle``'s, and the worker's
+        event loop awaits them instead of blocking, so other calls are taken meanwhile."""
         start_s = _clock()
         submitted = self._submit(data, context, start_s)
         batch = submitted.batch
@@ -290,31 +284,24 @@ class MicroBatching:
         return answer_batch(submitted, self._observer)
 
     def _timeout_s(self, submitted: SubmittedBatch) -> float:
-        return self._context_timeout_s(submitted.view)
-
-    def _context_timeout_s(self, context: Any) -> float:
         """How long a batch may take: ``timeout_s``, or when it is null 90% of TorchServe's
         responseTimeout for the model (its default when no context says), so ``handle()``
         answers before the frontend gives up on the worker, however the handler was built."""
         if self._config.timeout_s is not None:
             return self._config.timeout_s
-        return default_timeout_s(getattr(context, "model_yaml_config", None))
+        return default_timeout_s(getattr(submitted.view, "model_yaml_config", None))
 
-    def _submit(
-        self, data: Sequence[Any], context: Any, start_s: float | None = None
-    ) -> SubmittedBatch:
-        """Unpacks and submits a batch; with ``start_s`` (when its ``timeout_s`` started), a
-        cut that spent the whole timeout expires the batch before any stage starts it."""
+    def _submit(self, data: Sequence[Any], context: Any, start_s: float) -> SubmittedBatch:
+        """Unpacks and submits a batch whose ``timeout_s`` started at ``start_s``: a cut that
+        spent the whole timeout expires the batch before any stage starts it."""
         submitted, items, owners = self._unpack(data, context)
         if not items:
             return submitted
         # When rows are not requests, stage calls reach no request at all.
         view = submitted.view
         stages_view = view if submitted.target is not None or view is None else view.for_rows(())
-        timed_out = None
-        if start_s is not None:
-            timeout_s = self._timeout_s(submitted)
-            timed_out = lambda: timeout_s if _left_s(timeout_s, start_s) <= 0 else None  # noqa: E731
+        timeout_s = self._timeout_s(submitted)
+        timed_out = lambda: timeout_s if _left_s(timeout_s, start_s) <= 0 else None  # noqa: E731
         try:
             submitted.batch = self._pipeline.submit_batch(
                 items, stages_view, owners=owners, timed_out=timed_out
@@ -355,38 +342,27 @@ class MicroBatching:
         if not self._config.enabled:
             # As without micro-batching: the handler's own handle on the whole batch (on the
             # asynchronous worker, which awaits what handle returns, in a coroutine).
-            if in_event_loop():
-                start = time.time()
-                output = plain_handle(self.handler)(data, context)
-                self._add_async_times(context, start, handler_time=False)
-                return _returning(output)
-            return plain_handle(self.handler)(data, context)
+            output = plain_handle(self.handler)(data, context)
+            return _returning(output) if in_event_loop() else output
         if in_event_loop():
             return self._call_async(data, context)
         start = time.time()
         output = self._special(data, context)
         if output is None:
             output = self.handle(data, context)
-        self._add_time(context, "HandlerTime", start)
+        self._add_handler_time(context, start)
         return output
 
     async def _call_async(self, data: Sequence[Any], context: Any) -> list[Any]:
+        """``__call__`` on the asynchronous worker: the same paths, the call's requests
+        awaited through ``handle_async``; HandlerTime once per call (TorchServe's
+        asynchronous predict writes PredictionTime)."""
         start = time.time()
         output = self._special(data, context)
         if output is None:
-            # HandlerTime and PredictionTime: once per micro-batch (_StreamHost.report_time).
-            return await self.continuous_batcher().handle(list(data), context)
-        self._add_async_times(context, start)
+            output = await self.handle_async(data, context)
+        self._add_handler_time(context, start)
         return output
-
-    def continuous_batcher(self) -> ContinuousBatcher:
-        """The batcher that forms micro-batches across the asynchronous worker's calls
-        (``ts_microbatch.torchserve.stream``); made on first use."""
-        if self._stream is None:
-            window_s, latency_s = _stream_limits_s(self._config)
-            policy = StreamPolicy(self._costs, window_s)
-            self._stream = ContinuousBatcher(_StreamHost(self), policy, latency_s)
-        return self._stream
 
     def _special(self, data: Sequence[Any], context: Any) -> list[Any] | None:
         """Upstream's profiler, describe and explain paths; None for plain inference."""
@@ -402,21 +378,11 @@ class MicroBatching:
         return None
 
     @staticmethod
-    def _add_async_times(context: Any, start: float, *, handler_time: bool = True) -> None:
-        """The asynchronous worker's HandlerTime and, where ``lean_predict`` left it to the
-        handler (TorchServe's own predict writes it per request), PredictionTime."""
-        names: tuple[str, ...] = ("HandlerTime",) if handler_time else ()
-        if lean_predict_installed():
-            names += ("PredictionTime",)
-        for name in names:
-            MicroBatching._add_time(context, name, start)
-
-    @staticmethod
-    def _add_time(context: Any, name: str, start: float) -> None:
-        """TorchServe's ``name`` metric (HandlerTime, PredictionTime): ms since ``start``."""
+    def _add_handler_time(context: Any, start: float) -> None:
+        """TorchServe's HandlerTime metric: ms since ``start``."""
         metrics = getattr(context, "metrics", None)
         if metrics is not None:
-            metrics.add_time(name, round((time.time() - start) * 1000, 2), None, "ms")
+            metrics.add_time("HandlerTime", round((time.time() - start) * 1000, 2), None, "ms")
 
     # -- helpers for stages ----------------------------------------------------------
 
@@ -468,11 +434,7 @@ class MicroBatching:
 
     def shutdown(self, wait: bool = True, *, cancel_pending: bool = False) -> None:
         """Stops the stage threads; idempotent. See :meth:`Pipeline.shutdown`. With ``wait``,
-        the metric lines of what ran are written (and the metrics thread stopped) first.
-        Requests the asynchronous worker's batcher has gathered are submitted first (or,
-        with ``cancel_pending``, answered 503), so none is left waiting."""
-        if self._stream is not None:
-            self._stream.flush(self._config.join_timeout_s, cancel=cancel_pending)
+        the metric lines of what ran are written (and the metrics thread stopped) first."""
         self._pipeline.shutdown(wait, cancel_pending=cancel_pending)
         observer = self._observer.observer
         if wait and isinstance(observer, TorchServeMetricsObserver):
@@ -501,49 +463,3 @@ def _left_s(timeout_s: float, start_s: float) -> float:
 
 async def _returning(value: Any) -> Any:
     return value
-
-
-def _stream_limits_s(config: MicroBatchingConfig) -> tuple[float, float | None]:
-    """``max_window_ms`` and ``max_latency_ms`` in seconds."""
-    latency_ms = config.max_latency_ms
-    return config.max_window_ms / 1000, None if latency_ms is None else latency_ms / 1000
-
-
-class _StreamHost:
-    """What the continuous batcher does through a ``MicroBatching``: submit a micro-batch's
-    rows, answer them (or refuse them unrun), and read the size and threads in force."""
-
-    def __init__(self, owner: MicroBatching) -> None:
-        self._owner = owner
-
-    def submit_rows(self, data: list[Any], context: Any) -> SubmittedBatch:
-        return self._owner._submit(data, context)
-
-    def refuse_rows(self, data: list[Any], context: Any, error: BaseException) -> list[Any]:
-        submitted, _, _ = self._owner._unpack(data, context)
-        submitted.refused = error
-        return answer_batch(submitted, self._owner._observer)
-
-    def answer_rows(self, submitted: SubmittedBatch) -> list[Any]:
-        return answer_batch(submitted, self._owner._observer)
-
-    def rows_timeout_s(self, context: Any) -> float:
-        return self._owner._context_timeout_s(context)
-
-    def report_time(self, context: Any, start: float) -> None:
-        """A micro-batch answered: TorchServe's HandlerTime and PredictionTime since its
-        oldest request arrived (``start``, wall clock), once for the micro-batch; per
-        request, they were two metric lines each, which the frontend reads back."""
-        try:
-            MicroBatching._add_async_times(context, start)
-        except Exception:  # a metric changes no answer and stops no batcher
-            logger.warning("HandlerTime/PredictionTime not written", exc_info=True)
-
-    def gather_size(self) -> int:
-        config = self._owner.base_config
-        if isinstance(config.micro_batch_size, int):
-            return self._owner.micro_batch_size
-        return config.max_micro_batch_size  # "auto": the pipeline's policy cuts it
-
-    def stage_threads(self) -> Mapping[str, int]:
-        return self._owner.parallelism

@@ -32,7 +32,6 @@ from typing import Any
 from ..core.config import YAML_SECTION, MicroBatchingConfig, WarmupConfig, load_config
 from ..core.errors import ConfigError
 from ..core.metrics import PipelineObserver
-from ._async import install_lean_predict
 from .compiled import check_inference_threads, is_compiled, recompile_limit
 from .metrics import TorchServeMetricsObserver
 from .micro_batching import MicroBatching
@@ -92,13 +91,12 @@ class MicroBatchingMixin:
 
     def _checked_config(self, context: Any) -> MicroBatchingConfig:
         warn_if_async_batches_break(context)
-        if (getattr(context, "model_yaml_config", None) or {}).get("asyncCommunication") is True:
-            install_lean_predict()  # before the worker binds its predict, after this load
         config = check_timeout(
             self.micro_batching_config(context), getattr(context, "model_yaml_config", None)
         )
         # In the model log, so what a worker actually runs with is never a guess.
         logger.info("micro-batching config: %s", json.dumps(config.as_dict(), sort_keys=True))
+        warn_if_no_effect(config)
         return config
 
     def warmup_input(self) -> Any:
@@ -258,6 +256,20 @@ def _read_sample(context: Any, name: str) -> bytes:
         ) from exc
 
 
+def warn_if_no_effect(config: MicroBatchingConfig) -> None:
+    """Logs one warning naming the keys set that change nothing (``NO_EFFECT_KEYS``:
+    ``max_window_ms``, ``max_latency_ms``), so a config written for continuous
+    micro-batching, which was removed, loads without hiding that it no longer does anything."""
+    keys = config.keys_without_effect()
+    if keys:
+        logger.warning(
+            "%s: no effect (accepted so this config loads): continuous micro-batching was "
+            "removed; the asynchronous worker runs each call's requests through the ordinary "
+            "pipeline (docs/continuous.md)",
+            ", ".join(f"{YAML_SECTION}.{key}" for key in keys),
+        )
+
+
 def warn_if_async_batches_break(context: Any) -> None:
     """Logs how TorchServe 0.12's asynchronous frontend will fail, before it does.
 
@@ -273,6 +285,9 @@ def warn_if_async_batches_break(context: Any) -> None:
       for their client's timeout. Reproduced with a handler without this package
       (docs/continuous.md).
 
+    The package's Java agent fixes both in the frontend (ts_microbatch/agent/README.md); the
+    worker cannot tell whether the frontend runs it.
+
     Failing the load would not help: the asynchronous frontend does not fail a registration
     whose worker dies at load, it retries forever. So these are logged, naming the fix.
     """
@@ -284,9 +299,10 @@ def warn_if_async_batches_break(context: Any) -> None:
         logger.error(
             "asyncCommunication: true with batchSize %s: TorchServe 0.12's asynchronous "
             "frontend fails on batches of more than one request "
-            "(ConcurrentModificationException in AsyncBatchAggregator). Set batchSize: 1 "
-            "(the worker forms micro-batches across requests itself: docs/continuous.md), "
-            "or remove asyncCommunication to let the frontend batch.",
+            "(ConcurrentModificationException in AsyncBatchAggregator) unless its frontend "
+            "runs the package's Java agent (`python -m ts_microbatch.agent`; "
+            "docs/continuous.md). Without it, set batchSize: 1 (each request is then a "
+            "micro-batch of its own) or remove asyncCommunication.",
             batch_size,
         )
     logger.warning(

@@ -18,7 +18,13 @@ from typing import Any
 from ..core.autobudget import AutoTokenBudget
 from ..core.autosize import AutoMicroBatchSize
 from ..core.calls import StageFn
-from ..core.config import STAGES, MicroBatchingConfig, Parallelism, check_micro_batch_size
+from ..core.config import (
+    NO_EFFECT_KEYS,
+    STAGES,
+    MicroBatchingConfig,
+    Parallelism,
+    check_micro_batch_size,
+)
 from ..core.metrics import PipelineObserver
 from ..core.pipeline import Pipeline
 from .status import is_input_error
@@ -80,19 +86,19 @@ def apply_size(pipeline: Pipeline, size: Any, config: MicroBatchingConfig) -> No
 
 def in_place(old: MicroBatchingConfig, new: MicroBatchingConfig) -> bool:
     """Whether going from ``old`` to ``new`` changes only what a running pipeline changes
-    in place: the size, the threads, ``on_recompile``, and the asynchronous worker's
-    batcher limits (``max_window_ms``, ``max_latency_ms``: not the pipeline's at all)."""
+    in place: the size, the threads, ``on_recompile``, and the keys that change nothing
+    (``NO_EFFECT_KEYS``)."""
     return _rest(old) == _rest(new)
 
 
 def _rest(config: MicroBatchingConfig) -> MicroBatchingConfig:
+    default = MicroBatchingConfig()
     return replace(
         config,
         micro_batch_size=1,
         parallelism=Parallelism(),
         on_recompile="warn",
-        max_window_ms=0.0,
-        max_latency_ms=None,
+        **{key: getattr(default, key) for key in NO_EFFECT_KEYS},
     )
 
 
