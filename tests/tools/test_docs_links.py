@@ -1,4 +1,5 @@
-"""Every relative link in README.md and docs/*.md reaches a file that exists, and every
+"""Every relative link in README.md, CHANGELOG.md, docs/*.md and the READMEs under benchmarks/
+(where a study's write-up moves beside its results) reaches a file that exists, and every
 ``#anchor`` a heading of its page, so moving a section cannot leave a dead link behind."""
 
 from __future__ import annotations
@@ -9,7 +10,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [
+    ROOT / "README.md",
+    ROOT / "CHANGELOG.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "benchmarks").glob("**/README.md")),
+]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 FENCE = re.compile(r"^\s*(```|~~~)")
