@@ -17,7 +17,7 @@ BATCH_SIZE ?= 32
 # The frontend's window, ms, per example: what each example's model-config.yaml ships and
 # why is written there (benchmarks/results/latency_window/).
 MAX_BATCH_DELAY ?= 2
-BERT_MAX_BATCH_DELAY ?= 50
+BERT_MAX_BATCH_DELAY ?= 5
 TABULAR_MAX_BATCH_DELAY ?= 1
 INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
