@@ -133,7 +133,7 @@ def slow_cut_handler(monkeypatch: pytest.MonkeyPatch, timeout_s: float) -> tuple
     ``cut`` event is set once the cut ran."""
     from tests.core.fakes import FakeHandler
     from ts_microbatch import MicroBatching, MicroBatchingConfig
-    from ts_microbatch.torchserve import micro_batching
+    from ts_microbatch.torchserve import timeouts
 
     handler = FakeHandler()
     handler.inference = stuck = StuckInference()
@@ -141,7 +141,8 @@ def slow_cut_handler(monkeypatch: pytest.MonkeyPatch, timeout_s: float) -> tuple
     mb = MicroBatching(handler, config=config)
     now_s = [1000.0]
     # raising=False: on a tree without the clock the batch waits timeout_s after its cut.
-    monkeypatch.setattr(micro_batching, "_clock", lambda: now_s[0], raising=False)
+    # The clock is looked up in timeouts, where handle() and the cut both read it.
+    monkeypatch.setattr(timeouts, "_clock", lambda: now_s[0], raising=False)
     cut, submit_batch = threading.Event(), mb._pipeline.submit_batch
 
     def slow_cut(*args: Any, **kwargs: Any) -> Any:

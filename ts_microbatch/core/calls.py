@@ -3,11 +3,13 @@
 With allowed sizes, the padded stages see only those sizes: the input of the first padded
 stage is padded to the next allowed size, the output of the last is cut back to the real
 items (``ts_microbatch.core._padding``). The pipeline's last stage must return a list with
-one output per row; a mismatch raises StageOutputError giving both counts.
+one output per row; a mismatch raises StageOutputError giving both counts. ``timed`` is
+the call as a stage thread makes it: watched for a stuck call, reported to the observer.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +17,8 @@ from ._checks import _sizes
 from ._padding import pad, pad_rows, padded_range, padded_size, unpad
 from .errors import StageOutputError
 from .metrics import PipelineObserver
+from .micro_batch import _MicroBatch, set_current_micro_batch
+from .stages import StageWorkers
 
 StageFn = Callable[[Any], Any]
 
@@ -68,6 +72,33 @@ class StageCalls:
         if size != n and stage == padded[-1]:
             return unpad(output, n, size, f"{name}'s output")
         return output
+
+    def timed(
+        self, stage: int, mb: _MicroBatch, workers: StageWorkers, observer: PipelineObserver
+    ) -> tuple[Any, int, float]:
+        """Calls the stage on ``mb`` as its thread's micro-batch, watched for a stuck call and
+        reported to ``observer`` whether it fails or not; returns the output, the size it was
+        called with and the seconds it took. Raises what the call raised, once reported."""
+        name = self.names[stage]
+        size = self.size(stage, len(mb))
+        started = time.monotonic()
+        workers.begin_call(name, mb)
+        # The call and its report see this micro-batch as the thread's: stage helpers read
+        # its requests, metric lines carry its first request's id.
+        set_current_micro_batch(mb.info(padding=size - len(mb)))
+        failed = True
+        try:
+            try:
+                output = self(stage, mb.payload, len(mb), size, observer)
+                failed = False
+            finally:
+                workers.end_call()  # before the report: a call reported is over
+                run_s = time.monotonic() - started
+                # Guarded: it cannot raise, so the caller always carries out the outcome.
+                observer.on_stage(name, len(mb), started - mb.enqueued_at, run_s, failed=failed)
+        finally:
+            set_current_micro_batch(None)
+        return output, size, run_s
 
 
 def _check_outputs(name: str, output: Any, expected: int) -> list[Any]:

@@ -5,7 +5,9 @@ every stage served by its own threads, so that stage k of one micro-batch overla
 k+1 of the previous one. Every request has a slot in its batch's answers that is set in
 ``Outcomes.finish`` and nowhere else (or by its batch's timeout); ``submit`` hands out a
 future per request for callers that want them. Where a batch is cut:
-``ts_microbatch.core.micro_batch.cut``; the stage threads' lives: ``ts_microbatch.core.stages``.
+``ts_microbatch.core.micro_batch.cut``; the stage threads' lives: ``ts_microbatch.core.stages``;
+one stage call, timed and reported: ``ts_microbatch.core.calls``; the batches in flight and
+shutting down: ``ts_microbatch.core._flight``.
 
 Failures: a micro-batch that fails in a stage is taken apart until each item that fails
 has failed alone (``ts_microbatch.core.isolation``); a stage judged broken across batches
@@ -34,27 +36,19 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
+from ._flight import InFlight
 from ._queue import StageQueue
 from .autobudget import AutoTokenBudget
 from .autosize import AutoMicroBatchSize
 from .batch import Batch
 from .calls import StageCalls, StageFn
 from .config import _positive_int, check_micro_batch_size
-from .errors import (
-    ConfigError,
-    PipelineClosedError,
-    PipelineStalledError,
-)
+from .errors import ConfigError, PipelineClosedError, PipelineStalledError
 from .intra_op import stage_preparer
 from .isolation import Isolator, declared_per_request
 from .lengths import LengthRule
 from .metrics import GuardedObserver, PipelineObserver
-from .micro_batch import (
-    MicroBatchInfo,
-    _MicroBatch,
-    current_micro_batch,
-    set_current_micro_batch,
-)
+from .micro_batch import MicroBatchInfo, _MicroBatch, current_micro_batch
 from .outcomes import Outcomes
 from .planning import auto_size, plan_batch, report_cut
 from .shapes import ShapeRule
@@ -144,7 +138,6 @@ class Pipeline:
         ]
         self._isolator = Isolator(self._names, isolate_failures, is_input_error)
         self._outcomes = Outcomes(self._names, self._isolator, self._enqueue)
-        self._join_timeout_s = join_timeout_s
         self._lengths = lengths
         if lengths is not None and shape_rule is not None:
             raise ConfigError(
@@ -154,15 +147,10 @@ class Pipeline:
         self._shapes = shape_rule
         self.token_budget = token_budget if lengths is not None else None
         self._observer = GuardedObserver.wrap(observer or PipelineObserver())
-        self._lock = threading.Lock()  # guards the fields below
-        self._idle = threading.Condition(self._lock)  # notified when no batch is in flight
-        self._batches: set[Batch] = set()  # submitted, not yet fully answered
-        self._closed = False
-        self._cancelling = False
-        self._stopped = threading.Event()
         self._workers = StageWorkers(
             self._names, self._queues, self._serve, stage_preparer(self._names, intra_op_threads)
         )
+        self._flight = InFlight(self._workers, self._queues, self._outcomes, join_timeout_s)
         self._workers.resize(dict.fromkeys(self._names, 1) | dict(parallelism or {}))
 
     # -- configuration ---------------------------------------------------------------
@@ -279,11 +267,7 @@ class Pipeline:
             threads=self.parallelism,
         )
         self._isolator.track(batch)
-        with self._lock:
-            if self._closed:
-                raise PipelineClosedError("cannot submit: the micro-batching pipeline is shut down")
-            self._batches.add(batch)
-        batch.when_answered(self._batch_answered)
+        self._flight.admit(batch)
         if not quiet:
             report_cut(self._observer, batch, micro_batches, self._shapes)
         if auto is not None:
@@ -295,12 +279,6 @@ class Pipeline:
         for mb in micro_batches:
             self._enqueue(0, mb)
         return batch
-
-    def _batch_answered(self, batch: Batch) -> None:
-        with self._lock:
-            self._batches.discard(batch)
-            if not self._batches:
-                self._idle.notify_all()
 
     def current_micro_batch(self) -> MicroBatchInfo | None:
         """The micro-batch the calling stage thread is working on; None outside stage calls."""
@@ -317,8 +295,7 @@ class Pipeline:
         return self._workers.wait_for_targets(timeout_s)
 
     def stats(self) -> PipelineStats:
-        with self._lock:
-            in_flight = len(self._batches)
+        in_flight = len(self._flight)
         return PipelineStats(
             micro_batch_size=self.micro_batch_size,
             parallelism=self._workers.targets(),
@@ -332,7 +309,7 @@ class Pipeline:
     def _enqueue(self, stage: int, mb: _MicroBatch, front: bool = False) -> None:
         mb.enqueued_at = time.monotonic()
         try:
-            if self._cancelling:
+            if self._flight.cancelling:
                 raise PipelineClosedError(
                     "the pipeline shut down before this request was processed"
                 )
@@ -363,28 +340,10 @@ class Pipeline:
         name = self._names[stage]
         last = stage == len(self._names) - 1
         observer = _QUIET if mb.batch.quiet else self._observer
-        size = self._calls.size(stage, len(mb))
-        started = time.monotonic()
-        self._workers.begin_call(name, mb)
-        # The call and its report see this micro-batch as the thread's: stage helpers read
-        # its requests, metric lines carry its first request's id.
-        set_current_micro_batch(mb.info(padding=size - len(mb)))
-        error: BaseException | None = None
         try:
-            try:
-                output = self._calls(stage, mb.payload, len(mb), size, observer)
-            except BaseException as exc:
-                error = exc
-            finally:
-                self._workers.end_call()  # before the report: a call reported is over
-            run_s = time.monotonic() - started
-            observer.on_stage(
-                name, len(mb), started - mb.enqueued_at, run_s, failed=error is not None
-            )  # guarded: it cannot raise, so the outcome below is always carried out
-        finally:
-            set_current_micro_batch(None)
-        if error is not None:
-            self._outcomes.stage_failed(stage, mb, error)
+            output, size, run_s = self._calls.timed(stage, mb, self._workers, observer)
+        except BaseException as exc:
+            self._outcomes.stage_failed(stage, mb, exc)
             return
         auto, budget = self._auto, self.token_budget
         if auto is not None and not mb.batch.quiet:
@@ -424,39 +383,7 @@ class Pipeline:
             wait: block until the threads have stopped.
             cancel_pending: fail queued work instead of finishing it.
         """
-        with self._lock:
-            first = not self._closed
-            self._closed = True
-            self._cancelling = self._cancelling or cancel_pending
-        self._workers.close()
-        if first and cancel_pending:
-            closed = PipelineClosedError("the pipeline shut down before this request was processed")
-            for queue in self._queues:
-                for mb in queue.drain():
-                    self._outcomes.fail_unrun(mb, closed)
-        if first and wait:
-            self._stop_stages()
-        elif first:
-            threading.Thread(
-                target=self._stop_stages, name="ts-microbatch-shutdown", daemon=True
-            ).start()
-        elif wait and not self._workers.is_worker(threading.current_thread()):
-            self._stopped.wait()
-
-    def _stop_stages(self) -> None:
-        started = time.monotonic()
-        deadline = started + self._join_timeout_s
-        with self._idle:
-            # Re-runs go back to the first queue, so no queue may close while work is in flight.
-            while self._batches and self._idle.wait(max(0.0, deadline - time.monotonic())):
-                pass
-        self._workers.stop(started, self._join_timeout_s)
-        with self._lock:
-            stranded = list(self._batches)
-        error = PipelineClosedError("the pipeline shut down before this request was answered")
-        for batch in stranded:
-            batch.fail_unanswered(error)
-        self._stopped.set()
+        self._flight.shutdown(wait, cancel_pending)
 
     def __enter__(self) -> Pipeline:
         return self

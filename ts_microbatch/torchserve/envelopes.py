@@ -1,10 +1,14 @@
 """What wraps or replaces micro-batching in a TorchServe worker: TorchServe's request
-envelopes, which ``MicroBatching`` must refuse when they are KServe's, and the handler's own
-``handle``, which ``enabled: false`` runs instead of the pipeline."""
+envelopes, which ``MicroBatching`` must refuse when they are KServe's, the handler's own
+``handle``, which ``enabled: false`` runs instead of the pipeline, upstream's profiler,
+describe and explain paths, which run instead of it for those calls, and the
+``HandlerTime`` metric around it."""
 
 from __future__ import annotations
 
 import inspect
+import os
+import time
 from typing import Any
 
 from ..core.config import YAML_SECTION
@@ -57,3 +61,28 @@ def plain_handle(handler: Any) -> Any:
         f"{YAML_SECTION}.enabled: got false, but {type(handler).__name__} has no handle() "
         "of its own to run without micro-batching"
     )
+
+
+def upstream_paths(handler: Any, data: Any, context: Any) -> list[Any] | None:
+    """Upstream's profiler, describe and explain paths; None for plain inference."""
+    handler.context = context
+    if os.environ.get("ENABLE_TORCH_PROFILER"):
+        output, _ = handler._infer_with_profiler(data=data)
+        return output  # type: ignore[no-any-return]
+    if handler._is_describe():
+        return [handler.describe_handle()]
+    if handler._is_explain():
+        return handler.explain_handle(handler.preprocess(data), data)  # type: ignore[no-any-return]
+    return None
+
+
+def add_handler_time(context: Any, start: float) -> None:
+    """TorchServe's HandlerTime metric: ms since ``start``."""
+    metrics = getattr(context, "metrics", None)
+    if metrics is not None:
+        metrics.add_time("HandlerTime", round((time.time() - start) * 1000, 2), None, "ms")
+
+
+async def returning(value: Any) -> Any:
+    """``value``, from a coroutine: what the asynchronous worker awaits."""
+    return value

@@ -2,28 +2,7 @@
 
 With ``metrics_mode=prometheus`` and the metrics declared in the metrics config
 (``configs/metrics.yaml``), they appear on the metrics address's ``/metrics``; otherwise
-they are written to ``model_metrics.log``. The names and what they measure:
-
-    MicroBatchStageSeconds  histogram s      one stage on one micro-batch, by Stage
-    MicroBatchQueueSeconds  histogram s      wait before a stage, by Stage
-    MicroBatchSize          counter   count  micro-batches into preprocess, by Sizes (their
-                                             size's power-of-two range: 1, 2, 3-4, 5-8, ...)
-    MicroBatchesPerBatch    histogram count  micro-batches a frontend batch was split into
-    MicroBatchRequestErrors counter   count  requests answered with an error, by StatusCode
-    MicroBatchPaddedItems   histogram count  items added to a micro-batch to reach an allowed
-                                             size (allowed_micro_batch_sizes only)
-    MicroBatchRecompiles    counter   count  compiles of a compiled model on the request path
-                                             (after warm-up; every one without warm-up)
-    MicroBatchTokens        counter   count  tokens of the items cut into micro-batches, and
-    MicroBatchBatches       counter   count  frontend batches the pipeline took, and the
-    MicroBatchesCut         counter   count  micro-batches they were cut into (exact counts
-                                             whatever metrics_interval_s; the histograms'
-                                             _count counts intervals by default)
-    MicroBatchPaddedTokens  counter   count  what they were padded to (items x padded length):
-                                             the useful share is their ratio (length settings
-                                             only: ts_microbatch.core.lengths)
-    MicroBatchShapesUnknown counter   count  items whose shape was not read with shape_groups
-                                             set, each cut into a micro-batch of its own
+they are written to ``model_metrics.log``. The names and what they measure: ``metric_names``.
 
 Times are in seconds: TorchServe 0.12's frontend builds every histogram with the client
 library's default buckets (5 ms to 10 s), and its metrics config has no key for others.
@@ -63,44 +42,23 @@ from ..core.micro_batch import MicroBatchInfo, current_micro_batch
 from ._reporter import COALESCE_S as COALESCE_S
 from ._reporter import MAX_PENDING_REPORTS, _Report, _Reporter
 from ._reporter import REPORTER_THREAD as REPORTER_THREAD
+from .metric_names import BATCHES as BATCHES
+from .metric_names import METRIC_NAMES as METRIC_NAMES
+from .metric_names import MICRO_BATCH_SIZE as MICRO_BATCH_SIZE
+from .metric_names import MICRO_BATCHES_CUT as MICRO_BATCHES_CUT
+from .metric_names import MICRO_BATCHES_PER_BATCH as MICRO_BATCHES_PER_BATCH
+from .metric_names import PADDED_ITEMS as PADDED_ITEMS
+from .metric_names import PADDED_TOKENS as PADDED_TOKENS
+from .metric_names import QUEUE_TIME as QUEUE_TIME
+from .metric_names import RECOMPILES as RECOMPILES
+from .metric_names import REQUEST_ERRORS as REQUEST_ERRORS
+from .metric_names import SHAPES_UNKNOWN as SHAPES_UNKNOWN
+from .metric_names import SIZES as SIZES
+from .metric_names import STAGE_TIME as STAGE_TIME
+from .metric_names import TOKENS as TOKENS
+from .metric_names import size_range as size_range
 
 logger = logging.getLogger(__name__)
-
-STAGE_TIME = "MicroBatchStageSeconds"
-QUEUE_TIME = "MicroBatchQueueSeconds"
-MICRO_BATCH_SIZE = "MicroBatchSize"
-SIZES = "Sizes"  # MicroBatchSize's label: the range of sizes (size_range)
-MICRO_BATCHES_PER_BATCH = "MicroBatchesPerBatch"
-REQUEST_ERRORS = "MicroBatchRequestErrors"
-PADDED_ITEMS = "MicroBatchPaddedItems"
-RECOMPILES = "MicroBatchRecompiles"
-TOKENS = "MicroBatchTokens"
-PADDED_TOKENS = "MicroBatchPaddedTokens"
-BATCHES = "MicroBatchBatches"
-MICRO_BATCHES_CUT = "MicroBatchesCut"
-SHAPES_UNKNOWN = "MicroBatchShapesUnknown"
-METRIC_NAMES = (
-    STAGE_TIME,
-    QUEUE_TIME,
-    MICRO_BATCH_SIZE,
-    MICRO_BATCHES_PER_BATCH,
-    REQUEST_ERRORS,
-    PADDED_ITEMS,
-    RECOMPILES,
-    TOKENS,
-    PADDED_TOKENS,
-    BATCHES,
-    MICRO_BATCHES_CUT,
-    SHAPES_UNKNOWN,
-)
-
-
-def size_range(size: int) -> str:
-    """``MicroBatchSize``'s ``Sizes`` label: "1", "2", "3-4", "5-8", "9-16", ..."""
-    if size <= 2:
-        return str(max(0, size))
-    top = 1 << (size - 1).bit_length()
-    return f"{top // 2 + 1}-{top}"
 
 
 def _stage_request_id() -> str | None:

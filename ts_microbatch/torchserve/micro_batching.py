@@ -13,15 +13,16 @@ It replaces a handler's ``handle``. What a batch goes through, in order (``handl
    (``answers.answer_batch``).
 
 Around it: the config it runs with and what changes in place (``settings``), warm-up at
-load (``warmup``), TorchServe's envelopes and ``enabled: false`` (``envelopes``), the
-asynchronous worker (``_async``), and the helpers a stage calls (``current_context``).
+load (``warmup``), TorchServe's envelopes, ``enabled: false`` and upstream's describe,
+explain and profiler paths (``envelopes``), the asynchronous worker (``_async``), and the
+helpers a stage calls (``current_context``). Steps 1 and 2, the same for ``handle`` and
+``handle_async``: ``_submission``; the deadline's clock: ``timeouts``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -30,20 +31,19 @@ from dataclasses import replace
 from typing import Any
 
 from ..core.config import STAGES, MicroBatchingConfig, Parallelism, _positive_int
-from ..core.errors import PipelineStalledError
 from ..core.metrics import GuardedObserver, PipelineObserver
 from ..core.micro_batch import MicroBatchInfo
 from ..core.pipeline import Pipeline, PipelineStats
-from . import kserve
 from ._async import call_soon, in_event_loop
-from .answers import SubmittedBatch, answer_batch
+from ._submission import batch_timeout_s, submit
+from .answers import answer_batch
 from .compiled import CompiledInference, check_inference_threads
-from .context import BatchContext, stage_context, stage_request_ids
-from .envelopes import check_envelope, plain_handle
+from .context import stage_context, stage_request_ids
+from .envelopes import add_handler_time, check_envelope, plain_handle, returning, upstream_paths
 from .images import image_shape
 from .metrics import TorchServeMetricsObserver
 from .settings import apply_size, body_length, in_place, new_pipeline, shape_count
-from .timeouts import default_timeout_s
+from .timeouts import clock_s, left_s
 from .warmup import WarmUp
 
 logger = logging.getLogger(__name__)
@@ -255,14 +255,14 @@ class MicroBatching:
         instances per request), no per-request status is set: an index would name the
         wrong request, and the error body stays in the output.
         """
-        start_s = _clock()
-        submitted = self._submit(data, context, start_s)
+        start_s = clock_s()
+        submitted = submit(self._pipeline, self._config, self.handler, data, context, start_s)
         batch = submitted.batch
         if batch is not None:
-            timeout_s = self._timeout_s(submitted)
+            timeout_s = batch_timeout_s(self._config, submitted)
             answered = threading.Event()
             batch.when_answered(lambda _: answered.set())
-            answered.wait(_left_s(timeout_s, start_s))
+            answered.wait(left_s(timeout_s, start_s))
             batch.expire(timeout_s)
         return answer_batch(submitted, self._observer)
 
@@ -270,68 +270,18 @@ class MicroBatching:
         """``handle`` for TorchServe's asynchronous worker (``asyncCommunication: true``):
         the call's requests go through the pipeline exactly as ``handle``'s, and the worker's
         event loop awaits them instead of blocking, so other calls are taken meanwhile."""
-        start_s = _clock()
-        submitted = self._submit(data, context, start_s)
+        start_s = clock_s()
+        submitted = submit(self._pipeline, self._config, self.handler, data, context, start_s)
         batch = submitted.batch
         if batch is not None:
-            timeout_s = self._timeout_s(submitted)
+            timeout_s = batch_timeout_s(self._config, submitted)
             loop = asyncio.get_running_loop()
             answered = loop.create_future()
             # One wake-up for the whole batch, on the loop's thread.
             batch.when_answered(lambda _: call_soon(loop, answered))
-            await asyncio.wait([answered], timeout=_left_s(timeout_s, start_s))
+            await asyncio.wait([answered], timeout=left_s(timeout_s, start_s))
             batch.expire(timeout_s)
         return answer_batch(submitted, self._observer)
-
-    def _timeout_s(self, submitted: SubmittedBatch) -> float:
-        """How long a batch may take: ``timeout_s``, or when it is null 90% of TorchServe's
-        responseTimeout for the model (its default when no context says), so ``handle()``
-        answers before the frontend gives up on the worker, however the handler was built."""
-        if self._config.timeout_s is not None:
-            return self._config.timeout_s
-        return default_timeout_s(getattr(submitted.view, "model_yaml_config", None))
-
-    def _submit(self, data: Sequence[Any], context: Any, start_s: float) -> SubmittedBatch:
-        """Unpacks and submits a batch whose ``timeout_s`` started at ``start_s``: a cut that
-        spent the whole timeout expires the batch before any stage starts it."""
-        submitted, items, owners = self._unpack(data, context)
-        if not items:
-            return submitted
-        # When rows are not requests, stage calls reach no request at all.
-        view = submitted.view
-        stages_view = view if submitted.target is not None or view is None else view.for_rows(())
-        timeout_s = self._timeout_s(submitted)
-        timed_out = lambda: timeout_s if _left_s(timeout_s, start_s) <= 0 else None  # noqa: E731
-        try:
-            submitted.batch = self._pipeline.submit_batch(
-                items, stages_view, owners=owners, timed_out=timed_out
-            )
-        except PipelineStalledError as stalled:
-            # Answered at once: waiting would only turn this into TorchServe's timeout.
-            logger.error("batch of %d refused: %s", len(data), stalled)
-            submitted.refused = stalled
-        return submitted
-
-    def _unpack(
-        self, data: Sequence[Any], context: Any
-    ) -> tuple[SubmittedBatch, list[Any], list[int]]:
-        """The batch's requests, its items and the request each item came from (stage
-        helpers, statuses, metric lines and failure isolation go by requests: a KServe
-        request is several items, a malformed one none)."""
-        live = context if context is not None else getattr(self.handler, "context", None)
-        view = BatchContext(live) if live is not None else None
-        requests, items = kserve.unpack(list(data), self._config.kserve, view)
-        # Statuses go on the context only when row i is request i: a request envelope
-        # (TorchServe's json) may have flattened several instances per request.
-        aligned = view is not None and view.request_count in (None, len(data))
-        if view is not None and not aligned:
-            logger.debug(
-                "%d rows for %d requests: per-request statuses are not set",
-                len(data),
-                view.request_count,
-            )
-        submitted = SubmittedBatch(view if aligned else None, view, requests)
-        return submitted, items, kserve.owners(requests)
 
     def __call__(self, data: Sequence[Any], context: Any) -> Any:
         """Replaces ``BaseHandler.handle``: describe, explain and profiler paths as upstream,
@@ -343,14 +293,14 @@ class MicroBatching:
             # As without micro-batching: the handler's own handle on the whole batch (on the
             # asynchronous worker, which awaits what handle returns, in a coroutine).
             output = plain_handle(self.handler)(data, context)
-            return _returning(output) if in_event_loop() else output
+            return returning(output) if in_event_loop() else output
         if in_event_loop():
             return self._call_async(data, context)
         start = time.time()
-        output = self._special(data, context)
+        output = upstream_paths(self.handler, data, context)
         if output is None:
             output = self.handle(data, context)
-        self._add_handler_time(context, start)
+        add_handler_time(context, start)
         return output
 
     async def _call_async(self, data: Sequence[Any], context: Any) -> list[Any]:
@@ -358,31 +308,11 @@ class MicroBatching:
         awaited through ``handle_async``; HandlerTime once per call (TorchServe's
         asynchronous predict writes PredictionTime)."""
         start = time.time()
-        output = self._special(data, context)
+        output = upstream_paths(self.handler, data, context)
         if output is None:
             output = await self.handle_async(data, context)
-        self._add_handler_time(context, start)
+        add_handler_time(context, start)
         return output
-
-    def _special(self, data: Sequence[Any], context: Any) -> list[Any] | None:
-        """Upstream's profiler, describe and explain paths; None for plain inference."""
-        handler = self.handler
-        handler.context = context
-        if os.environ.get("ENABLE_TORCH_PROFILER"):
-            output, _ = handler._infer_with_profiler(data=data)
-            return output  # type: ignore[no-any-return]
-        if handler._is_describe():
-            return [handler.describe_handle()]
-        if handler._is_explain():
-            return handler.explain_handle(handler.preprocess(data), data)  # type: ignore[no-any-return]
-        return None
-
-    @staticmethod
-    def _add_handler_time(context: Any, start: float) -> None:
-        """TorchServe's HandlerTime metric: ms since ``start``."""
-        metrics = getattr(context, "metrics", None)
-        if metrics is not None:
-            metrics.add_time("HandlerTime", round((time.time() - start) * 1000, 2), None, "ms")
 
     # -- helpers for stages ----------------------------------------------------------
 
@@ -446,20 +376,3 @@ class MicroBatching:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown(wait=True)
-
-
-# The deadline's clock, read where the timeout starts and where it is waited on (a test
-# moves it to stand for a slow cut).
-_clock = time.monotonic
-
-
-def _left_s(timeout_s: float, start_s: float) -> float:
-    """What is left of ``timeout_s`` since ``start_s``: the time spent reading the requests
-    and cutting the batch (a header reader, a handler's ``item_shape`` or ``item_length``)
-    is the batch's, so a slow cut cannot push its answer past the frontend's
-    ``responseTimeout`` (issue 40: a 1 MiB body read for 10 s, then ``timeout_s`` on top)."""
-    return max(0.0, timeout_s - (_clock() - start_s))
-
-
-async def _returning(value: Any) -> Any:
-    return value

@@ -4,11 +4,12 @@ A batch must be answered before TorchServe's ``responseTimeout``, or the fronten
 worker and every request of the batch fails. ``timeout_s: null`` therefore runs with 90% of
 it (the frontend's clock starts when it sends the batch, a little before ``handle()`` is
 called, so the margin keeps the batch's own answers, 504 for what is late, ahead of the
-kill).
+kill). The deadline runs on ``_clock`` from when ``handle`` is entered (``left_s``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,3 +35,21 @@ def response_timeout_s(model_yaml_config: Mapping[str, Any] | None) -> float:
 def default_timeout_s(model_yaml_config: Mapping[str, Any] | None) -> float:
     """What ``timeout_s: null`` means: 90% of the model's responseTimeout."""
     return round(RESPONSE_TIMEOUT_SHARE * response_timeout_s(model_yaml_config), 3)
+
+
+# The deadline's clock, read where the timeout starts and where it is waited on (a test
+# moves it to stand for a slow cut).
+_clock = time.monotonic
+
+
+def clock_s() -> float:
+    """Now, on the deadline's clock: where a batch's ``timeout_s`` starts."""
+    return _clock()
+
+
+def left_s(timeout_s: float, start_s: float) -> float:
+    """What is left of ``timeout_s`` since ``start_s``: the time spent reading the requests
+    and cutting the batch (a header reader, a handler's ``item_shape`` or ``item_length``)
+    is the batch's, so a slow cut cannot push its answer past the frontend's
+    ``responseTimeout`` (issue 40: a 1 MiB body read for 10 s, then ``timeout_s`` on top)."""
+    return max(0.0, timeout_s - (_clock() - start_s))
