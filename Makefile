@@ -55,7 +55,7 @@ $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH_PINS)
-	$(PIP) install --quiet -e '.[tools,test,bench,dev,text]' $(TORCH_PINS)
+	$(PIP) install --quiet -e '.[tools,images,test,bench,dev,text]' $(TORCH_PINS)
 	touch $(STAMP)
 
 # The KServe SDK in a venv of its own: it checks deploy/kserve/ and is a real v1/v2 client

@@ -16,18 +16,22 @@ setup(
         "ts_microbatch": ["py.typed", "tools/metrics.yaml", "agent/*.jar", "agent/README.md"]
     },
     python_requires=">=3.9",
+    # What every handler's worker needs; the package imports neither torchvision nor Pillow
+    # (images.py loads PIL only when an image's shape is read): those are the images extra.
     install_requires=[
         "torch>=2.1",
-        "torchvision>=0.16",
         "torchserve==0.12.0",
         "torch-model-archiver==0.12.0",
         # torchserve 0.12.0 imports these without declaring them
         "pyyaml>=6",
         "captum>=0.7",
-        "pillow>=10",
+        # the core's sizes and budgets, the KServe v2 tensors
         "numpy>=1.24",
     ],
     extras_require={
+        # image models: TorchServe's vision handlers, handlers/micro_batching_handler.py and
+        # the image examples (torchvision's models and transforms, PIL's decoding)
+        "images": ["torchvision>=0.16", "pillow>=10"],
         # ts_microbatch.tools: server/serve watch processes (psutil), scrape parses /metrics
         # (prometheus_client), curves draws its PNG (matplotlib); a worker imports none of
         # them (TorchServe brings its own psutil)

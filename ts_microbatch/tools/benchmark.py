@@ -30,18 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from ._cli import SAFE_BESIDE, prog
+from .benchmark_report import load_tag as load_tag
+from .benchmark_report import report
 from .corpus import Corpus, CorpusError, read_corpus
-from .curve_report import compare_curves, held_lines, write_curves
 from .curves import CurveSender, parse_rates
 from .drive import send_corpus
 from .intervals import MIN_ANSWERS
 from .mar import MarError, override_mar, read_entries, settings_of
 from .measure import RegistrationError, Send, measure
 from .results import ResultsLog, claimed_dir
-from .rounds import CPU_SIDES, cpu_drift, format_runs, new_seed, round_order
-from .runs import compare_rounds, format_comparisons, format_table, machine_info, medians, write_csv
+from .rounds import CPU_SIDES, cpu_drift, new_seed, round_order
 from .variants import (
-    AS_PACKAGED,
     BASELINE,
     handlers_of,
     parse_handler_variant,
@@ -174,11 +173,6 @@ def shown(effective: dict[str, Any]) -> tuple[Any, str]:
     return effective.get("micro_batch_size", 1), "/".join(
         str(parallelism.get(s, 1)) for s in stages
     )
-
-
-def load_tag(row: dict[str, Any]) -> str:
-    """What every variant of a run shares: the load, not the micro-batching settings."""
-    return f"{row['body']}|{row['batch_size']}|{row['max_batch_delay']}|{row['concurrency']}"
 
 
 def log(message: str) -> None:
@@ -359,79 +353,6 @@ def run_rounds(
                     log(f"WARNING {warning}")
                 warned[name] = drift
     return rows, refused
-
-
-def report(
-    args: argparse.Namespace,
-    out: Path,
-    corpus: Corpus,
-    variants: list[tuple[str, dict[str, Any] | None]],
-    effective: dict[str, dict[str, Any]],
-    point: dict[str, Any],
-    rows: list[dict[str, Any]],
-    refused: dict[str, str],
-    handlers: dict[str, Path] | None = None,
-    served: dict[str, dict[str, int]] | None = None,
-) -> None:
-    """results.json (what was sent, each variant's settings, medians, every run, ratios),
-    results.csv, runs.csv, comparisons.json; the table and ratios printed."""
-    names = list(dict.fromkeys(row["handler"] for row in rows))
-    reference = BASELINE if BASELINE in names else AS_PACKAGED
-    pairs = [(name, reference) for name in names if name != reference]
-    middle = medians(rows, load_tag)
-    curve = any(row.get("curve") for row in rows)
-    # --rates: the variants are compared by P99 at equal offered load, with an interval;
-    # a sweep's throughput is the schedule's, the same for every variant.
-    comparisons = compare_curves(rows, pairs) if curve else compare_rounds(rows, pairs, load_tag)
-    warnings = cpu_drift(rows)
-    orders: dict[int, list[str]] = {}
-    for row in sorted(rows, key=lambda r: (r["repeat"], r["position"])):
-        orders.setdefault(row["repeat"], []).append(row["handler"])
-    (out / "results.json").write_text(
-        json.dumps(
-            {
-                "machine": machine_info(),
-                "mar": str(Path(args.mar).resolve()),
-                "corpus": corpus.describe(point["requests"]),
-                "load": point,
-                "variants": {
-                    n: {
-                        "override": o,
-                        "micro_batching": effective[n],
-                        "frontend": (served or {}).get(n),
-                        "handler": str((handlers or {}).get(n) or "as packaged"),
-                    }
-                    for n, o in variants
-                },
-                "results": middle,
-                "runs": rows,
-                "comparisons": comparisons,
-                "not_measured": refused,
-                "seed": args.seed,
-                "round_orders": orders,
-                "cpu_warnings": warnings,
-            },
-            indent=2,
-            default=str,
-        )
-        + "\n"
-    )
-    write_csv(rows, out / "runs.csv")
-    write_csv(middle, out / "results.csv")
-    (out / "comparisons.json").write_text(json.dumps(comparisons, indent=2) + "\n")
-    print(f"\nbody: {corpus.label}\n" + format_table(middle))
-    print(f"\nevery run (rounds shuffled with seed {args.seed}):\n" + format_runs(rows))
-    if comparisons and not curve:
-        print("\n" + format_comparisons(comparisons))
-    for warning in warnings:
-        print(f"\nWARNING {warning}")
-    for name, why in refused.items():
-        print(f"\n{name}: not measured: {why.splitlines()[0]}")
-    if curve:
-        title = f"{Path(args.mar).name}, {corpus.label}"
-        print("\nlatency against offered load (open loop, every round):\n")
-        print(write_curves(out, rows, args.slo_p99_ms, title, pairs))
-        print(f"\n{out / 'p99.png'}\n\n" + held_lines(rows, names, args.slo_p99_ms))
 
 
 def build_parser() -> argparse.ArgumentParser:
