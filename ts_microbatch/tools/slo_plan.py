@@ -42,6 +42,12 @@ class StageCosts(NamedTuple):
     cpu_ms: dict[int, float]
     not_monotone: tuple[tuple[int, int], ...] = ()
 
+    def cpu_per_request_ms(self, batch_size: int) -> float:
+        """The CPU a request cost in-process at the largest measured batch up to
+        ``batch_size`` (0 when none was measured)."""
+        largest = max((n for n in self.cpu_ms if n <= batch_size), default=None)
+        return self.cpu_ms[largest] / largest if largest is not None else 0.0
+
 
 @dataclass
 class Candidate:
@@ -185,8 +191,7 @@ def plan(
         service = service_curve({n: ms for n, ms in cost.batch_ms.items() if n <= size})
         cap = None
         if frontend_cpu_ms is not None:
-            largest = max(n for n in cost.cpu_ms if n <= size)
-            worker_ms = worker_cpu_scale * cost.cpu_ms[largest] / largest
+            worker_ms = worker_cpu_scale * cost.cpu_per_request_ms(size)
             cap = cpu_cap_per_s(frontend_cpu_ms, worker_ms, cores)
         tail: Tail | None
         if rate is None:
@@ -213,7 +218,7 @@ def worker_cpu_scale(costs: list[StageCosts], candidate: Candidate, worker_ms: f
     cost = next((c for c in costs if c.settings == candidate.settings), None)
     if cost is None or worker_ms <= 0:
         return 1.0
-    largest = max((n for n in cost.cpu_ms if n <= candidate.batch_size), default=None)
-    if largest is None or cost.cpu_ms[largest] <= 0:
+    in_process_ms = cost.cpu_per_request_ms(candidate.batch_size)
+    if in_process_ms <= 0:
         return 1.0
-    return max(1.0, worker_ms / (cost.cpu_ms[largest] / largest))
+    return max(1.0, worker_ms / in_process_ms)
