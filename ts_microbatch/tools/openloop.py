@@ -151,8 +151,7 @@ class OpenLoopResult:
         from its scheduled time; one never answered counts as infinitely late. 0 when there
         is none."""
         latencies = sorted(
-            math.inf if s.latency_s is None or s.status == 0 else s.latency_s
-            for s in self.sends
+            math.inf if s.latency_s is None or s.status == 0 else s.latency_s for s in self.sends
         )
         if not latencies:
             return 0.0
