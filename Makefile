@@ -238,7 +238,7 @@ bench-segment: $(STAMP)
 
 # Eager vs torch.compile'd ResNet-18, with and without allowed sizes and warm-up.
 bench-compiled: $(STAMP) ab
-	$(PY) benchmarks/compiled.py --rounds 3 --out benchmarks/results/compiled
+	$(PY) benchmarks/dev/compiled.py --rounds 3 --out benchmarks/results/compiled
 
 # The BERT example on three token-length corpora: ours (length order + token budget), ours in
 # arrival order, upstream's MicroBatching on the same stages, the plain handler.

@@ -9,4 +9,4 @@ for sweep in batch_sweep concurrency_sweep delay_sweep real_batch_sweep real_bat
              auto_sweep workers_sweep; do
   $PY benchmarks/benchmark-ab.py --config "benchmarks/configs/$sweep.json" --out "benchmarks/results/$sweep"
 done
-benchmarks/auto_vs_tuned.sh
+benchmarks/dev/auto_vs_tuned.sh

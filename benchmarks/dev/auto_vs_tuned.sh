@@ -5,7 +5,7 @@
 #  3. benchmark the tuner's winner against "auto" with the same threads, round-robin.
 # Results in benchmarks/results/auto_vs_tuned/ (about 15 minutes here).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 OUT=${OUT:-benchmarks/results/auto_vs_tuned}
 REPEATS=${REPEATS:-5}

@@ -24,7 +24,7 @@ levels'. Phase 3: the warm
 variant registered again on a new server that reuses its inductor cache (a restart with
 TORCHINDUCTOR_CACHE_DIR on a persistent volume).
 
-    python benchmarks/compiled.py --rounds 3 --out benchmarks/results/compiled
+    python benchmarks/dev/compiled.py --rounds 3 --out benchmarks/results/compiled
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "examples" / "image_classifier")]
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(HERE.parent), str(ROOT), str(ROOT / "examples" / "image_classifier")]
 
 import bench_lib  # noqa: E402
 import build_mar  # noqa: E402

@@ -12,7 +12,7 @@ POSTed to ``/v1/models/<name>:predict`` by ab, on the accelerator stand-in:
 
 Round-robin rounds, medians and per-round ratios; results as JSON.
 
-    python benchmarks/kserve_v1.py --rounds 3 --out benchmarks/results/kserve_v1
+    python benchmarks/dev/kserve_v1.py --rounds 3 --out benchmarks/results/kserve_v1
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples" / "image_classifier"))
 
@@ -133,7 +133,7 @@ def run_one(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, default=HERE / "config.json")
+    parser.add_argument("--config", type=Path, default=HERE.parent / "config.json")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--concurrency", type=int, default=64)
