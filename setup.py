@@ -2,6 +2,16 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
+# image models: TorchServe's vision handlers, handlers/micro_batching_handler.py and the
+# image examples (torchvision's models and transforms, PIL's decoding)
+IMAGES = ["torchvision>=0.16", "pillow>=10"]
+# ts_microbatch.tools: server/serve watch processes (psutil), scrape parses /metrics
+# (prometheus_client), curves draws its PNG (matplotlib); a worker imports none of them
+# (TorchServe brings its own psutil)
+TOOLS = ["psutil>=5.9", "prometheus_client>=0.17", "matplotlib>=3.7"]
+# examples/bert_classifier: the model, and the tokenizer trained at build time
+TEXT = ["transformers>=4.40", "tokenizers>=0.19"]
+
 setup(
     name="ts_microbatch",
     version="0.1.0",
@@ -29,25 +39,22 @@ setup(
         "numpy>=1.24",
     ],
     extras_require={
-        # image models: TorchServe's vision handlers, handlers/micro_batching_handler.py and
-        # the image examples (torchvision's models and transforms, PIL's decoding)
-        "images": ["torchvision>=0.16", "pillow>=10"],
-        # ts_microbatch.tools: server/serve watch processes (psutil), scrape parses /metrics
-        # (prometheus_client), curves draws its PNG (matplotlib); a worker imports none of
-        # them (TorchServe brings its own psutil)
-        "tools": ["psutil>=5.9", "prometheus_client>=0.17", "matplotlib>=3.7"],
+        "images": IMAGES,
+        "tools": TOOLS,
+        "text": TEXT,
+        # the suite covers every wing and example: it needs what they need
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
             "requests>=2.31",
-            "matplotlib>=3.7",
             # generative tests at the request and output boundaries
             "hypothesis>=6.100",
+            *IMAGES,
+            *TOOLS,
+            *TEXT,
         ],
         "bench": ["matplotlib>=3.7", "requests>=2.31"],
         "dev": ["ruff>=0.6", "mypy>=1.10"],
-        # examples/bert_classifier: the model, and the tokenizer trained at build time
-        "text": ["transformers>=4.40", "tokenizers>=0.19"],
     },
     # The tools as commands after `pip install ts_microbatch[tools]`; each is also
     # `python -m ts_microbatch.tools.<module>` (what the Makefile runs in a checkout).

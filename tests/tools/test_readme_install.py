@@ -26,8 +26,15 @@ def section(title: str) -> str:
 
 
 def setup_keywords() -> dict[str, Any]:
-    """The keyword arguments of setup.py's setup() call, as literals where they are."""
+    """The keyword arguments of setup.py's setup() call that are literals, or lists of
+    setup.py's own module-level constants (its extras are built from ``IMAGES``, ...)."""
     tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    constants: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name):
+                constants[target.id] = ast.literal_eval(node.value)
     call = next(
         node
         for node in ast.walk(tree)
@@ -35,10 +42,11 @@ def setup_keywords() -> dict[str, Any]:
     )
     found = {}
     for keyword in call.keywords:
+        expression = ast.Expression(keyword.value)
         try:
-            found[keyword.arg] = ast.literal_eval(keyword.value)
-        except ValueError:
-            continue  # computed (long_description, packages)
+            found[keyword.arg] = eval(compile(expression, "setup.py", "eval"), {}, constants)
+        except NameError:
+            continue  # computed from imports (long_description, packages)
     return found
 
 
@@ -75,6 +83,8 @@ def test_install_requires_leaves_torchvision_and_pillow_to_the_images_extra() ->
     assert {"torch", "torchserve", "torch-model-archiver", "pyyaml", "captum"} <= required
     assert not required & IMAGE_ONLY, required
     assert names(setup["extras_require"]["images"]) == IMAGE_ONLY
+    # the suite runs the image examples: `pip install .[test]` alone must be enough
+    assert names(setup["extras_require"]["test"]) >= IMAGE_ONLY
 
 
 def test_the_package_imports_neither_torchvision_nor_pillow() -> None:
