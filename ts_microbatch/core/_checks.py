@@ -81,6 +81,27 @@ def _check_keys(mapping: Mapping[str, Any], allowed: tuple[str, ...], prefix: st
         )
 
 
+STAGES: tuple[str, str, str] = ("preprocess", "inference", "postprocess")
+
+
+def _per_stage(
+    mapping: Any,
+    prefix: str,
+    base: Mapping[str, Any],
+    check: Callable[[Any, str], Any],
+    expected: str,
+) -> dict[str, Any]:
+    """A per-stage section (``parallelism``, ``intra_op_threads``): ``base``'s values with
+    each stage the mapping names replaced by its value, checked by ``check``."""
+    if not isinstance(mapping, Mapping):
+        raise ConfigError(f"{prefix}: got {mapping!r}, expected {expected}")
+    _check_keys(mapping, STAGES, prefix)
+    values = dict(base)
+    for stage, value in mapping.items():
+        values[stage] = check(value, f"{prefix}.{stage}")
+    return values
+
+
 # What micro_batch_size holds: requests per micro-batch, or "auto" (ts_microbatch.core.autosize).
 MicroBatchSize = Union[int, Literal["auto"]]
 

@@ -2,7 +2,7 @@
 ``parallelism`` (``intra_op_threads`` lives beside its mechanism, in ``intra_op``).
 
 Kept apart from ``config`` (the whole schema, its rules across keys, reading the files)
-because each checks only its own keys; ``config`` re-exports both and ``STAGES``.
+because each checks only its own keys; ``config`` re-exports both.
 """
 
 from __future__ import annotations
@@ -11,10 +11,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._checks import YAML_SECTION, _check_keys, _file_name, _positive_int, _sizes
+from ._checks import (
+    STAGES,
+    YAML_SECTION,
+    _check_keys,
+    _file_name,
+    _per_stage,
+    _positive_int,
+    _sizes,
+)
 from .errors import ConfigError
-
-STAGES: tuple[str, str, str] = ("preprocess", "inference", "postprocess")
 
 
 @dataclass(frozen=True)
@@ -72,13 +78,9 @@ class Parallelism:
         base: Parallelism | None = None,
     ) -> Parallelism:
         """Builds a Parallelism from a mapping of stage name to thread count, over ``base``."""
-        if not isinstance(mapping, Mapping):
-            raise ConfigError(f"{prefix}: got {mapping!r}, expected a mapping of stage to threads")
-        _check_keys(mapping, STAGES, prefix)
         values = (base or cls()).as_dict()
-        for stage, threads in mapping.items():
-            values[stage] = _positive_int(threads, f"{prefix}.{stage}")
-        return cls(**values)
+        expected = "a mapping of stage to threads"
+        return cls(**_per_stage(mapping, prefix, values, _positive_int, expected))
 
     def as_dict(self) -> dict[str, int]:
         return {stage: getattr(self, stage) for stage in STAGES}

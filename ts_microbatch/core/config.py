@@ -99,11 +99,11 @@ from typing import Any
 # The ``as`` imports are re-exports: the adapter, the pipeline and tests import them from here.
 from ._checks import _FIELD_CHECKS, MicroBatchSize, _check_keys, _sizes
 from ._checks import ON_RECOMPILE as ON_RECOMPILE
+from ._checks import STAGES as STAGES
 from ._checks import YAML_SECTION as YAML_SECTION
 from ._checks import _positive_int as _positive_int
 from ._checks import check_micro_batch_size as check_micro_batch_size
 from ._padding import padded_size
-from ._sections import STAGES as STAGES
 from ._sections import Parallelism as Parallelism
 from ._sections import WarmupConfig as WarmupConfig
 from .errors import ConfigError

@@ -48,12 +48,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._checks import YAML_SECTION, _check_keys, _positive_int
+from ._checks import STAGES, YAML_SECTION, _per_stage, _positive_int
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
-
-STAGES = ("preprocess", "inference", "postprocess")
 
 
 @dataclass(frozen=True)
@@ -76,15 +74,9 @@ class IntraOpThreads:
         base: IntraOpThreads | None = None,
     ) -> IntraOpThreads:
         """Built from a mapping of stage name to threads (or null), over ``base``."""
-        if not isinstance(mapping, Mapping):
-            raise ConfigError(
-                f"{prefix}: got {mapping!r}, expected a mapping of stage to threads (or null)"
-            )
-        _check_keys(mapping, STAGES, prefix)
         values = (base or cls()).as_dict()
-        for stage, threads in mapping.items():
-            values[stage] = _threads_or_none(threads, f"{prefix}.{stage}")
-        return cls(**values)
+        expected = "a mapping of stage to threads (or null)"
+        return cls(**_per_stage(mapping, prefix, values, _threads_or_none, expected))
 
     def as_dict(self) -> dict[str, int | None]:
         return {stage: getattr(self, stage) for stage in STAGES}
