@@ -139,7 +139,7 @@ class Isolator:
         with self._lock:
             return [name for name, b in zip(self._names, self._breakers) if b.open]
 
-    # -- what the stage threads report ------------------------------------------------
+    # -- what the stage threads report -----------------------------------------------
 
     def passed(self, mb: _MicroBatch, stage: int) -> Outcome:
         """``mb`` got through ``stage``."""
@@ -194,7 +194,7 @@ class Isolator:
                 return self._on_trial(mb, stage, error)
             return self._isolate(mb, stage)
 
-    # -- halves and item probes ----------------------------------------------------------
+    # -- halves and item probes ------------------------------------------------------
 
     def _isolate(self, mb: _MicroBatch, stage: int) -> Outcome:
         """The rule for a micro-batch that failed in ``stage``: halves at a request boundary,
@@ -226,7 +226,7 @@ class Isolator:
             return self._judge_broken(probe.trial, error)
         return self._release(probe)
 
-    # -- a batch's trial of a stage on trial or open -----------------------------------------
+    # -- a batch's trial of a stage on trial or open ---------------------------------
 
     def _on_trial(self, mb: _MicroBatch, stage: int, error: BaseException) -> Outcome:
         """``mb`` failed in ``stage``, on trial or open: its batch's trial of the stage
