@@ -302,3 +302,19 @@ def test_defect_a_stuck_probe_was_run_again_by_every_later_batch() -> None:
     isolator.passed(mb, 0)
     outcome = isolator.failed(mb, 1, Boom("bad in it"))
     assert all(list(p.items) != ["served"] for p in outcome.first)  # not run again
+
+
+def test_hang_a_probe_for_a_batch_timed_out_already_forgets_its_input_under_the_lock() -> None:
+    # The batch times out while its failing micro-batch is in its call; the known-good
+    # probe started for it then runs its expiry at once, on the thread that holds the
+    # isolator's lock: a lock that is not re-entrant would hang here.
+    isolator = _on_trial()
+    batch = Batch(2, owners=[0, 0])
+    isolator.track(batch)
+    (mb,) = cut(batch, ["x", "y"], 2)
+    isolator.passed(mb, 0)
+    assert not batch.wait(0) and batch.timed_out  # the scenario: timed out before it failed
+    (probe,) = isolator.failed(mb, 1, Boom("bad in it")).first
+    assert list(probe.items) == ["served"]
+    assert probe.batch.timed_out  # expired with its batch at once
+    assert isolator._breakers[1].witnesses() == ()  # and its input is known-good no longer

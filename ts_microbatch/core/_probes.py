@@ -1,46 +1,29 @@
-"""A batch's probes and its verdicts on the stages on trial, for ``ts_microbatch.core.
-isolation``: data only, every field read and written under the isolator's lock (a probe's
-marker is set before it is queued and read only by the thread running it)."""
+"""The isolator's data (``ts_microbatch.core.isolation``): its two kinds of probe, a batch's
+trial of a stage, and a batch's record. Data only; every field is read and written under
+the isolator's lock.
+
+A probe is one input run alone from the first stage, ahead of the queue, while something
+waits for its outcome in ``stage``. The two kinds differ in what their failure means:
+
+* ``ItemProbe``: an item of the batch itself, the first of a micro-batch that failed. Its
+  failure is its own request's. What waits is the rest of that micro-batch when it was
+  one request's (``rest``), or, when the stage is on trial with no known-good input to
+  test it with, the batch's parts held for that trial (``trial``).
+* ``KnownGoodProbe``: an input the stage once served (``KnownGood``), replayed in a private
+  batch that nobody awaits. Its failure is no request's: it is evidence on the stage. What
+  waits is always a ``trial``.
+"""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from typing import Union
 
 from .batch import Batch
 from .breaker import KnownGood, StageBreaker
 from .micro_batch import _MicroBatch
 
 Parts = list[tuple[_MicroBatch, BaseException]]
-
-
-class OwnProbe:
-    """On the first item of a failed micro-batch of one request: the rest, waiting for it."""
-
-    __slots__ = ("stage", "rest")
-
-    def __init__(self, stage: int, rest: _MicroBatch | None) -> None:
-        self.stage = stage
-        self.rest = rest
-
-
-class BrokenProbe:
-    """On a batch's (``until``'s) one probe in a stage on trial or open. With a known-good
-    input (``good``), the probe is that input in a private batch (its answer goes nowhere),
-    ``rest`` the witnesses still to run should it fail and ``failed`` those that failed;
-    otherwise the probe is the first item of the batch's failing micro-batch."""
-
-    __slots__ = ("record", "stage", "until", "good", "rest", "failed")
-
-    def __init__(
-        self, record: BatchRecord, stage: int, until: Batch, witnesses: Sequence[KnownGood]
-    ) -> None:
-        self.record = record
-        self.stage = stage
-        self.until = until
-        self.good: KnownGood | None = witnesses[0] if witnesses else None
-        self.rest = list(witnesses[1:])
-        self.failed: list[KnownGood] = []
 
 
 class Verdict(enum.Enum):
@@ -51,20 +34,63 @@ class Verdict(enum.Enum):
     ISOLATE = "isolate"  # the probe passed or failed otherwise: its failures are bisected
 
 
+class Trial:
+    """One batch's trial of one stage on trial or open: its verdict, the parts that failed
+    there held until the verdict, the known-good inputs still to run and those that failed."""
+
+    __slots__ = ("stage", "verdict", "held", "witnesses", "failed")
+
+    def __init__(self, stage: int, witnesses: tuple[KnownGood, ...]) -> None:
+        self.stage = stage
+        self.verdict = Verdict.PENDING
+        self.held: Parts = []
+        self.witnesses = list(witnesses)  # run one at a time, while each fails
+        self.failed: list[KnownGood] = []
+
+    def settle(self, verdict: Verdict) -> Parts:
+        """The probe gave ``verdict``: the parts that were held for it."""
+        self.verdict, held, self.held = verdict, self.held, []
+        return held
+
+
+class ItemProbe:
+    """The first item of a failed micro-batch, run alone: its failure is its request's.
+    What waits for it: ``rest`` (the others of its one-request micro-batch) or ``trial``."""
+
+    __slots__ = ("stage", "rest", "trial")
+
+    def __init__(self, stage: int, rest: _MicroBatch | None, trial: Trial | None) -> None:
+        self.stage = stage
+        self.rest = rest
+        self.trial = trial
+
+
+class KnownGoodProbe:
+    """``good``, an input ``trial.stage`` once served, replayed for ``trial``, a trial of
+    ``until``'s: its failure is no request's."""
+
+    __slots__ = ("trial", "good", "until")
+
+    def __init__(self, trial: Trial, good: KnownGood, until: Batch) -> None:
+        self.trial = trial
+        self.good = good
+        self.until = until
+
+    @property
+    def stage(self) -> int:
+        return self.trial.stage
+
+
+Probe = Union[ItemProbe, KnownGoodProbe]  # a runtime alias: "|" needs Python 3.10
+
+
 class BatchRecord:
-    """A batch's part in the stages' records: each breaker's successes at its start, how
-    many of its requests failed a run of one item there, and, while a breaker is on trial
-    or open, the batch's verdict on its stage and the parts held for it."""
+    """A batch's part in the stages' records: each breaker's successes at its start, the
+    requests that failed a run of one item in each stage, and its trials by stage."""
 
-    __slots__ = ("successes", "failed_alone", "verdicts", "held")
+    __slots__ = ("successes", "failed_alone", "trials")
 
-    def __init__(self, breakers: Sequence[StageBreaker]) -> None:
+    def __init__(self, breakers: list[StageBreaker]) -> None:
         self.successes = [breaker.successes for breaker in breakers]
         self.failed_alone: list[set[int]] = [set() for _ in breakers]
-        self.verdicts: dict[int, Verdict] = {}
-        self.held: dict[int, Parts] = {}
-
-    def settle(self, stage: int, verdict: Verdict) -> Parts:
-        """``stage``'s probe gave ``verdict``: the parts that were held for it."""
-        self.verdicts[stage] = verdict
-        return self.held.pop(stage, [])
+        self.trials: dict[int, Trial] = {}

@@ -53,17 +53,7 @@ load, after a batch of two or more bad requests failing five runs of one item, a
 request that shares a failing micro-batch with a bad first item fails with it (500). Its
 first success, of any request, gives it a known-good input and closes it.
 
-Counts only; the isolator calls every method under its lock. Without the lock, and only in
-``Isolator.passed``, a success bumps ``successes`` and stores its known-good input
-(``keep``: each one store of a reference, atomic under the GIL; a batch compares
-``successes`` with its value at its start, so even a lost increment of two racing ones
-counts as a change), then reads ``streak`` to skip the lock when there is nothing to clear.
-That read may miss a streak being added to under the lock by another thread, and leave it
-uncleared; but its known-good input was stored first, so such a stage has one, and a
-missed clear can at most put it on trial, where its known-good probe passes and clears it:
-never a verdict on a model that serves. Two racing stores may lose one witness, or bring
-back one just retired (``forget``, also unlocked, from a probe's timeout): at most one
-probe more, never a verdict on one input.
+Counts only; the isolator calls every method under its lock.
 """
 
 from __future__ import annotations
@@ -134,8 +124,8 @@ class StageBreaker:
     __slots__ = ("successes", "warm", "served", "streak", "state")
 
     def __init__(self) -> None:
-        self.successes = 0  # bumped on every success, without a lock (module docstring)
-        # The known-good inputs, each stored without a lock (one store of a reference):
+        self.successes = 0  # every success; a batch compares it with its value at its start
+        # The known-good inputs:
         self.warm: KnownGood | None = None  # warm-up's sample, replaced by warm-up only
         self.served: tuple[KnownGood, ...] = ()  # the last two served, of two requests
         self.streak = 0  # runs of one item failed, of any type, since the last success
@@ -150,6 +140,15 @@ class StageBreaker:
     def suspect(self) -> bool:
         """On trial or open: a failing micro-batch waits for a probe."""
         return self.state != CLOSED
+
+    def success(self, good: KnownGood) -> bool:
+        """``good``'s micro-batch got through the stage: it is kept, counted, and the stage
+        closed. True when it was open (judged broken) until now."""
+        was_open = self.open
+        self.keep(good)
+        self.successes += 1
+        self.clear()
+        return was_open
 
     def keep(self, good: KnownGood) -> None:
         """``good`` got through the stage."""
@@ -169,7 +168,7 @@ class StageBreaker:
         return (warm,) if warm is not None else self.served
 
     def forget(self, good: KnownGood) -> None:
-        """``good`` is known-good no longer; one store, no lock."""
+        """``good`` is known-good no longer."""
         if self.warm is good:
             self.warm = None
         self.served = tuple(g for g in self.served if g is not good)

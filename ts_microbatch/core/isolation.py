@@ -1,44 +1,58 @@
-"""Which requests of a failed micro-batch are to blame: one rule, and a stage's record.
+"""Which requests of a failed micro-batch are to blame, and when a stage is broken.
 
-**The rule: an item fails only when it fails alone.** A micro-batch that fails in a stage
-is never failed for it; it is taken apart until each item that fails has failed alone:
+Follow a micro-batch that fails in a stage (``Isolator.failed``). Each step is returned as
+an ``Outcome`` (micro-batches to re-run, probes to run first, failures to give) that
+``ts_microbatch.core.outcomes`` carries out: this module starts no threads and resolves no
+futures, so its rules are driven and tested without a pipeline (``track`` a batch, report
+``passed``, ``failed`` and ``dropped`` micro-batches, carry out the outcomes).
 
-* a micro-batch of several requests is split in halves at a request boundary (a KServe
-  request's instances stay together), both re-run from the first stage: one bad request
-  among n costs about 2*log2(n) extra runs;
-* a micro-batch of one request's items runs its first item alone, ahead of the queue (the
-  *probe*), while the rest waits: the probe failing (in any stage) fails the request; the
-  probe getting through the failed stage sends the rest on, in halves;
-* a run of one item that fails is its request's own failure. Which of its other items
-  still run is ``ts_microbatch.core.outcomes``'s rule (the lowest-index failing item names
-  the request's failure: those above it never run), so a request of n bad instances costs
-  at most two runs a micro-batch of its instances.
+1. **Halves: an item fails only when it fails alone.** A micro-batch of several requests is
+   split in halves at a request boundary (a KServe request's instances stay together), both
+   re-run from the first stage: one bad request among n costs about 2*log2(n) extra runs.
+   A run of one item that fails is its request's own failure (``Fail.isolated``).
+2. **Probes.** A micro-batch of one request's items runs its first item alone, ahead of the
+   queue, while the rest waits (an ``ItemProbe``, ``ts_microbatch.core._probes``): the probe
+   failing, in any stage, fails the request and the rest never runs (the lowest-index
+   failing item names the request's failure: ``Outcomes.skip_items_above``), so a request of
+   n bad instances costs at most two runs a micro-batch; the probe getting through the
+   failed stage sends the rest on, in halves. So what a request gets never depends on what
+   shares its batch: items failing only in company (images of two sizes stacked) end up run
+   alone and pass, and no evidence is counted inside a batch, so there is no threshold for
+   bad requests to reach.
+3. **The breaker** (``ts_microbatch.core.breaker``: one small state machine per stage, across
+   batches) keeps a broken model cheap. Each request whose run of one item fails with an
+   error that may be the model's adds to its stage's streak; any success clears it. At a
+   batch's last answer (``_batch_done``), a stage that served nothing in it, with a streak of
+   five and runs of one item failed by two requests or more, goes on trial (open at once
+   when it has never served: no known-good input).
+4. **Verdicts.** On trial or open, the first micro-batch of a batch that fails there starts
+   the batch's ``Trial`` of the stage: its parts failing there are held, and the stage's
+   known-good inputs run alone in turn (``KnownGoodProbe``, each in a private batch whose
+   answer goes nowhere; with none, the failing micro-batch's first item stands in, an
+   ``ItemProbe``). The probe getting through closes the breaker (any success does): the
+   failures were the inputs', the held parts are bisected (``Verdict.ISOLATE``). Warm-up's
+   sample failing there, or two served inputs of two requests, or the stand-in item, with an
+   error that may be the model's, judge it broken: the breaker opens and the held parts, and
+   the batch's later ones failing there, fail whole, 500 (``Verdict.BROKEN``). Anything else
+   (the probe dropped, failing elsewhere or as a bad input, one served input failing alone,
+   the breaker closed meanwhile) isolates them; a known-good input that failed with no
+   verdict, or whose probe timed out with its batch, is known-good no longer.
 
-So what a request gets never depends on what shares its batch, whatever the number of bad
-requests: items failing only in company (a preprocess stacking images of two sizes, a
-KServe request's instances among themselves) end up run alone and pass. No evidence is
-counted inside a batch, so there is no threshold for bad requests to reach.
-
-**A broken model stays cheap through state across batches** (``ts_microbatch.core.
-breaker``): runs of one item failing in a stage, with nothing served there, over a batch,
-put that stage on trial; then a micro-batch failing there waits for its batch's probe, the
-stage's known-good inputs (warm-up's sample, or two it served) run alone in turn: failing
-there too, they judge the stage broken and what waited fails whole (500); one getting
-through closes the breaker and what waited is isolated. The first success closes it.
-Errors that mean bad input never count: a ``RequestError``, a 4xx ``PredictionException``
-or decoder error (the adapter's ``is_input_error``), and any failure in a first stage that
-has served a request since load (``first_stage_served``: a request failing there alone has
-met a bad input of its own,
-which the adapter answers 400).
-
+Errors that mean bad input never count towards a broken stage: a ``RequestError``, the
+adapter's ``is_input_error`` (a 4xx ``PredictionException``, a decoder error), and any
+failure in a first stage that has served a request since load (``first_stage_served``: a
+request failing there alone met a bad input of its own, which the adapter answers 400).
 A ``BaseException`` that is not an ``Exception`` (KeyboardInterrupt, SystemExit) is a request
 to stop: its micro-batch fails whole, as no request's own failure. docs/failures.md gives
 the rules with their costs.
 
-Every decision is returned as an ``Outcome`` for the pipeline to carry out; this module
-starts no threads and resolves no futures, so the rules can be driven and tested without a
-pipeline: ``track`` a batch, then report ``passed``, ``failed`` and ``dropped`` micro-batches
-and carry out the outcomes.
+**One lock.** Every method holds the isolator's lock, ``passed`` on every stage call of a
+healthy model included (it used to skip it, which took a page of reasoning about stale
+reads). What it does there is a few stores and comparisons: the lock added 0.3-0.4 us to a
+``passed`` of about 1 us, against a stage call's milliseconds, and as the GIL runs one stage
+thread's Python at a time, the lock is contended only when a thread is switched out while
+holding it. It is re-entrant: a batch answered already runs a ``when_answered`` callback at
+once, under it (``_expire_with``).
 """
 
 from __future__ import annotations
@@ -49,7 +63,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from ._probes import BatchRecord, BrokenProbe, OwnProbe, Verdict
+from ._probes import BatchRecord, ItemProbe, KnownGoodProbe, Probe, Trial, Verdict
 from .batch import Batch
 from .breaker import ON_TRIAL, OPEN, KnownGood, StageBreaker
 from .errors import RequestError
@@ -105,7 +119,7 @@ class Isolator:
         self.enabled = enabled
         self._names = list(stages)
         self._is_input_error = is_input_error
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: the module docstring says why
         self._breakers = [StageBreaker() for _ in self._names]
         # A batch's record lives as long as the batch; one never tracked gets one on use.
         self._records: weakref.WeakKeyDictionary[Batch, BatchRecord] = weakref.WeakKeyDictionary()
@@ -114,42 +128,34 @@ class Isolator:
 
     def track(self, batch: Batch) -> None:
         """Starts ``batch``'s record; at its last answer, the breakers judge it."""
-        if self.first_stage_served:
-            batch.first_stage_served = True
         with self._lock:
+            if self.first_stage_served:
+                batch.first_stage_served = True
             self._records[batch] = BatchRecord(self._breakers)
         batch.when_answered(self._batch_done)
 
     def broken(self) -> list[str]:
         """The stages judged broken now (their breaker open)."""
-        return [name for name, b in zip(self._names, self._breakers) if b.open]
+        with self._lock:
+            return [name for name, b in zip(self._names, self._breakers) if b.open]
+
+    # -- what the stage threads report -----------------------------------------------
 
     def passed(self, mb: _MicroBatch, stage: int) -> Outcome:
         """``mb`` got through ``stage``."""
-        breaker = self._breakers[stage]
-        # No lock, and in this order (ts_microbatch.core.breaker says why): a pass that
-        # skips the lock below has left a known-good input first.
-        breaker.keep(KnownGood.of(mb))
-        breaker.successes += 1
-        if stage == 0:
-            # Only ever set, never cleared: no lock.
-            mb.batch.first_stage_served = self.first_stage_served = True
-        # The common case (every stage call of a healthy model) takes no lock: a probe's
-        # marker is set before it is queued and read only by the thread running it.
-        if not breaker.streak and mb.split is None:
-            return _NOTHING
+        good = KnownGood.of(mb)  # outside the lock: it copies its request's context row
         with self._lock:
-            if breaker.open:
+            if self._breakers[stage].success(good):
                 logger.warning("stage %s served again: no longer judged broken", self._names[stage])
-            breaker.clear()
-            probe = mb.split
+            if stage == 0:
+                mb.batch.first_stage_served = self.first_stage_served = True
+            probe = mb.probe
             if probe is None or probe.stage != stage:
                 return _NOTHING
-            mb.split = None
-            if isinstance(probe, BrokenProbe) and probe.good is not None:
+            mb.probe = None
+            if isinstance(probe, KnownGoodProbe):
                 _answer_nowhere(mb)  # its verdict is in: the later stages drop it
-                for failed in probe.failed:  # failed alone where another passed
-                    breaker.forget(failed)
+                self._forget(probe.trial)  # they failed alone where another passed
                 logger.info(
                     "stage %s: its known-good input passed alone, so the failures were the "
                     "inputs'; the stage serves on",
@@ -160,18 +166,16 @@ class Isolator:
     def dropped(self, mb: _MicroBatch) -> Outcome:
         """``mb`` was dropped unrun (its items were answered already, or failed outside a
         stage): what waited for it, if it was a probe, goes on."""
-        if mb.split is None:
-            return _NOTHING
         with self._lock:
-            probe, mb.split = mb.split, None
+            probe, mb.probe = mb.probe, None
             return self._release(probe)
 
     def failed(self, mb: _MicroBatch, stage: int, error: BaseException) -> Outcome:
         """``mb`` failed in ``stage`` with ``error``."""
         with self._lock:
-            probe, mb.split = mb.split, None
-            if isinstance(probe, BrokenProbe) and probe.good is not None:
-                return self._known_good_failed(mb, probe, probe.good, stage, error)
+            probe, mb.probe = mb.probe, None
+            if isinstance(probe, KnownGoodProbe):
+                return self._known_good_failed(mb, probe, stage, error)
             if not isinstance(error, Exception):
                 # KeyboardInterrupt, SystemExit, GeneratorExit: a request to stop, which says
                 # nothing about any input. Code that asked to stop is not re-run.
@@ -183,24 +187,14 @@ class Isolator:
                 # Its answer reads the batch's flag: as the isolator judged it (a batch
                 # tracked before another's first success would otherwise say 500).
                 mb.batch.first_stage_served = True
-            may_be_broken = self._may_be_broken(stage, error)
             if len(mb) == 1:
-                requests = self._record(mb.batch).failed_alone[stage]
-                if may_be_broken and mb.owners[0] not in requests:
-                    # A request counts once: its instances failing alone at once (threads)
-                    # are one bad request, never two towards a broken stage.
-                    requests.add(mb.owners[0])
-                    self._breakers[stage].failed_alone()
                 own = Outcome([], [Fail(mb, error, stage, isolated=True)])
-                return _merge(own, self._probe_failed(probe, stage, error))
-            if may_be_broken and self._breakers[stage].suspect:
-                return self._while_broken(mb, stage, error)
+                return _merge(own, self._item_failed(mb, probe, stage, error))
+            if self._may_be_broken(stage, error) and self._breakers[stage].suspect:
+                return self._on_trial(mb, stage, error)
             return self._isolate(mb, stage)
 
-    def _may_be_broken(self, stage: int, error: BaseException) -> bool:
-        """Whether ``error`` in ``stage`` may be the model's: never a bad input's, nor a
-        failure in a first stage that has served (its request's own input: 400)."""
-        return not self._is_input_error(error) and not (stage == 0 and self.first_stage_served)
+    # -- halves and item probes ------------------------------------------------------
 
     def _isolate(self, mb: _MicroBatch, stage: int) -> Outcome:
         """The rule for a micro-batch that failed in ``stage``: halves at a request boundary,
@@ -210,125 +204,142 @@ class Isolator:
         if not mb.one_request():
             return Outcome(list(mb.halves()), [])
         alone, rest = mb.first_alone()
-        alone.split = OwnProbe(stage, rest)
+        alone.probe = ItemProbe(stage, rest, trial=None)
         return Outcome([], [], first=(alone,))
 
-    def _while_broken(self, mb: _MicroBatch, stage: int, error: BaseException) -> Outcome:
-        """``stage`` is on trial or open: the batch's probe decides, the stage's known-good
-        inputs (the first item on trial when it has none: ts_microbatch.core.breaker)."""
-        record = self._record(mb.batch)
-        verdict = record.verdicts.get(stage)
-        if verdict is Verdict.BROKEN:
-            return Outcome([], [Fail(mb, error, stage, isolated=False)])
-        if verdict is Verdict.ISOLATE:
-            return self._isolate(mb, stage)
-        if verdict is Verdict.PENDING:
-            record.held[stage].append((mb, error))
+    def _item_failed(
+        self, mb: _MicroBatch, probe: ItemProbe | None, stage: int, error: BaseException
+    ) -> Outcome:
+        """A run of one item failed (its own failure is the caller's): it counts towards a
+        broken stage, once per request and batch (a request's instances failing alone at
+        once, in two threads, are one bad request). Then what waited for it, if it was a
+        probe: an own probe's rest needs nothing, all above it in its request it never runs
+        (``Outcomes.skip_items_above``); a trial's stand-in gives the verdict."""
+        may_be_broken = self._may_be_broken(stage, error)
+        requests = self._record(mb.batch).failed_alone[stage]
+        if may_be_broken and mb.owners[0] not in requests:
+            requests.add(mb.owners[0])
+            self._breakers[stage].failed_alone()
+        if probe is None or probe.trial is None:
             return _NOTHING
-        record.verdicts[stage] = Verdict.PENDING
-        witnesses = self._breakers[stage].witnesses()
-        probe = BrokenProbe(record, stage, mb.batch, witnesses)
-        if witnesses:
-            record.held[stage] = [(mb, error)]
-            return self._run_witness(probe, witnesses[0])
-        alone, rest = mb.first_alone()
-        record.held[stage] = [(rest, error)] if rest is not None else []
-        alone.split = probe
+        if stage == probe.stage and may_be_broken and self._breakers[stage].suspect:
+            return self._judge_broken(probe.trial, error)
+        return self._release(probe)
+
+    # -- a batch's trial of a stage on trial or open ---------------------------------
+
+    def _on_trial(self, mb: _MicroBatch, stage: int, error: BaseException) -> Outcome:
+        """``mb`` failed in ``stage``, on trial or open: its batch's trial of the stage
+        decides, started here by its first failing micro-batch."""
+        record = self._record(mb.batch)
+        trial = record.trials.get(stage)
+        if trial is None:
+            trial = record.trials[stage] = Trial(stage, self._breakers[stage].witnesses())
+            if trial.witnesses:
+                trial.held.append((mb, error))
+                return self._run_known_good(trial, mb.batch)
+            alone, rest = mb.first_alone()  # nothing known-good: its first item stands in
+            if rest is not None:
+                trial.held.append((rest, error))
+            alone.probe = ItemProbe(stage, rest=None, trial=trial)
+            return Outcome([], [], first=(alone,))
+        if trial.verdict is Verdict.BROKEN:
+            return Outcome([], [Fail(mb, error, stage, isolated=False)])
+        if trial.verdict is Verdict.ISOLATE:
+            return self._isolate(mb, stage)
+        trial.held.append((mb, error))  # PENDING: its probe is running
+        return _NOTHING
+
+    def _run_known_good(self, trial: Trial, until: Batch) -> Outcome:
+        """The trial's next known-good input runs alone ahead of the queue, for ``until``."""
+        probe = KnownGoodProbe(trial, trial.witnesses.pop(0), until)
+        alone = probe.good.micro_batch()
+        alone.probe = probe
+        until.when_answered(self._expire_with(alone, probe))
         return Outcome([], [], first=(alone,))
 
-    def _run_witness(self, probe: BrokenProbe, good: KnownGood) -> Outcome:
-        """``good`` runs alone ahead of the queue as ``probe``, for its batch."""
-        probe.good = good
-        alone = good.micro_batch()
-        alone.split = probe
-        probe.until.when_answered(self._probe_expiry(alone, probe.stage, good))
-        return Outcome([], [], first=(alone,))
+    def _expire_with(self, alone: _MicroBatch, probe: KnownGoodProbe) -> Callable[[Batch], None]:
+        """What ``probe.until`` does at its last answer. Only when it timed out does the
+        probe expire with it, so a call stuck on it is abandoned with the batch's timeout;
+        answered for any other reason (its held parts failed whole, or skipped as a failed
+        instance's siblings), the probe finishes and its answer goes nowhere: expiring it
+        then made ``StallGuard`` take a healthy call for a stuck one. A probe that timed out
+        gives no verdict, so its input is known-good no longer: the next batch does not run
+        it again, nor lose another thread to it."""
 
-    def _probe_expiry(
-        self, probe: _MicroBatch, stage: int, good: KnownGood
-    ) -> Callable[[Batch], None]:
-        """What the batch a known-good probe runs for does at its last answer. Only when it
-        timed out does the probe expire with it, so a call stuck on it is abandoned with
-        the batch's timeout; answered for any other reason (its held parts failed whole,
-        or skipped as a failed instance's siblings), the probe finishes and its answer goes
-        nowhere: expiring it then made ``StallGuard`` take a healthy call for a stuck one.
-        A probe that timed out gives no verdict, so its input is known-good no longer: the
-        next batch does not run it again, nor lose another thread to it."""
-
-        def expire(batch: Batch) -> None:
-            if batch.timed_out and not probe.batch.expire(None):
-                # No lock: this may run at once, under it (a batch answered already).
-                self._breakers[stage].forget(good)
+        def expire(until: Batch) -> None:
+            if until.timed_out and not alone.batch.expire(None):
+                with self._lock:
+                    self._breakers[probe.stage].forget(probe.good)
 
         return expire
 
     def _known_good_failed(
-        self,
-        mb: _MicroBatch,
-        probe: BrokenProbe,
-        good: KnownGood,
-        stage: int,
-        error: BaseException,
+        self, mb: _MicroBatch, probe: KnownGoodProbe, stage: int, error: BaseException
     ) -> Outcome:
-        """The known-good probe ``mb`` failed in ``stage``: no request's failure. The stage
+        """The known-good input ``mb`` failed in ``stage``: no request's failure. The stage
         is judged broken only when warm-up's sample fails, or two inputs it served, of two
         requests: a replayed request may fail alone for a reason of its own (the row it
-        looks up deleted since), and one such must not fail the good requests held for it.
-        A witness that failed with no verdict is known-good no longer."""
+        looks up deleted since), and one such must not fail the good requests held for it."""
         _answer_nowhere(mb)
+        trial = probe.trial
         if not isinstance(error, Exception):  # a request to stop: no verdict on the model
             return self._release(probe)
-        if self._may_be_broken(stage, error):
+        may_be_broken = self._may_be_broken(stage, error)
+        if may_be_broken:
             self._breakers[stage].failed_alone()
-        breaker = self._breakers[probe.stage]
-        probe.failed.append(good)
-        if stage == probe.stage and breaker.suspect and self._may_be_broken(stage, error):
-            if probe.rest:  # the next witness runs, for the same batch
-                return self._run_witness(probe, probe.rest.pop(0))
-            if good.warm or len(probe.failed) >= 2:
-                return self._probe_failed(probe, stage, error)
-        for failed in probe.failed:
-            breaker.forget(failed)
+        trial.failed.append(probe.good)
+        if stage == trial.stage and may_be_broken and self._breakers[stage].suspect:
+            if trial.witnesses:  # the next one runs, for the same batch
+                return self._run_known_good(trial, probe.until)
+            if probe.good.warm or len(trial.failed) >= 2:
+                return self._judge_broken(trial, error)
+        self._forget(trial)
         return self._release(probe)
 
-    def _probe_failed(self, probe: object, stage: int, error: BaseException) -> Outcome:
-        """A probe failed alone (its own failure is given by the caller): what waited for
-        it. An own probe's rest needs nothing: all above the probe in its request, it is
-        never run (``Outcomes.skip_items_above``)."""
-        if not isinstance(probe, BrokenProbe):
-            return _NOTHING
-        breaker = self._breakers[stage]
-        if stage == probe.stage and breaker.suspect and self._may_be_broken(stage, error):
-            # Still suspect, and the model's: the held parts fail. A success since (another
-            # micro-batch of the batch got through) closed it: they are isolated instead.
-            if breaker.probe_failed():
-                logger.error(
-                    "stage %s judged broken: its known-good inputs failed alone (%s) after "
-                    "%d runs of one item failed with nothing served in between; its "
-                    "micro-batches that fail now fail whole after one probe per batch, until "
-                    "it serves again",
-                    self._names[stage],
-                    type(error).__name__,
-                    breaker.streak,
-                )
-            held = probe.record.settle(probe.stage, Verdict.BROKEN)
-            return Outcome([], [Fail(mb, e, probe.stage, isolated=False) for mb, e in held])
-        return self._release(probe)
+    def _judge_broken(self, trial: Trial, error: BaseException) -> Outcome:
+        """The trial's probe failed alone in its stage with an error that may be the
+        model's, the stage still on trial or open: it is broken, the held parts fail whole."""
+        breaker = self._breakers[trial.stage]
+        if breaker.probe_failed():
+            logger.error(
+                "stage %s judged broken: its known-good inputs failed alone (%s) after %d runs "
+                "of one item failed with nothing served in between; its micro-batches that "
+                "fail now fail whole after one probe per batch, until it serves again",
+                self._names[trial.stage],
+                type(error).__name__,
+                breaker.streak,
+            )
+        held = trial.settle(Verdict.BROKEN)
+        return Outcome([], [Fail(mb, e, trial.stage, isolated=False) for mb, e in held])
 
-    def _release(self, probe: object) -> Outcome:
-        """A probe got through its stage, or was dropped, or failed unlike the stage: what
-        waited for it is isolated by the rule."""
-        if isinstance(probe, OwnProbe):
-            rest = probe.rest
+    def _forget(self, trial: Trial) -> None:
+        """The trial's known-good inputs that failed gave no verdict: known-good no longer."""
+        for good in trial.failed:
+            self._breakers[trial.stage].forget(good)
+
+    def _release(self, probe: Probe | None) -> Outcome:
+        """A probe got through its stage, or was dropped, or failed with no verdict: what
+        waited for it goes on, isolated by the rule."""
+        if isinstance(probe, ItemProbe) and probe.trial is None:
+            rest = probe.rest  # the others of its one-request micro-batch
             if rest is None:
                 return _NOTHING
             return Outcome([rest] if len(rest) == 1 else list(rest.halves()), [])
-        if isinstance(probe, BrokenProbe):
-            outcome = _NOTHING
-            for mb, _ in probe.record.settle(probe.stage, Verdict.ISOLATE):
-                outcome = _merge(outcome, self._isolate(mb, probe.stage))
-            return outcome
-        return _NOTHING
+        trial = None if probe is None else probe.trial
+        if trial is None:
+            return _NOTHING
+        outcome = _NOTHING
+        for mb, _ in trial.settle(Verdict.ISOLATE):
+            outcome = _merge(outcome, self._isolate(mb, trial.stage))
+        return outcome
+
+    # -- the evidence ----------------------------------------------------------------
+
+    def _may_be_broken(self, stage: int, error: BaseException) -> bool:
+        """Whether ``error`` in ``stage`` may be the model's: never a bad input's, nor a
+        failure in a first stage that has served (its request's own input: 400)."""
+        return not self._is_input_error(error) and not (stage == 0 and self.first_stage_served)
 
     def _record(self, batch: Batch) -> BatchRecord:
         record = self._records.get(batch)
@@ -337,6 +348,7 @@ class Isolator:
         return record
 
     def _batch_done(self, batch: Batch) -> None:
+        """``batch``'s last answer: each breaker judges what it saw (breaker.batch_done)."""
         with self._lock:
             record = self._records.pop(batch, None)
             if record is None:
@@ -344,23 +356,27 @@ class Isolator:
             for index, breaker in enumerate(self._breakers):
                 failed_alone = len(record.failed_alone[index])
                 state = breaker.batch_done(record.successes[index], failed_alone)
-                if state == ON_TRIAL:
-                    logger.warning(
-                        "stage %s on trial: %d runs of one item failed and it served nothing "
-                        "in between; its next failing micro-batch waits for its known-good "
-                        "input run alone",
-                        self._names[index],
-                        breaker.streak,
-                    )
-                elif state == OPEN:
-                    logger.error(
-                        "stage %s judged broken: %d runs of one item failed and it has served "
-                        "nothing since the pipeline started (no known-good input to test it "
-                        "with); its micro-batches that fail now fail whole after one probe "
-                        "per batch, until it serves again",
-                        self._names[index],
-                        breaker.streak,
-                    )
+                if state is not None:
+                    _log_judged(self._names[index], state, breaker.streak)
+
+
+def _log_judged(name: str, state: str, streak: int) -> None:
+    if state == ON_TRIAL:
+        logger.warning(
+            "stage %s on trial: %d runs of one item failed and it served nothing in between; "
+            "its next failing micro-batch waits for its known-good input run alone",
+            name,
+            streak,
+        )
+    elif state == OPEN:
+        logger.error(
+            "stage %s judged broken: %d runs of one item failed and it has served nothing "
+            "since the pipeline started (no known-good input to test it with); its "
+            "micro-batches that fail now fail whole after one probe per batch, until it "
+            "serves again",
+            name,
+            streak,
+        )
 
 
 def _answer_nowhere(mb: _MicroBatch) -> None:

@@ -95,7 +95,7 @@ class _MicroBatch:
         "payload",
         "attempt",
         "enqueued_at",
-        "split",
+        "probe",
     )
 
     def __init__(
@@ -108,8 +108,10 @@ class _MicroBatch:
         self.payload: Any = list(items)
         self.attempt = attempt
         self.enqueued_at = time.monotonic()
-        # On a probe, what waits for its outcome; only ts_microbatch.core.isolation reads it.
-        self.split: Any = None
+        # On a probe, a ``ts_microbatch.core._probes.Probe`` (what waits for its outcome; not
+        # imported, which would make a loop): set before it is queued, then read and cleared
+        # under the isolator's lock.
+        self.probe: Any = None
 
     def __len__(self) -> int:
         return len(self.items)
