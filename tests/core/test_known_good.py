@@ -317,6 +317,28 @@ def test_defect_a_known_good_probe_wrote_into_the_context_of_the_batch_it_came_f
         assert served.writes == [["served"]]  # nothing more written there
 
 
+def test_defect_a_replayed_request_that_passed_became_warm_up_s_sample() -> None:
+    # A replayed request runs in a private, quiet batch; when it passed it was kept as if
+    # warm-up had served it, so it became the only witness: once its entity was deleted,
+    # its failure alone judged a healthy model broken (found in review on 57f649c).
+    model = Lookup({"A", "B", "good", "good2"})
+    with Pipeline(model.stages(), micro_batch_size=2) as pipeline:
+        assert answers(pipeline, ["B"]) == ["B"]
+        assert answers(pipeline, ["A"]) == ["A"]
+        _on_trial(pipeline, model)
+        calls = len(model.calls)
+        assert answers(pipeline, ["bad:x", "good"])[1] == "good"
+        assert model.calls[calls + 1] == ["A"]  # the scenario: A replayed, and it passed
+        model.store.discard("A")  # its entity deleted since
+        _on_trial(pipeline, model)
+        calls = len(model.calls)
+        got = answers(pipeline, ["bad:y", "good2"])
+        # the witnesses are the last two served ("good" since), not A as warm-up's sample
+        assert model.calls[calls + 1] == ["good"]
+        assert got[1] == "good2"
+        assert pipeline.stats().broken_stages == ()
+
+
 def test_two_inputs_served_to_two_requests_failing_alone_judge_the_model_broken() -> None:
     # The verdict rests on two replayed requests: both fail, the stage is judged broken.
     model = Lookup({"A", "B"})

@@ -143,7 +143,11 @@ class Isolator:
 
     def passed(self, mb: _MicroBatch, stage: int) -> Outcome:
         """``mb`` got through ``stage``."""
-        good = KnownGood.of(mb)  # outside the lock: it copies its request's context row
+        replay = mb.probe
+        if isinstance(replay, KnownGoodProbe) and replay.stage == stage:
+            good = replay.good  # a replayed input stays what it was (served or warm-up's)
+        else:
+            good = KnownGood.of(mb)  # outside the lock: it copies its request's context row
         with self._lock:
             if self._breakers[stage].success(good):
                 logger.warning("stage %s served again: no longer judged broken", self._names[stage])
