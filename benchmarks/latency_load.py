@@ -75,11 +75,10 @@ from ts_microbatch.tools.curve_report import (  # noqa: E402
 )
 from ts_microbatch.tools.curves import CurveSender, parse_rates, sustained  # noqa: E402
 from ts_microbatch.tools.intervals import MIN_ANSWERS  # noqa: E402
-from ts_microbatch.tools.mar import override_mar  # noqa: E402
+from ts_microbatch.tools.mar import PLAIN_OVERRIDE, override_mar  # noqa: E402
 from ts_microbatch.tools.measure import measure  # noqa: E402
 from ts_microbatch.tools.openloop import GENERATOR_NICE  # noqa: E402
-from ts_microbatch.tools.rounds import round_order  # noqa: E402
-from ts_microbatch.tools.variants import PLAIN_OVERRIDE  # noqa: E402
+from ts_microbatch.tools.runs import round_order  # noqa: E402
 
 SHIPPED_WINDOW = 2  # the image example's model-config.yaml
 MODELS = {"plain": "plain", "upstream": "upstream", "ours": "head-example"}
