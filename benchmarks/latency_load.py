@@ -35,7 +35,7 @@ under 25 ms can hold it.
 
 Every model keeps batchSize 32 unless tuned. Each point lasts ``--rate-seconds`` and at
 least ``--min-answers`` requests (1,500: a P99 with 15 answers above it), and is run once
-more when other processes took CPU meanwhile (ts_microbatch.tools.busy). The generator asks
+more when other processes took CPU meanwhile (ts_microbatch.tools.curves). The generator asks
 for niceness ``--nice`` (-10 unless given: this study runs on a machine of its own, where a
 generator ahead of the server keeps its schedule; beside a TorchServe that serves others it
 would take their cores, so the tools never do it unasked), and report.md says at what
