@@ -30,8 +30,7 @@ BASELINE = "plain"
 AS_PACKAGED = "ours"
 PLAIN_OVERRIDE = {"enabled": False}  # the plain-handler baseline
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-# An override's keys that set the frontend's batching in model-config.yaml instead of the
-# micro-batching section.
+# An override's keys that go to model-config.yaml's frontend batching, not the section.
 FRONTEND_KEYS = {"batchSize": 1, "maxBatchDelay": 0}  # key -> its least value
 
 
@@ -104,8 +103,7 @@ def variants_of(args: argparse.Namespace) -> list[tuple[str, dict[str, Any] | No
     if not args.no_baseline:
         variants.append((BASELINE, PLAIN_OVERRIDE))
     variants.append((AS_PACKAGED, None))
-    given = [(n, o) for n, o in args.variant] + [(n, o) for n, o, _ in args.handler_variant]
-    for name, override in given:
+    for name, override, *_ in [*args.variant, *args.handler_variant]:
         if name in dict(variants):
             raise SystemExit(f"error: --variant {name} given twice")
         variants.append((name, override))
@@ -136,9 +134,8 @@ def read_entries(source: Path) -> list[tuple[zipfile.ZipInfo, bytes]]:
 
 
 def settings_of(entries: list[tuple[zipfile.ZipInfo, bytes]]) -> dict[str, Any]:
-    """Where the micro-batching settings live: ``manifest``, ``yaml_name``, ``yaml`` (the
-    parsed model-config.yaml or None), ``json`` (micro_batching.json or None) and
-    ``effective``, the YAML section over the JSON as the package reads them."""
+    """``manifest``, ``yaml_name``, ``yaml`` (model-config.yaml or None), ``json``
+    (micro_batching.json or None) and ``effective``: the YAML section over the JSON."""
     files = {info.filename: data for info, data in entries}
     if MANIFEST not in files:
         raise MarError(f"no {MANIFEST}: not a model archive")
@@ -168,15 +165,13 @@ def override_mar(
     frontend: Mapping[str, Any] | None = None,
     handler: Path | None = None,
 ) -> dict[str, Any]:
-    """Writes ``target``, a .mar: ``source`` (a .mar or model directory) with ``override``
-    merged into its micro-batching settings, ``frontend`` (model-config.yaml top-level
-    keys such as batchSize, maxBatchDelay) set and, when given, ``handler`` (a .py file) as
-    its handler. Returns the effective micro-batching section of ``target`` as the package
-    will read it.
+    """Writes ``target``: ``source`` (a .mar or model directory) with ``override`` merged
+    into its micro-batching settings, ``frontend`` (model-config.yaml keys: batchSize,
+    maxBatchDelay) set and ``handler`` (a .py file) swapped in. Returns the effective
+    micro-batching section of ``target``.
 
     Raises:
-        MarError: ``source`` is not a model archive, its config is not a mapping, or
-            ``handler`` is not a readable .py file.
+        MarError: not a model archive, a config not a mapping, or an unreadable handler.
     """
     entries = read_entries(Path(source))
     found = settings_of(entries)
