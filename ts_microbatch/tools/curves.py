@@ -15,6 +15,7 @@ latency objective off a curve; the report is ts_microbatch.tools.curve_report.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -56,25 +57,19 @@ def own_tree_s() -> float:
     procs = {p.pid: p for p in [me, *me.children(recursive=True)]}
     sessions = set()
     for pid in procs:
-        try:
+        with contextlib.suppress(OSError):  # exited in between
             sessions.add(os.getsid(pid))
-        except OSError:
-            continue  # exited in between
     sessions.discard(os.getsid(0))  # our own session may hold the shell that started us
     if sessions:
         for proc in psutil.process_iter():
-            try:
+            with contextlib.suppress(OSError):
                 if proc.pid not in procs and os.getsid(proc.pid) in sessions:
                     procs[proc.pid] = proc
-            except OSError:
-                continue
     total = 0.0
     for proc in procs.values():
-        try:
+        with contextlib.suppress(psutil.Error):  # exited in between
             times = proc.cpu_times()
-        except psutil.Error:
-            continue  # exited in between
-        total += times.user + times.system
+            total += times.user + times.system
     return total
 
 

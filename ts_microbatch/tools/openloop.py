@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import random
@@ -45,11 +46,7 @@ def poisson_schedule(rate_per_s: float, count: int, seed: int = 0) -> list[float
     if count < 1:
         raise ValueError(f"count: got {count!r}, expected an integer >= 1")
     rng = random.Random(seed)
-    offsets, now = [0.0], 0.0
-    for _ in range(count - 1):
-        now += rng.expovariate(rate_per_s)
-        offsets.append(now)
-    return offsets
+    return [0.0, *itertools.accumulate(rng.expovariate(rate_per_s) for _ in range(count - 1))]
 
 
 @dataclass
@@ -178,9 +175,8 @@ async def drive(
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     max_in_flight: int = 1024,
 ) -> list[Sent]:
-    """Sends ``bodies`` (cycled) at ``schedule``'s offsets from now; returns one ``Sent`` per
-    offset once every request is answered. ``send(body)`` returns the status; at most
-    ``max_in_flight`` run at once (past it a send waits, and is late). ``clock`` and
+    """Sends ``bodies`` (cycled) at ``schedule``'s offsets from now, at most
+    ``max_in_flight`` at once; one ``Sent`` per offset once all are answered. ``clock`` and
     ``sleep`` are the loop's time (a test passes a virtual one)."""
     if not bodies:
         raise ValueError("bodies: got none")
@@ -215,8 +211,8 @@ async def drive(
 
 
 class HttpPool:
-    """HTTP/1.1 keep-alive connections to one host, opened on demand; POSTs a body and
-    reads the status and the whole answer (Content-Length or chunked)."""
+    """HTTP/1.1 keep-alive connections to one host, opened on demand: POSTs a body, reads
+    the status and the whole answer."""
 
     def __init__(self, url: str, headers: dict[str, str] | None = None, timeout_s: float = 60):
         parts = urlsplit(url)
@@ -310,15 +306,12 @@ def _priority(nice: int | None) -> Iterator[int]:
     """This process at niceness ``nice`` while the block runs (as it was, if None or not
     allowed); yields the niceness it ran at."""
     before = os.getpriority(os.PRIO_PROCESS, 0)
-    if nice is None:
-        yield before
-        return
+    ran_at = before if nice is None else min(nice, before)
     try:
-        os.setpriority(os.PRIO_PROCESS, 0, min(nice, before))
+        os.setpriority(os.PRIO_PROCESS, 0, ran_at)
     except OSError:  # not allowed to raise it: run as we are
-        yield before
-        return
+        ran_at = before
     try:
-        yield min(nice, before)
+        yield ran_at
     finally:
         os.setpriority(os.PRIO_PROCESS, 0, before)

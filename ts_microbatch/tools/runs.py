@@ -78,11 +78,8 @@ def cpu_drift(runs: Sequence[Row], tolerance: float = CPU_DRIFT_TOLERANCE) -> li
     """A warning for each variant (``handler``) and side whose CPU per request moved by
     more than ``tolerance`` (max / min - 1) over its rounds (``repeat``)."""
     warnings = []
-    by_variant: dict[str, list[Row]] = {}
-    for run in runs:
-        by_variant.setdefault(run["handler"], []).append(run)
-    for name, rows in by_variant.items():
-        rows = sorted(rows, key=lambda r: r["repeat"])
+    for name in dict.fromkeys(run["handler"] for run in runs):
+        rows = sorted((r for r in runs if r["handler"] == name), key=lambda r: r["repeat"])
         for side, key in CPU_SIDES:
             values = [(r["repeat"], r.get(key)) for r in rows]
             measured = [(n, v) for n, v in values if isinstance(v, (int, float)) and v > 0]
@@ -127,12 +124,11 @@ def medians(runs: list[Row], tag: Tag) -> list[Row]:
         groups.setdefault((run["scenario"], run["handler"], tag(run)), []).append(run)
     rows = []
     for group in groups.values():
-        rates = sorted(r["requests_per_s"] for r in group)
+        rates = [r["requests_per_s"] for r in group]
         middle = sorted(group, key=lambda r: r["requests_per_s"])[(len(group) - 1) // 2]
         row = {k: v for k, v in middle.items() if k != "repeat"}
-        row["runs"] = [r["requests_per_s"] for r in group]
-        row["spread"] = (rates[-1] - rates[0]) / middle["requests_per_s"]
-        rows.append(row)
+        spread = (max(rates) - min(rates)) / middle["requests_per_s"]
+        rows.append({**row, "runs": rates, "spread": spread})
     return rows
 
 
