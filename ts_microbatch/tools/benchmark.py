@@ -62,8 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         type=parse_handler_variant,
         metavar="NAME=HANDLER.py[:JSON]",
-        help="also serve the .mar with this handler file swapped in (the old one stays "
-        "beside it, so it can subclass it) and, after a colon, this override; repeatable",
+        help="also serve the .mar with this handler swapped in (the old one stays, to be "
+        "subclassed) and, after a colon, this override; repeatable",
     )
     group.add_argument(
         "--baseline-handler",
@@ -72,17 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='serve the "plain" baseline with this handler file swapped in (e.g. one that '
         "also counts its padded tokens)",
     )
-    group.add_argument(
-        "--no-baseline", action="store_true", help='skip the "plain" (enabled: false) variant'
-    )
+    group.add_argument("--no-baseline", action="store_true", help='skip the "plain" variant')
     group.add_argument("--batch-size", type=int, help="default: the .mar's batchSize, else 32")
     group.add_argument("--max-batch-delay", type=int, help="ms; default: the .mar's, else 50")
     group.add_argument("--concurrency", type=int, help="parallel clients (default 2 x batch)")
     group.add_argument("--requests", type=int, default=1000, help="measured per run")
     group.add_argument("--warmup-requests", type=int, default=200)
-    group.add_argument(
-        "--rounds", type=int, default=3, help="rounds; each serves every variant once"
-    )
+    group.add_argument("--rounds", type=int, default=3, help="each serves every variant once")
     group.add_argument(
         "--seed",
         type=int,
@@ -98,9 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(20,40,80 or 20:200:20): per variant P50/P90/P99 against offered load, curves.md, "
         "curves.json and p99.png; a sweep stops one rate after the model fell behind",
     )
-    curve.add_argument(
-        "--rate-seconds", type=float, default=5.0, help="seconds of requests per rate"
-    )
+    curve.add_argument("--rate-seconds", type=float, default=5.0, help="seconds a rate")
     curve.add_argument(
         "--min-answers",
         type=int,
@@ -113,9 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the load generator's niceness (e.g. -10): it then takes CPU ahead of every "
         "TorchServe on the machine, a production one too (default: left alone)",
     )
-    curve.add_argument(
-        "--slo-p99-ms", type=float, help="report the highest rate each variant holds within it"
-    )
+    curve.add_argument("--slo-p99-ms", type=float, help="report the highest rate held within it")
 
 
 def frontend_of(args: argparse.Namespace, mar: Path) -> dict[str, int]:
@@ -336,9 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
         "set here); its metrics_config should declare the pipeline's metrics for the per-stage "
         "columns. Default: built-in settings, Prometheus metrics",
     )
-    parser.add_argument(
-        "--keep-logs", action="store_true", help="keep each server's logs in servers/"
-    )
+    parser.add_argument("--keep-logs", action="store_true", help="keep servers/, their logs")
     add_arguments(parser)
     return parser
 

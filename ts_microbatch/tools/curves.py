@@ -145,14 +145,12 @@ def sweep(
     requests_per_rate: int | Callable[[float], int],
     headers: dict[str, str] | None = None,
     seed: int = 0,
-    timeout_s: float = 60.0,
     progress: Callable[[dict[str, Any]], None] | None = None,
     nice: int | None = None,
     meter: Callable[[], OtherCpu] | None = OtherCpu,
-    busy_cores: float = BUSY_CORES,
 ) -> list[OpenLoopResult]:
     """One result per rate, rising, until one past ``behind``. ``requests_per_rate``: a
-    count, or one per rate. A point during which others used more than ``busy_cores``
+    count, or one per rate. A point during which others used more than ``BUSY_CORES``
     (``meter``) is run once more, its first reading kept as ``busy_retried_cores``."""
     results: list[OpenLoopResult] = []
     past = False
@@ -170,13 +168,12 @@ def sweep(
                 max(1, count),
                 seed=seed + index + 1000 * tries,
                 headers=headers,
-                timeout_s=timeout_s,
                 nice=nice,
             )
             if other is not None:
                 result.other_cpu_cores = other.stop()
             result.busy_retried_cores = first_cores
-            if not result.other_cpu_cores > busy_cores:
+            if not result.other_cpu_cores > BUSY_CORES:
                 break
             first_cores = result.other_cpu_cores
         results.append(result)

@@ -277,7 +277,6 @@ def run_open_loop(
     seed: int = 0,
     headers: dict[str, str] | None = None,
     timeout_s: float = 60.0,
-    max_in_flight: int = 1024,
     nice: int | None = None,
 ) -> OpenLoopResult:
     """``count`` requests to ``url`` at ``rate_per_s``, Poisson, open loop; blocks until
@@ -288,7 +287,7 @@ def run_open_loop(
     async def main() -> list[Sent]:
         pool = HttpPool(url, headers, timeout_s)
         try:
-            return await drive(schedule, bodies, pool.post, max_in_flight=max_in_flight)
+            return await drive(schedule, bodies, pool.post)
         finally:
             pool.close()
 
