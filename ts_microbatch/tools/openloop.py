@@ -307,10 +307,12 @@ def _priority(nice: int | None) -> Iterator[int]:
     before = os.getpriority(os.PRIO_PROCESS, 0)
     ran_at = before if nice is None else min(nice, before)
     try:
-        os.setpriority(os.PRIO_PROCESS, 0, ran_at)
+        if ran_at != before:
+            os.setpriority(os.PRIO_PROCESS, 0, ran_at)
     except OSError:  # not allowed to raise it: run as we are
         ran_at = before
     try:
         yield ran_at
     finally:
-        os.setpriority(os.PRIO_PROCESS, 0, before)
+        if ran_at != before:
+            os.setpriority(os.PRIO_PROCESS, 0, before)
