@@ -16,6 +16,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import platform
 import random
 import statistics
@@ -233,8 +234,6 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 
 def machine_info() -> dict[str, Any]:
     """Cores, memory and versions: what a result file says it was measured on."""
-    import os
-
     import torch
     import ts
 
