@@ -28,7 +28,7 @@ server runs TorchServe's default metrics config. Batch 32, max delay 50 ms, micr
 threads 2/1/2 as the configs say, ``ab -k`` at concurrency 64 (32 for 12 MP photos).
 
 Each round runs every model once, in an order shuffled from round to round
-(ts_microbatch.tools.rounds.round_order, seed 0, the first round as given), so the
+(ts_microbatch.tools.runs.round_order, seed 0, the first round as given), so the
 machine's drift and a predecessor's leftovers fall on all alike;
 ratios are taken within a round and their medians reported. Next to each: the CPU each
 request cost the frontend and the worker (each of its threads, by the OS thread name: stage
@@ -71,7 +71,7 @@ from ts_microbatch.tools.cpu import (  # noqa: E402
     thread_cpu,
     thread_group,
 )
-from ts_microbatch.tools.rounds import round_order  # noqa: E402
+from ts_microbatch.tools.runs import round_order  # noqa: E402
 
 WORKTREE = "worktree"
 # What a side needs from its tree: the package, the example handler, its configs.

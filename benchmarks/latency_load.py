@@ -35,7 +35,7 @@ under 25 ms can hold it.
 
 Every model keeps batchSize 32 unless tuned. Each point lasts ``--rate-seconds`` and at
 least ``--min-answers`` requests (1,500: a P99 with 15 answers above it), and is run once
-more when other processes took CPU meanwhile (ts_microbatch.tools.busy). The generator asks
+more when other processes took CPU meanwhile (ts_microbatch.tools.curves). The generator asks
 for niceness ``--nice`` (-10 unless given: this study runs on a machine of its own, where a
 generator ahead of the server keeps its schedule; beside a TorchServe that serves others it
 would take their cores, so the tools never do it unasked), and report.md says at what
@@ -75,11 +75,10 @@ from ts_microbatch.tools.curve_report import (  # noqa: E402
 )
 from ts_microbatch.tools.curves import CurveSender, parse_rates, sustained  # noqa: E402
 from ts_microbatch.tools.intervals import MIN_ANSWERS  # noqa: E402
-from ts_microbatch.tools.mar import override_mar  # noqa: E402
+from ts_microbatch.tools.mar import PLAIN_OVERRIDE, override_mar  # noqa: E402
 from ts_microbatch.tools.measure import measure  # noqa: E402
 from ts_microbatch.tools.openloop import GENERATOR_NICE  # noqa: E402
-from ts_microbatch.tools.rounds import round_order  # noqa: E402
-from ts_microbatch.tools.variants import PLAIN_OVERRIDE  # noqa: E402
+from ts_microbatch.tools.runs import round_order  # noqa: E402
 
 SHIPPED_WINDOW = 2  # the image example's model-config.yaml
 MODELS = {"plain": "plain", "upstream": "upstream", "ours": "head-example"}

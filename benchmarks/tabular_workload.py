@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ts_microbatch.tools.corpus import Corpus, read_corpus
-from ts_microbatch.tools.mar import override_mar
-from ts_microbatch.tools.variants import PLAIN_OVERRIDE
+from ts_microbatch.tools.mar import PLAIN_OVERRIDE, override_mar
 
 ROOT = Path(__file__).resolve().parents[1]
 HANDLERS = ROOT / "benchmarks" / "handlers"

@@ -124,14 +124,14 @@ def test_rows_of_variants_group_by_load_and_compare_with_the_baseline() -> None:
             ("mbs8", 8, 2, 100.0, 400.0),
         ]
     ]
-    rows = runs.medians(measured, benchmark.load_tag)
+    rows = runs.medians(measured, runs.load_tag)
     assert [(r["handler"], r["runs"]) for r in rows] == [
         ("plain", [100.0, 80.0]),
         ("ours", [150.0, 160.0]),
         ("mbs8", [120.0, 100.0]),
     ]
     pairs = [("ours", "plain"), ("mbs8", "plain")]
-    ours, mbs8 = runs.compare_rounds(measured, pairs, benchmark.load_tag)
+    ours, mbs8 = runs.compare_rounds(measured, pairs, runs.load_tag)
     assert [r["throughput"] for r in ours["rounds"]] == pytest.approx([1.5, 2.0])
     assert mbs8["comparison"] == "mbs8 / plain" and mbs8["body"] == load["body"]
     assert mbs8["median_p99"] == pytest.approx((0.75 + 0.8) / 2)

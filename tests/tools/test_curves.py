@@ -109,7 +109,7 @@ def test_a_p99_of_a_few_seconds_a_rate_rests_on_enough_answers() -> None:
 
 
 class FakeMeter:
-    """ts_microbatch.tools.busy.OtherCpu with readings given: each start/stop pair returns
+    """ts_microbatch.tools.curves.OtherCpu with readings given: each start/stop pair returns
     the next of ``cores``."""
 
     def __init__(self, cores: list[float]) -> None:
@@ -167,7 +167,12 @@ def test_busy_run_busy_twice_is_kept_flagged_and_not_run_a_third_time(
 
 
 def test_others_cpu_is_the_machines_busy_time_less_ours_over_the_run() -> None:
-    from ts_microbatch.tools.busy import OtherCpu, busy
+    from ts_microbatch.tools.curves import OtherCpu
+    from ts_microbatch.tools.openloop import OpenLoopResult, Sent
+
+    def busy(cores: float) -> bool:  # as a point's summary flags it
+        sends = [Sent(0.0, 0.0, 0.01, 200)]
+        return bool(OpenLoopResult(10.0, sends, 0.01, 0.0, other_cpu_cores=cores).summary()["busy"])
 
     readings = {"machine": [100.0, 103.0], "ours": [40.0, 41.5], "clock": [0.0, 10.0]}
     meter = OtherCpu(*(lambda k=k: readings[k].pop(0) for k in ("machine", "ours", "clock")))

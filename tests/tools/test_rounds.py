@@ -1,4 +1,4 @@
-"""Fair rounds in ts-microbatch-benchmark (ts_microbatch.tools.rounds, cpu): each round's
+"""Fair rounds in ts-microbatch-benchmark (ts_microbatch.tools.runs, cpu): each round's
 order shuffled from a recorded seed, each run's CPU per request in the tables, and a
 warning when a variant's CPU per request moves by more than a quarter between rounds.
 The servers are fakes; no timings."""
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.tools.test_outputs import benchmark_args
-from ts_microbatch.tools import benchmark, rounds
+from ts_microbatch.tools import benchmark, runs
 from ts_microbatch.tools.cpu import CpuReading, cpu_per_request
 
 NAMES = ["plain", "ours", "arrival", "mbs8"]
@@ -21,22 +21,22 @@ NAMES = ["plain", "ours", "arrival", "mbs8"]
 
 def test_each_round_is_shuffled_from_the_seed_and_repeatable() -> None:
     for seed in (1, 2, 3):
-        orders = [rounds.round_order(NAMES, r, seed) for r in range(6)]
-        assert orders == [rounds.round_order(NAMES, r, seed) for r in range(6)]
+        orders = [runs.round_order(NAMES, r, seed) for r in range(6)]
+        assert orders == [runs.round_order(NAMES, r, seed) for r in range(6)]
         assert all(sorted(order) == sorted(NAMES) for order in orders)
         assert len({tuple(order) for order in orders}) > 1
     # Round 1 is shuffled too: with some seeds it does not start with the baseline.
-    assert {rounds.round_order(NAMES, 0, seed)[0] for seed in range(1, 30)} == set(NAMES)
-    assert rounds.round_order(NAMES, 0, 5) != rounds.round_order(NAMES, 0, 6)
+    assert {runs.round_order(NAMES, 0, seed)[0] for seed in range(1, 30)} == set(NAMES)
+    assert runs.round_order(NAMES, 0, 5) != runs.round_order(NAMES, 0, 6)
 
 
 def test_compare_keeps_its_orders_round_one_as_given_then_seeded_by_the_round() -> None:
     # benchmarks/compare.py's committed results were taken with these orders.
-    assert rounds.round_order(NAMES, 0, first_as_given=True) == NAMES
+    assert runs.round_order(NAMES, 0, first_as_given=True) == NAMES
     for round_no in range(1, 5):
         before = list(NAMES)
         random.Random(round_no).shuffle(before)
-        assert rounds.round_order(NAMES, round_no, first_as_given=True) == before
+        assert runs.round_order(NAMES, round_no, first_as_given=True) == before
 
 
 def run(handler: str, repeat: int, frontend: float, worker: float) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def run(handler: str, repeat: int, frontend: float, worker: float) -> dict[str, 
 def test_a_variant_whose_cpu_per_request_moves_by_a_quarter_is_the_machine() -> None:
     # The incident: the baseline's worker CPU per request doubled in rounds 2-3 on a busy
     # machine, and the printed 2.00x median came from those rounds.
-    runs = [
+    measured = [
         run("plain", 1, 1.0, 5.0),
         run("ours", 1, 1.0, 5.0),
         run("plain", 2, 1.1, 10.1),
@@ -62,17 +62,17 @@ def test_a_variant_whose_cpu_per_request_moves_by_a_quarter_is_the_machine() -> 
         run("plain", 3, 1.0, 9.8),
         run("ours", 3, 1.2, 5.1),
     ]
-    (warning,) = rounds.cpu_drift(runs)
+    (warning,) = runs.cpu_drift(measured)
     assert warning.startswith("plain: worker CPU per request moved 2.02x between rounds")
     assert "round 1 5.00, round 2 10.10, round 3 9.80 ms" in warning
     assert "the machine changed, not the variant" in warning
     # A quarter is allowed; more is not; a run without a CPU reading is left out.
-    assert rounds.cpu_drift([run("ours", 1, 1.0, 4.0), run("ours", 2, 1.0, 5.0)]) == []
+    assert runs.cpu_drift([run("ours", 1, 1.0, 4.0), run("ours", 2, 1.0, 5.0)]) == []
     moved = [run("ours", 1, 1.0, 4.0), run("ours", 2, 1.26, 4.0)]
-    assert rounds.cpu_drift(moved)[0].startswith("ours: frontend CPU per request moved 1.26x")
+    assert runs.cpu_drift(moved)[0].startswith("ours: frontend CPU per request moved 1.26x")
     missing = run("ours", 2, 1.0, 4.0)
     del missing["workers_cpu_ms_per_request"]
-    assert rounds.cpu_drift([run("ours", 1, 1.0, 9.0), missing]) == []
+    assert runs.cpu_drift([run("ours", 1, 1.0, 9.0), missing]) == []
 
 
 def test_cpu_per_request_is_the_difference_of_two_readings_over_the_requests() -> None:
@@ -118,7 +118,7 @@ def test_the_benchmark_shuffles_its_rounds_shows_cpu_and_warns_of_the_machine(
     assert isinstance(seed, int) and f"seed {seed}" in printed
     names = ["plain", "ours", "arrival"]
     orders = results["round_orders"]
-    assert orders == {str(r + 1): rounds.round_order(names, r, seed) for r in range(3)}
+    assert orders == {str(r + 1): runs.round_order(names, r, seed) for r in range(3)}
     # Every run's CPU per request in the tables, and the machine's drift named.
     assert "frontend_cpu_ms_per_request | workers_cpu_ms_per_request" in printed
     per_run = printed.split("every run")[1]

@@ -1,5 +1,5 @@
 """A variant's JSON: its micro-batching override, and the frontend's batch size and window
-for that variant alone (ts_microbatch.tools.variants)."""
+for that variant alone (ts_microbatch.tools.mar)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from ts_microbatch.tools.variants import parse_variant, split_frontend
+from ts_microbatch.tools.mar import parse_variant, split_frontend
 
 
 def test_frontend_keys_go_to_the_frontend_and_the_rest_to_the_section() -> None:

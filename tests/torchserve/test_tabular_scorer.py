@@ -21,8 +21,7 @@ import torch
 
 from tests.helpers import ROOT, load_module
 from tests.torchserve.ts_machinery import decode, load_service, request
-from ts_microbatch.tools.mar import override_mar
-from ts_microbatch.tools.variants import PLAIN_OVERRIDE
+from ts_microbatch.tools.mar import PLAIN_OVERRIDE, override_mar
 
 build = load_module("examples/tabular_scorer/build_mar.py", "ts_microbatch_tabular_build_mar")
 prepare = build.prepare

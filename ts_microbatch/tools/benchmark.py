@@ -3,20 +3,10 @@
     ts-microbatch-benchmark --mar my_model.mar --corpus my_texts/ \\
         --variant arrival='{"order": "arrival"}' --rounds 3 --out runs/my_model
 
-(``python -m ts_microbatch.tools.benchmark``, or in a checkout ``python
-benchmarks/benchmark-ab.py --mar ...``, take the same arguments.) Variants are the .mar
-repackaged by ts_microbatch.tools.mar (only the micro-batching section and the frontend's
-batchSize/maxBatchDelay change): ``ours`` as packaged, ``plain`` with ``{"enabled": false}``
-(the handler's preprocess, inference and postprocess on the whole batch, as
-BaseHandler.handle), each ``--variant NAME=JSON`` and each ``--handler-variant``. Each round
-serves every variant once, in an order shuffled from a seed (printed, recorded, --seed),
-each on a fresh TorchServe, with the corpus sent by ts_microbatch.tools.drive (parallel
-clients, each request the next body of the corpus's fixed order). Each run's CPU per
-request, the frontend's and the worker's, is in the tables; a variant whose CPU per
-request moved by more than a quarter between rounds is warned about (the machine changed,
-not the variant). Results are the median round per variant and per-round ratios against
-the baseline: results.jsonl (each run as it came), results.json, results.csv, runs.csv,
-comparisons.json, metrics/, samples/.
+Variants: ``ours`` as packaged, ``plain`` with ``{"enabled": false}`` (the handler's own
+stages on the whole batch), each ``--variant`` and ``--handler-variant``. Each round serves
+every variant once on a fresh TorchServe, in an order shuffled from a recorded seed; the
+rows, medians, ratios and files are ts_microbatch.tools.runs'.
 """
 
 from __future__ import annotations
@@ -30,24 +20,25 @@ from pathlib import Path
 from typing import Any
 
 from ._cli import SAFE_BESIDE, prog
-from .benchmark_report import load_tag as load_tag
-from .benchmark_report import report
 from .corpus import Corpus, CorpusError, read_corpus
 from .curves import CurveSender, parse_rates
 from .drive import send_corpus
 from .intervals import MIN_ANSWERS
-from .mar import MarError, override_mar, read_entries, settings_of
-from .measure import RegistrationError, Send, measure
-from .results import ResultsLog, claimed_dir
-from .rounds import CPU_SIDES, cpu_drift, new_seed, round_order
-from .variants import (
+from .mar import (
     BASELINE,
+    MarError,
     handlers_of,
+    override_mar,
     parse_handler_variant,
     parse_variant,
+    read_entries,
+    settings_of,
     split_frontend,
     variants_of,
 )
+from .measure import RegistrationError, Send, measure
+from .results import ResultsLog, claimed_dir
+from .runs import CPU_SIDES, cpu_drift, new_seed, report, round_order
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,8 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         type=parse_handler_variant,
         metavar="NAME=HANDLER.py[:JSON]",
-        help="also serve the .mar with this handler file swapped in (the old one stays "
-        "beside it, so it can subclass it) and, after a colon, this override; repeatable",
+        help="also serve the .mar with this handler swapped in (the old one stays, to be "
+        "subclassed) and, after a colon, this override; repeatable",
     )
     group.add_argument(
         "--baseline-handler",
@@ -81,17 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='serve the "plain" baseline with this handler file swapped in (e.g. one that '
         "also counts its padded tokens)",
     )
-    group.add_argument(
-        "--no-baseline", action="store_true", help='skip the "plain" (enabled: false) variant'
-    )
+    group.add_argument("--no-baseline", action="store_true", help='skip the "plain" variant')
     group.add_argument("--batch-size", type=int, help="default: the .mar's batchSize, else 32")
     group.add_argument("--max-batch-delay", type=int, help="ms; default: the .mar's, else 50")
     group.add_argument("--concurrency", type=int, help="parallel clients (default 2 x batch)")
     group.add_argument("--requests", type=int, default=1000, help="measured per run")
     group.add_argument("--warmup-requests", type=int, default=200)
-    group.add_argument(
-        "--rounds", type=int, default=3, help="rounds; each serves every variant once"
-    )
+    group.add_argument("--rounds", type=int, default=3, help="each serves every variant once")
     group.add_argument(
         "--seed",
         type=int,
@@ -107,9 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(20,40,80 or 20:200:20): per variant P50/P90/P99 against offered load, curves.md, "
         "curves.json and p99.png; a sweep stops one rate after the model fell behind",
     )
-    curve.add_argument(
-        "--rate-seconds", type=float, default=5.0, help="seconds of requests per rate"
-    )
+    curve.add_argument("--rate-seconds", type=float, default=5.0, help="seconds a rate")
     curve.add_argument(
         "--min-answers",
         type=int,
@@ -122,45 +107,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the load generator's niceness (e.g. -10): it then takes CPU ahead of every "
         "TorchServe on the machine, a production one too (default: left alone)",
     )
-    curve.add_argument(
-        "--slo-p99-ms", type=float, help="report the highest rate each variant holds within it"
-    )
-
-
-def registered(point: dict[str, Any], frontend: dict[str, int] | None) -> dict[str, Any]:
-    """``point`` with a variant's own batch size and window, as it is registered."""
-    if not frontend:
-        return point
-    return {
-        **point,
-        "batch_size": frontend["batchSize"],
-        "max_batch_delay": frontend["maxBatchDelay"],
-    }
-
-
-def curve_sender(args: argparse.Namespace, corpus: Corpus, concurrency: int) -> Send | None:
-    """With ``--rates``: each run's load is an open-loop sweep over them (warm-up as usual)."""
-    if not getattr(args, "rates", None):
-        return None
-    return CurveSender(
-        corpus, args.rates, args.rate_seconds, concurrency, log, args.seed or 0,
-        min_answers=args.min_answers, nice=args.nice,
-    )  # fmt: skip
+    curve.add_argument("--slo-p99-ms", type=float, help="report the highest rate held within it")
 
 
 def frontend_of(args: argparse.Namespace, mar: Path) -> dict[str, int]:
     """batchSize and maxBatchDelay: the flags, else the .mar's model-config.yaml, else 32/50.
-    Written into every variant's YAML and given to its registration: TorchServe 0.12 takes
-    the registration's maxBatchDelay over the YAML's (a variant whose YAML said 5 ms ran at
-    the 50 ms it was registered with)."""
+    Each variant is also registered with them: TorchServe 0.12 takes the registration's
+    maxBatchDelay over the YAML's."""
     packaged = settings_of(read_entries(mar))["yaml"] or {}
+    delay = args.max_batch_delay
     return {
         "batchSize": args.batch_size or int(packaged.get("batchSize", 32)),
-        "maxBatchDelay": (
-            args.max_batch_delay
-            if args.max_batch_delay is not None
-            else int(packaged.get("maxBatchDelay", 50))
-        ),
+        "maxBatchDelay": delay if delay is not None else int(packaged.get("maxBatchDelay", 50)),
     }
 
 
@@ -168,11 +126,9 @@ def shown(effective: dict[str, Any]) -> tuple[Any, str]:
     """micro_batch_size and threads (pre/inf/post) for the table; "off" when disabled."""
     if effective.get("enabled", True) is False:
         return "off", "-"
-    parallelism = effective.get("parallelism") or {}
+    threads = effective.get("parallelism") or {}
     stages = ("preprocess", "inference", "postprocess")
-    return effective.get("micro_batch_size", 1), "/".join(
-        str(parallelism.get(s, 1)) for s in stages
-    )
+    return effective.get("micro_batch_size", 1), "/".join(str(threads.get(s, 1)) for s in stages)
 
 
 def log(message: str) -> None:
@@ -181,10 +137,9 @@ def log(message: str) -> None:
 
 
 def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
-    """The benchmark of ``args`` (add_arguments' options, ``out`` and ``keep_logs``); each
-    server from ``base_config`` (a config.properties; built-in settings when None). Results
-    go to ``args.out``, else a new directory under ``runs``, made before the first run;
-    each run is appended to its results.jsonl as it is measured. Returns the exit status."""
+    """The benchmark of ``args`` (add_arguments' options, ``out`` and ``keep_logs``), each
+    server from ``base_config`` (None: built-in settings); results in ``args.out``, else a
+    new directory under ``runs``. Returns the exit status."""
     try:
         corpus = read_corpus(args.corpus or args.body) if args.corpus or args.body else None
         if corpus is None:
@@ -195,24 +150,20 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
     except (CorpusError, MarError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    variants = variants_of(args)
-    handlers = handlers_of(args)
-    concurrency = args.concurrency or 2 * frontend["batchSize"]
-    store = out / "store"
-    effective = {}
-    served: dict[str, dict[str, int]] = {}  # each variant's batchSize and maxBatchDelay
+    variants, handlers = variants_of(args), handlers_of(args)
+    effective, served = {}, {}  # each variant's section, batchSize and maxBatchDelay
     try:
         for name, override in variants:
-            target = store / f"{name}.mar"
-            handler = handlers.get(name)
             section, own_frontend = split_frontend(override)
-            served[name] = {**frontend, **own_frontend}
-            effective[name] = override_mar(args.mar, target, section, served[name], handler)
-            shown_handler = f", handler {handler}" if handler else ""
-            sizes = served[name]
-            window = f"batchSize {sizes['batchSize']}, maxBatchDelay {sizes['maxBatchDelay']}"
-            settings = json.dumps(effective[name])
-            log(f"variant {name}: {window}, micro_batching {settings}{shown_handler}")
+            served[name] = sizes = {**frontend, **own_frontend}
+            handler = handlers.get(name)
+            target = out / "store" / f"{name}.mar"
+            effective[name] = override_mar(args.mar, target, section, sizes, handler)
+            log(
+                f"variant {name}: batchSize {sizes['batchSize']}, maxBatchDelay "
+                f"{sizes['maxBatchDelay']}, micro_batching {json.dumps(effective[name])}"
+                + (f", handler {handler}" if handler else "")
+            )
     except MarError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -222,6 +173,7 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
         "warmup_requests": args.warmup_requests,
         "response_timeout": args.response_timeout,
     }
+    concurrency = args.concurrency or 2 * frontend["batchSize"]
     point = {
         "body": corpus.label,
         "batch_size": frontend["batchSize"],
@@ -234,6 +186,12 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
     if args.seed is None:
         args.seed = new_seed()
     log(f"each round serves the variants in an order shuffled with seed {args.seed} (--seed)")
+    sender = None
+    if getattr(args, "rates", None):  # an open-loop sweep instead of parallel clients
+        sender = CurveSender(
+            corpus, args.rates, args.rate_seconds, concurrency, log, args.seed or 0,
+            min_answers=args.min_answers, nice=args.nice,
+        )  # fmt: skip
     try:
         rows, refused = run_rounds(
             args.rounds,
@@ -246,7 +204,7 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
             base_config,
             results,
             args.seed,
-            curve_sender(args, corpus, point["concurrency"]),
+            sender,
             served,
         )
     except BaseException:
@@ -272,13 +230,10 @@ def run_rounds(
     sender: Send | None = None,
     served: dict[str, dict[str, int]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Every variant once per round, in an order shuffled from ``seed`` and the round
-    (rounds.round_order); one row per run, with its CPU per request, each also appended to
-    ``results`` as it comes. A variant whose CPU per request moves by more than a quarter
-    between rounds is warned about at once (rounds.cpu_drift). A variant TorchServe will
-    not register (a setting this ts_microbatch refuses) is reported and left out of the
-    later rounds; the others go on. ``sender``: the load instead of parallel clients (the
-    latency-load sweep of ``--rates``)."""
+    """Every variant once per round (runs.round_order), one row per run, each appended to
+    ``results`` as it comes and a CPU drift warned about at once. A variant TorchServe
+    will not register is reported and left out of the later rounds. ``sender``: the load
+    instead of parallel clients (``--rates``)."""
 
     def send(
         url: str, token: str | None, requests: int, work: Path, label: str
@@ -298,18 +253,22 @@ def run_rounds(
         order = round_order(list(overrides), repeat - 1, seed)
         log(f"round {repeat}/{rounds}: {', '.join(order)}")
         for step, name in enumerate(order, start=1):
-            override = overrides[name]
             if name in refused:
                 continue
             label = f"[round {repeat}/{rounds}, {step}/{len(variants)}] {name}"
             log(f"{label}: starting TorchServe")
+            own = (served or {}).get(name)
+            registered = point
+            if own:  # registered with its own batch size and window
+                batching = {"batch_size": own["batchSize"], "max_batch_delay": own["maxBatchDelay"]}
+                registered = {**point, **batching}
             try:
                 result = measure(
                     out / "servers" / f"{name}-r{repeat}",
                     out / "store",
                     f"mar-{name}",
                     config,
-                    registered(point, (served or {}).get(name)),
+                    registered,
                     label,
                     out / "metrics" / f"{name}-r{repeat}.prom",
                     send,
@@ -339,7 +298,7 @@ def run_rounds(
                     "micro_batch_size": micro_batch_size,
                     "parallelism": parallelism,
                     "micro_batching": effective[name],
-                    "override": override,
+                    "override": overrides[name],
                     "repeat": repeat,
                     "position": step,
                     **result,
@@ -369,9 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
         "set here); its metrics_config should declare the pipeline's metrics for the per-stage "
         "columns. Default: built-in settings, Prometheus metrics",
     )
-    parser.add_argument(
-        "--keep-logs", action="store_true", help="keep each server's logs in servers/"
-    )
+    parser.add_argument("--keep-logs", action="store_true", help="keep servers/, their logs")
     add_arguments(parser)
     return parser
 

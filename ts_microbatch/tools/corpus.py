@@ -1,12 +1,9 @@
 """Request bodies read from a corpus, and the one fixed order every run sends them in.
 
-A corpus is a directory of bodies (one file each; the content type from the extension) or
-a ``.jsonl`` file (one JSON value a line: a string is a text body, an object a JSON body).
-A single file is a corpus of one. Requests take the bodies in a shuffled order fixed by a
-seed, so every run, every config and the tuner's in-process batches see the same sequence;
-a mix of lengths is then measured as a mix, not as whichever body was picked.
-
-Shared by ``tune --corpus``, ``tune --confirm`` and ts-microbatch-benchmark.
+A corpus is a directory of bodies (the content type from each extension) or a ``.jsonl``
+file (a string a text body, an object a JSON body); a single file is a corpus of one.
+Requests take the bodies in an order shuffled from a seed, so every run, config and the
+tuner's in-process batches see the same sequence, and a mix is measured as a mix.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-# What the frontend and the worker make of a body follow its content type: TorchServe hands
-# text/* to the handler as str and application/json as the parsed value.
+# TorchServe hands text/* to the handler as str and application/json parsed.
 CONTENT_TYPES = {
     ".txt": "text/plain",
     ".json": "application/json",
@@ -57,8 +53,8 @@ class Body(NamedTuple):
         return len(self.data.decode("utf-8", errors="replace")) if self.is_text else len(self.data)
 
     def torchserve_value(self) -> Any:
-        """The body as TorchServe's worker hands it to the handler (``data[i]["body"]``):
-        parsed JSON, a str for text/*, bytes otherwise; bytes when decoding fails, as there."""
+        """The body as TorchServe's worker hands it to the handler (``data[i]["body"]``);
+        bytes when decoding fails, as there."""
         try:
             if self.content_type == "application/json":
                 return json.loads(self.data.decode("utf-8"))
@@ -126,8 +122,7 @@ class Corpus:
         return max(len(b.data) for b in self.bodies)
 
     def describe(self, requests: int) -> dict[str, Any]:
-        """What ``requests`` requests send: every body with its length, content type, and
-        how many requests take it (its weight); for results files."""
+        """What ``requests`` requests send, each body with its share: for results files."""
         sent = Counter(self.sequence(requests))
         return {
             "source": self.source,
@@ -153,8 +148,7 @@ def read_corpus(path: Path | str, seed: int = DEFAULT_SEED) -> Corpus:
     """A directory of bodies, a ``.jsonl`` file, or any other file as a corpus of one.
 
     Raises:
-        CorpusError: the path is missing or holds no body, or a JSONL line is not a string
-            or an object.
+        CorpusError: missing, no body, or a JSONL line not a string or an object.
     """
     path = Path(path)
     if path.is_dir():
@@ -180,11 +174,13 @@ def read_jsonl(path: Path) -> list[Body]:
             value = json.loads(line)
         except ValueError as exc:
             raise CorpusError(f"{where}: not JSON: {exc}") from None
+        name = f"{path.name}:{number}"
         if isinstance(value, str):
-            bodies.append(Body(f"{path.name}:{number}", value.encode("utf-8"), "text/plain"))
+            bodies.append(Body(name, value.encode("utf-8"), "text/plain"))
         elif isinstance(value, dict):
-            data = json.dumps(value, ensure_ascii=False).encode("utf-8")
-            bodies.append(Body(f"{path.name}:{number}", data, "application/json"))
+            bodies.append(
+                Body(name, json.dumps(value, ensure_ascii=False).encode(), "application/json")
+            )
         else:
             raise CorpusError(
                 f"{where}: got {type(value).__name__}, expected a string (a text body) or an "

@@ -1,11 +1,10 @@
 """The sweeps' report: every round's points, P99 compared at equal offered load, the plot.
 
-Rounds of a sweep can stop at different rates (a round on a slower phase of the machine
-falls behind sooner), so nothing here takes a median over rounds: a table row gives each
-round's figure, a rate only some rounds reached says which, and the plot draws each round
-as its own line. Two variants are compared at the rates both reached, by the ratio of
-their P99s with its bootstrap interval (ts_microbatch.tools.intervals.compare_rounds): a
-win or a loss only when the interval excludes 1.
+Rounds of a sweep can stop at different rates, so nothing here takes a median over rounds:
+a cell gives each round's figure, a rate only some rounds reached says which, and the plot
+draws each round as its own line. Two variants are compared at the rates both reached by
+the ratio of their P99s with its bootstrap interval (intervals.compare_rounds): a win or a
+loss only when the interval excludes 1.
 """
 
 from __future__ import annotations
@@ -38,10 +37,10 @@ def rounds_of(runs: Iterable[Row], name: str) -> list[int]:
     return sorted({run.get("repeat") or 1 for run in runs if run["handler"] == name})
 
 
-def held(runs: Sequence[Row], name: str, slo_p99_ms: float) -> list[float]:
+def held(runs: Sequence[Row], name: str, slo_p99_ms: float) -> str:
     """The rate ``name`` held within the objective in each of its rounds, in round order."""
     mine = sorted((r for r in runs if r["handler"] == name), key=lambda r: r.get("repeat") or 1)
-    return [sustained(r.get("curve") or (), slo_p99_ms) for r in mine]
+    return ", ".join(f"{sustained(r.get('curve') or (), slo_p99_ms):g}" for r in mine)
 
 
 def held_lines(runs: Sequence[Row], names: Sequence[str], slo_p99_ms: float | None) -> str:
@@ -50,8 +49,7 @@ def held_lines(runs: Sequence[Row], names: Sequence[str], slo_p99_ms: float | No
     slo = math.inf if slo_p99_ms is None else slo_p99_ms
     within = "nothing lost" if slo_p99_ms is None else f"within P99 {slo_p99_ms:g} ms"
     return "\n".join(
-        f"{name}: held {', '.join(f'{v:g}' for v in held(runs, name, slo))} req/s {within}, "
-        "not behind (round by round)"
+        f"{name}: held {held(runs, name, slo)} req/s {within}, not behind (round by round)"
         for name in names
     )
 
@@ -143,7 +141,7 @@ def format_curves(runs: Sequence[Row], slo_p99_ms: float | None) -> str:
         rounds = rounds_of(runs, name)
         within = ""
         if slo_p99_ms is not None:
-            each = ", ".join(f"{v:g}" for v in held(runs, name, slo_p99_ms))
+            each = held(runs, name, slo_p99_ms)
             within = f", holds {each} req/s within P99 {slo_p99_ms:g} ms (round by round)"
         lines += [f"**{name}**{within}", ""]
         lines.append("| offered/s | rounds | " + " | ".join(h for h, _ in _COLUMNS) + " |")

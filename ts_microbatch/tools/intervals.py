@@ -1,17 +1,11 @@
 """Bootstrap intervals on a latency percentile and on the ratio of two, and the call they
 allow.
 
-A P99 of 20 answers is their maximum: it moves with one slow answer, and two of them
-decide nothing. A percentile here is reported with the samples that carry it and a 95%
-percentile-bootstrap interval (the sample resampled with replacement ``RESAMPLES`` times,
-the percentile taken each time, the 2.5th and 97.5th of those), and a ratio of two
-variants' percentiles with the interval of the ratio over independent resamples of each.
-A difference is called a win or a loss only when that interval excludes 1 (``call``);
-otherwise it is "no difference", whatever the two point values say.
-
-``MIN_ANSWERS``: the samples a P99 needs to carry 15 answers above it (HdrHistogram and
-wrk2 print the count beside each percentile for the same reason). Everything is seeded:
-the same latencies give the same interval.
+A P99 of 20 answers is their maximum: it moves with one slow answer. A percentile is
+reported with the samples that carry it and a 95% percentile-bootstrap interval, a ratio
+of two with the interval over independent resamples of each; a difference is a win or a
+loss only when that interval excludes 1 (``call``). Everything is seeded: the same
+latencies give the same interval.
 """
 
 from __future__ import annotations
@@ -40,17 +34,17 @@ class Interval(NamedTuple):
     samples: int
 
 
+def _rank(n: int, q: float) -> int:
+    return max(0, math.ceil(q / 100 * n) - 1)
+
+
 def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) by nearest rank, as the open-loop results take it
-    (an unanswered request is ``inf`` and counts as the slowest); NaN for no values."""
+    """The ``q``-th percentile (0-100) by nearest rank (``inf``, an unanswered request,
+    counts as the slowest); NaN for no values."""
     if not len(values):
         return math.nan
     ordered = np.sort(np.asarray(values, dtype=float))
     return float(ordered[_rank(len(ordered), q)])
-
-
-def _rank(n: int, q: float) -> int:
-    return max(0, math.ceil(q / 100 * n) - 1)
 
 
 def _resampled(
@@ -58,6 +52,8 @@ def _resampled(
 ) -> np.ndarray:
     """The ``q``-th percentile of each of ``resamples`` resamples of ``values``: the k-th
     smallest of n indices drawn into the sorted sample picks its k-th order statistic."""
+    if not len(values):
+        raise ValueError("got no values, expected at least one latency")
     ordered = np.sort(np.asarray(values, dtype=float))
     n = len(ordered)
     k = _rank(n, q)
@@ -69,31 +65,19 @@ def _resampled(
     return out
 
 
-def _bounds(draws: np.ndarray, confidence: float) -> tuple[float, float]:
-    tail = (1 - confidence) / 2
+def _bounds(draws: np.ndarray) -> tuple[float, float]:
+    tail = (1 - CONFIDENCE) / 2
     # inverted_cdf picks drawn values: no interpolation between inf and inf (NaN).
     low, high = np.quantile(draws, [tail, 1 - tail], method="inverted_cdf")
     return float(low), float(high)
 
 
-def _check(values: Sequence[float], name: str) -> None:
-    if not len(values):
-        raise ValueError(f"{name}: got no values, expected at least one latency")
-
-
 def percentile_interval(
-    values: Sequence[float],
-    q: float = 99,
-    *,
-    resamples: int = RESAMPLES,
-    confidence: float = CONFIDENCE,
-    seed: int = 0,
+    values: Sequence[float], q: float = 99, *, resamples: int = RESAMPLES, seed: int = 0
 ) -> Interval:
     """The ``q``-th percentile of ``values`` and its percentile-bootstrap interval."""
-    _check(values, "values")
-    rng = np.random.default_rng(seed)
-    low, high = _bounds(_resampled(values, q, resamples, rng), confidence)
-    return Interval(percentile(values, q), low, high, len(values))
+    draws = _resampled(values, q, resamples, np.random.default_rng(seed))
+    return Interval(percentile(values, q), *_bounds(draws), len(values))
 
 
 def _ratio(a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
@@ -110,28 +94,23 @@ def ratio_interval(
     q: float = 99,
     *,
     resamples: int = RESAMPLES,
-    confidence: float = CONFIDENCE,
     seed: int = 0,
 ) -> Interval:
     """P``q`` of ``a`` over P``q`` of ``b`` and its interval: each resampled on its own
     (the two are independent runs), the ratio taken per resample."""
-    _check(a, "a")
-    _check(b, "b")
     rng = np.random.default_rng(seed)
     draws = _ratio(_resampled(a, q, resamples, rng), _resampled(b, q, resamples, rng))
-    low, high = _bounds(draws, confidence)
     value = float(_ratio(percentile(a, q), percentile(b, q)))
-    return Interval(value, low, high, min(len(a), len(b)))
+    return Interval(value, *_bounds(draws), min(len(a), len(b)))
 
 
-def call(ratio: Interval, lower_is_better: bool = True) -> str:
-    """``WIN`` or ``LOSS`` when the ratio's interval excludes 1 (a latency ratio under 1 is a
-    win), else ``SAME``."""
-    if ratio.high < 1:
-        return WIN if lower_is_better else LOSS
-    if ratio.low > 1:
-        return LOSS if lower_is_better else WIN
-    return SAME
+def call(ratio: Interval) -> str:
+    """``WIN`` or ``LOSS`` when a latency ratio's interval excludes 1, else ``SAME``."""
+    return WIN if ratio.high < 1 else LOSS if ratio.low > 1 else SAME
+
+
+def _called(r: Interval) -> dict[str, Any]:
+    return {"ratio": r.value, "low": r.low, "high": r.high, "call": call(r)}
 
 
 def agree(intervals: Sequence[Interval]) -> bool:
@@ -147,13 +126,11 @@ def compare_rounds(
     seed: int = 0,
     resamples: int = RESAMPLES,
 ) -> dict[str, Any]:
-    """``a`` against ``b`` at one point, from each one's latencies in each round (round i
-    of one beside round i of the other). Where each side's rounds agree (``agree`` on their
-    P``q`` intervals), their latencies are pooled and one ratio decides; otherwise the
-    ratio is taken round by round and called a win or a loss only when every round's call
-    is that. Returns ``ratio``, ``low``, ``high`` (the pooled ratio's, or the per-round
-    ratios' median and the widest bounds), ``call``, ``pooled`` and ``rounds`` (each
-    round's ratio, bounds and call)."""
+    """``a`` against ``b`` at one point, from their latencies round by round. Where each
+    side's rounds ``agree`` on their P``q`` intervals, the latencies are pooled and one
+    ratio decides; otherwise a win or a loss needs every round's call to say it. Returns
+    ``ratio``, ``low``, ``high`` (pooled, or the rounds' median and widest bounds),
+    ``call``, ``pooled`` and ``rounds`` (each round's ratio, bounds and call)."""
     pairs = list(zip(a_rounds, b_rounds))
     if not pairs:
         raise ValueError("compare_rounds: no round has both sides")
@@ -161,17 +138,21 @@ def compare_rounds(
         ratio_interval(a, b, q, seed=seed + index, resamples=resamples)
         for index, (a, b) in enumerate(pairs)
     ]
-    rounds = [{"ratio": r.value, "low": r.low, "high": r.high, "call": call(r)} for r in per_round]
-    each = [
-        [percentile_interval(x, q, seed=seed + i, resamples=resamples) for i, x in enumerate(side)]
-        for side in ([a for a, _ in pairs], [b for _, b in pairs])
-    ]
-    if len(pairs) == 1 or all(agree(side) for side in each):
-        pooled_a = [v for a, _ in pairs for v in a]
-        pooled_b = [v for _, b in pairs for v in b]
-        r = ratio_interval(pooled_a, pooled_b, q, seed=seed, resamples=resamples)
-        return {"ratio": r.value, "low": r.low, "high": r.high, "call": call(r),
-                "pooled": True, "rounds": rounds}  # fmt: skip
+    rounds = [_called(r) for r in per_round]
+    sides = ([a for a, _ in pairs], [b for _, b in pairs])
+
+    def agreeing(side: list[Sequence[float]]) -> bool:
+        return agree(
+            [
+                percentile_interval(x, q, seed=seed + i, resamples=resamples)
+                for i, x in enumerate(side)
+            ]
+        )
+
+    if len(pairs) == 1 or all(agreeing(side) for side in sides):
+        a, b = ([v for run in side for v in run] for side in sides)
+        r = ratio_interval(a, b, q, seed=seed, resamples=resamples)
+        return {**_called(r), "pooled": True, "rounds": rounds}
     calls = {call(r) for r in per_round}
     ratios = sorted(r.value for r in per_round)
     return {

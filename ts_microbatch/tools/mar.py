@@ -1,26 +1,20 @@
-"""A user's .mar repackaged with its micro-batching settings overridden, nothing else changed.
+"""A user's .mar and its variants: the .mar repackaged with overrides, nothing else changed.
 
-What ts-microbatch-benchmark (``benchmark-ab.py --mar`` in a checkout) compares: the .mar
-as packaged, the same .mar with ``{"enabled": false}`` (the plain-handler baseline: the
-handler's own preprocess, inference and postprocess on the whole batch) and any other
-override a user names.
-
-The override goes where TorchServe will read it: into model-config.yaml's ``micro_batching``
-section when the .mar has one (the YAML wins key by key over micro_batching.json), else into
-micro_batching.json, else a micro_batching.json is added. Objects merge key by key (so
-``{"parallelism": {"preprocess": 1}}`` keeps the other stages); any other value replaces.
-Every other entry of the archive is copied unchanged, in its order and compression.
-
-A ``handler`` file can also be swapped in (the benchmark's ``--handler-variant``): it is
-added at the archive's root under its own name (replacing an entry of that name) and the
-manifest's ``model.handler`` names it, as torch-model-archiver ``--handler FILE`` writes it;
-the old handler stays in the archive, so the new one can import and subclass it.
+The variants ts-microbatch-benchmark serves: ``ours`` as packaged, ``plain`` with
+``PLAIN_OVERRIDE`` (the handler's own stages on the whole batch) and each named on the
+command line. An override goes where TorchServe reads it: model-config.yaml's
+``micro_batching`` section when there is one (it wins key by key over micro_batching.json),
+else micro_batching.json, which is added if missing; mappings merge key by key. A swapped-in
+handler is added at the root and named in the manifest, the old one kept so it can be
+subclassed. Every other entry is copied unchanged, in its order and compression.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
+import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,6 +26,12 @@ from ..core.config import CONFIG_FILE_NAME, YAML_SECTION
 
 MANIFEST = "MAR-INF/MANIFEST.json"
 DEFAULT_YAML = "model-config.yaml"
+BASELINE = "plain"
+AS_PACKAGED = "ours"
+PLAIN_OVERRIDE = {"enabled": False}  # the plain-handler baseline
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+# An override's keys that go to model-config.yaml's frontend batching, not the section.
+FRONTEND_KEYS = {"batchSize": 1, "maxBatchDelay": 0}  # key -> its least value
 
 
 class MarError(ValueError):
@@ -47,6 +47,75 @@ def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any
         else:
             merged[key] = copy.deepcopy(value)
     return merged
+
+
+def split_frontend(
+    override: dict[str, Any] | None,
+) -> tuple[dict[str, Any] | None, dict[str, int]]:
+    """An override without its frontend keys (None stays None: as packaged), and those
+    keys (``FRONTEND_KEYS``)."""
+    if override is None:
+        return None, {}
+    frontend = {k: v for k, v in override.items() if k in FRONTEND_KEYS}
+    rest = {k: v for k, v in override.items() if k not in FRONTEND_KEYS}
+    return (rest if rest or not frontend else None), frontend
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``NAME=JSON``: a variant's name and its override of the micro_batching section."""
+    name, sep, raw = text.partition("=")
+    if not sep or not _NAME.match(name) or name in (BASELINE, AS_PACKAGED):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected NAME=JSON with NAME of letters, digits, - and _ "
+            f"(not {BASELINE!r} or {AS_PACKAGED!r})"
+        )
+    try:
+        override = json.loads(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: not JSON: {exc}") from None
+    if not isinstance(override, dict):
+        raise argparse.ArgumentTypeError(f"{name}: got {raw!r}, expected a JSON object")
+    for key, least in FRONTEND_KEYS.items():
+        value = override.get(key, least)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise argparse.ArgumentTypeError(
+                f"{name}: {key}: got {value!r}, expected an integer >= {least}"
+            )
+    return name, override
+
+
+def parse_handler_variant(text: str) -> tuple[str, dict[str, Any], Path]:
+    """``NAME=HANDLER.py[:JSON]``: a variant's name, its override ({} without one) and the
+    handler file it swaps in."""
+    name, sep, rest = text.partition("=")
+    path, dot_py, raw = rest.partition(".py")
+    if not sep or not dot_py or (raw and not raw.startswith(":")):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected NAME=HANDLER.py or NAME=HANDLER.py:JSON"
+        )
+    name, override = parse_variant(f"{name}={raw[1:] or '{}'}")
+    return name, override, Path(path + dot_py)
+
+
+def variants_of(args: argparse.Namespace) -> list[tuple[str, dict[str, Any] | None]]:
+    """(name, override) in the order each round serves them; None: as packaged."""
+    variants: list[tuple[str, dict[str, Any] | None]] = []
+    if not args.no_baseline:
+        variants.append((BASELINE, PLAIN_OVERRIDE))
+    variants.append((AS_PACKAGED, None))
+    for name, override, *_ in [*args.variant, *args.handler_variant]:
+        if name in dict(variants):
+            raise SystemExit(f"error: --variant {name} given twice")
+        variants.append((name, override))
+    return variants
+
+
+def handlers_of(args: argparse.Namespace) -> dict[str, Path]:
+    """The handler file each variant swaps in; a variant not named keeps the .mar's."""
+    handlers = {name: path for name, _, path in args.handler_variant}
+    if args.baseline_handler is not None:
+        handlers[BASELINE] = args.baseline_handler
+    return handlers
 
 
 def read_entries(source: Path) -> list[tuple[zipfile.ZipInfo, bytes]]:
@@ -65,9 +134,8 @@ def read_entries(source: Path) -> list[tuple[zipfile.ZipInfo, bytes]]:
 
 
 def settings_of(entries: list[tuple[zipfile.ZipInfo, bytes]]) -> dict[str, Any]:
-    """Where the micro-batching settings live: ``manifest``, ``yaml_name``, ``yaml`` (the
-    parsed model-config.yaml or None), ``json`` (micro_batching.json or None) and
-    ``effective``, the YAML section over the JSON as the package reads them."""
+    """``manifest``, ``yaml_name``, ``yaml`` (model-config.yaml or None), ``json``
+    (micro_batching.json or None) and ``effective``: the YAML section over the JSON."""
     files = {info.filename: data for info, data in entries}
     if MANIFEST not in files:
         raise MarError(f"no {MANIFEST}: not a model archive")
@@ -97,15 +165,13 @@ def override_mar(
     frontend: Mapping[str, Any] | None = None,
     handler: Path | None = None,
 ) -> dict[str, Any]:
-    """Writes ``target``, a .mar: ``source`` (a .mar or model directory) with ``override``
-    merged into its micro-batching settings, ``frontend`` (model-config.yaml top-level
-    keys such as batchSize, maxBatchDelay) set and, when given, ``handler`` (a .py file) as
-    its handler. Returns the effective micro-batching section of ``target`` as the package
-    will read it.
+    """Writes ``target``: ``source`` (a .mar or model directory) with ``override`` merged
+    into its micro-batching settings, ``frontend`` (model-config.yaml keys: batchSize,
+    maxBatchDelay) set and ``handler`` (a .py file) swapped in. Returns the effective
+    micro-batching section of ``target``.
 
     Raises:
-        MarError: ``source`` is not a model archive, its config is not a mapping, or
-            ``handler`` is not a readable .py file.
+        MarError: not a model archive, a config not a mapping, or an unreadable handler.
     """
     entries = read_entries(Path(source))
     found = settings_of(entries)

@@ -1,65 +1,52 @@
 """An open-loop load generator: requests sent on their schedule, answered or not.
 
 A closed-loop client (``ab -c N``) waits for each answer before it sends again, so when the
-server slows down the load drops with it and the queueing a real service sees never shows.
-Here the arrival times are drawn first (a Poisson process at the offered rate: exponential
-gaps, seeded), and each request is sent at its time whether or not the earlier ones were
-answered, as wrk2 and Triton's perf_analyzer (``--request-rate-range``) do. Latency is
-counted from the **scheduled** time, so a send the generator itself could not make on time
-(no free connection, the event loop behind) is charged to the result, and counted: a run
-whose sends are late measured the generator, not the server.
+server slows down the load drops with it. Here Poisson arrivals are drawn first (seeded)
+and each request is sent at its time whether or not earlier ones were answered, as wrk2
+and Triton's perf_analyzer do; latency counts from the **scheduled** time, so a send the
+generator made late is charged to the result, and counted. One asyncio loop drives
+HTTP/1.1 keep-alive connections on loopback. The generator's own CPU is reported, since on
+a small machine it competes with the server for the same cores.
 
-One asyncio loop drives HTTP/1.1 keep-alive connections on loopback; a request takes an
-idle connection or opens one, up to ``max_connections`` (past it a send waits, and is
-late). The generator's own CPU is reported beside the result, since on a small machine it
-competes with the server for the same cores: on two cores busy with TorchServe, a client at
-the default priority sent a quarter of its requests more than 2 ms late at 120 req/s.
-
-A run can raise the generator's scheduling priority for its duration (``nice``, e.g.
-``GENERATOR_NICE``; only when the process may: root, or CAP_SYS_NICE), as a client on a
-machine of its own would keep its schedule whatever the server's load. It is **off unless
-asked**: beside a TorchServe that serves real traffic, a generator at niceness -10 takes
-the cores ahead of that server and slows its answers to everyone else. The niceness used is
-in each result.
+A run may raise the generator's priority (``nice``, e.g. ``GENERATOR_NICE``; root or
+CAP_SYS_NICE only). It is off unless asked: beside a TorchServe that serves real traffic,
+a generator at -10 takes the cores ahead of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from .busy import busy
-from .intervals import percentile_interval
+from .intervals import percentile, percentile_interval
 
-# A send this much after its scheduled time counts as late: on this machine the loop's own
-# timer wake-ups were up to 3-5 ms late at P99 even against a server that does nothing.
+# A send this much after its scheduled time counts as late (the loop's own timer wake-ups
+# were up to 3-5 ms late at P99 against a server that does nothing).
 LATE_AFTER_S = 0.005
-# The niceness a study may ask for (lower runs first; 0 is the default): ahead of the
-# server it measures. Never the default (the module's docstring).
-GENERATOR_NICE = -10
+GENERATOR_NICE = -10  # a study's, ahead of the server it measures; never the default
+# A tenth of a core used by others through a run flags it busy (one stall of 10 ms a
+# second lands on 1% of the requests).
+BUSY_CORES = 0.10
 
 
 def poisson_schedule(rate_per_s: float, count: int, seed: int = 0) -> list[float]:
-    """``count`` arrival offsets (seconds from the start, the first at 0) of a Poisson process
-    at ``rate_per_s``: exponential gaps of mean 1/rate."""
+    """``count`` arrival offsets (s, the first at 0) of a Poisson process at ``rate_per_s``."""
     if not rate_per_s > 0 or not math.isfinite(rate_per_s):
         raise ValueError(f"rate_per_s: got {rate_per_s!r}, expected a number > 0")
     if count < 1:
         raise ValueError(f"count: got {count!r}, expected an integer >= 1")
     rng = random.Random(seed)
-    offsets, now = [0.0], 0.0
-    for _ in range(count - 1):
-        now += rng.expovariate(rate_per_s)
-        offsets.append(now)
-    return offsets
+    return [0.0, *itertools.accumulate(rng.expovariate(rate_per_s) for _ in range(count - 1))]
 
 
 @dataclass
@@ -90,14 +77,14 @@ class OpenLoopResult:
     cpu_s: float  # the generator's own CPU over the run
     errors: dict[int, int] = field(default_factory=dict)  # status (0: none) -> count
     nice: int = 0  # the generator's niceness during the run
-    # Cores other processes used during the run (ts_microbatch.tools.busy; NaN: not
-    # measured), and what they used in a first try that was run again for it.
+    # Cores other processes used during the run (curves.OtherCpu; NaN: not measured), and
+    # what they used in a first try that was run again for it.
     other_cpu_cores: float = math.nan
     busy_retried_cores: float | None = None
 
     def latencies_ms(self) -> list[float]:
-        """Every request's latency from its scheduled time, ms, as ``percentile_ms`` counts
-        them (one never answered is ``inf``), in the order they were sent."""
+        """Every request's latency from its scheduled time, in the order sent (``inf``:
+        never answered)."""
         return [
             math.inf if s.latency_s is None or s.status == 0 else 1000 * s.latency_s
             for s in self.sends
@@ -108,33 +95,32 @@ class OpenLoopResult:
         return [s for s in self.sends if s.status == 200]
 
     @property
+    def _span_s(self) -> float:
+        """The span the requests were offered in: the last scheduled send plus a mean gap."""
+        return self.sends[-1].due_s + 1 / self.offered_per_s if self.sends else 0.0
+
+    @property
     def realized_per_s(self) -> float:
-        """The rate the schedule drew: requests over the span they were offered in (a
-        Poisson draw of 150 at 30/s spans 5 s give or take 0.4)."""
-        span = self.sends[-1].due_s + 1 / self.offered_per_s if self.sends else 0.0
-        return len(self.sends) / span if span > 0 else 0.0
+        """The rate the schedule drew (150 at 30/s span 5 s give or take 0.4)."""
+        return len(self.sends) / self._span_s if self._span_s > 0 else 0.0
 
     @property
     def achieved_per_s(self) -> float:
-        """Requests answered 200 per second, over the span the requests were offered in
-        (their last scheduled send, plus one mean gap): equal to the rate drawn when every
-        request is answered, however long the last answers took."""
-        span = self.sends[-1].due_s + 1 / self.offered_per_s if self.sends else 0.0
-        return len(self.answered) / span if span > 0 else 0.0
+        """Answers 200 a second over the offered span: the rate drawn when every request is
+        answered, however long the last answers took."""
+        return len(self.answered) / self._span_s if self._span_s > 0 else 0.0
 
     @property
     def queue_growth_ms(self) -> float:
-        """How much the median latency of the last quarter of requests is over the first
-        quarter's: about 0 while the server keeps up, growing with a queue that grows
-        through the run (past capacity: at 10% over it, 5 s of load add 500 ms)."""
+        """The last quarter's median latency over the first quarter's: about 0 while the
+        server keeps up, growing with a queue that grows through the run."""
         quarter = max(1, len(self.sends) // 4)
-        first, last = self.sends[:quarter], self.sends[-quarter:]
 
         def median(sends: list[Sent]) -> float:
             values = sorted(math.inf if s.latency_s is None else s.latency_s for s in sends)
             return values[len(values) // 2]
 
-        return 1000 * (median(last) - median(first))
+        return 1000 * (median(self.sends[-quarter:]) - median(self.sends[:quarter]))
 
     @property
     def late(self) -> int:
@@ -143,24 +129,15 @@ class OpenLoopResult:
 
     def late_percentile_ms(self, q: float) -> float:
         """The ``q``-th percentile of how late the generator sent (0 when on time)."""
-        lateness = sorted(max(0.0, s.late_s) for s in self.sends)
-        return 1000 * lateness[max(0, math.ceil(q / 100 * len(lateness)) - 1)]
+        return percentile([1000 * max(0.0, s.late_s) for s in self.sends], q)
 
     def percentile_ms(self, q: float) -> float:
-        """The ``q``-th percentile (0-100, nearest rank) of the latency of every request,
-        from its scheduled time; one never answered counts as infinitely late. 0 when there
-        is none."""
-        latencies = sorted(
-            math.inf if s.latency_s is None or s.status == 0 else s.latency_s for s in self.sends
-        )
-        if not latencies:
-            return 0.0
-        rank = max(1, math.ceil(q / 100 * len(latencies)))
-        return latencies[rank - 1] * 1000
+        """The ``q``-th percentile (nearest rank) of ``latencies_ms``; 0 with no request."""
+        return percentile(self.latencies_ms(), q) if self.sends else 0.0
 
     def summary(self) -> dict[str, Any]:
-        """The point's figures; P99 with its bootstrap 95% interval (ts_microbatch.tools.
-        intervals) and ``answers``, the samples that carry it."""
+        """The point's figures; P99 with its bootstrap 95% interval and ``answers``, the
+        samples that carry it."""
         p99 = percentile_interval(self.latencies_ms(), 99) if self.sends else None
         return {
             "offered_per_s": round(self.offered_per_s, 2),
@@ -181,7 +158,7 @@ class OpenLoopResult:
             "generator_cpu_ms_per_request": round(1000 * self.cpu_s / max(1, len(self.sends)), 3),
             "generator_nice": self.nice,
             "other_cpu_cores": round(self.other_cpu_cores, 3),
-            "busy": busy(self.other_cpu_cores),
+            "busy": self.other_cpu_cores > BUSY_CORES,  # NaN: not measured, not busy
             "busy_retried_cores": self.busy_retried_cores,
         }
 
@@ -198,9 +175,8 @@ async def drive(
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     max_in_flight: int = 1024,
 ) -> list[Sent]:
-    """Sends ``bodies`` (cycled) at ``schedule``'s offsets from now; returns one ``Sent`` per
-    offset once every request is answered. ``send(body)`` returns the status; at most
-    ``max_in_flight`` run at once (past it a send waits, and is late). ``clock`` and
+    """Sends ``bodies`` (cycled) at ``schedule``'s offsets from now, at most
+    ``max_in_flight`` at once; one ``Sent`` per offset once all are answered. ``clock`` and
     ``sleep`` are the loop's time (a test passes a virtual one)."""
     if not bodies:
         raise ValueError("bodies: got none")
@@ -235,8 +211,8 @@ async def drive(
 
 
 class HttpPool:
-    """HTTP/1.1 keep-alive connections to one host, opened on demand; POSTs a body and
-    reads the status and the whole answer (Content-Length or chunked)."""
+    """HTTP/1.1 keep-alive connections to one host, opened on demand: POSTs a body, reads
+    the status and the whole answer."""
 
     def __init__(self, url: str, headers: dict[str, str] | None = None, timeout_s: float = 60):
         parts = urlsplit(url)
@@ -250,7 +226,9 @@ class HttpPool:
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def post(self, body: bytes) -> int:
-        conn = self._idle.pop() if self._idle else await self._open()
+        conn = (
+            self._idle.pop() if self._idle else await asyncio.open_connection(self.host, self.port)
+        )
         try:
             status, keep = await asyncio.wait_for(self._exchange(conn, body), self.timeout_s)
         except BaseException:
@@ -261,9 +239,6 @@ class HttpPool:
         else:
             conn[1].close()
         return status
-
-    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_connection(self.host, self.port)
 
     async def _exchange(
         self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], body: bytes
@@ -302,19 +277,17 @@ def run_open_loop(
     seed: int = 0,
     headers: dict[str, str] | None = None,
     timeout_s: float = 60.0,
-    max_in_flight: int = 1024,
     nice: int | None = None,
 ) -> OpenLoopResult:
-    """``count`` requests to ``url`` at ``rate_per_s``, Poisson, open loop (the module's
-    docstring); blocks until every one is answered or timed out. ``nice``: run at that
-    niceness (when allowed) for the run's duration; None (the default) leaves the
-    process's priority alone."""
+    """``count`` requests to ``url`` at ``rate_per_s``, Poisson, open loop; blocks until
+    every one is answered or timed out. ``nice``: the niceness to run at, when allowed
+    (None: left alone)."""
     schedule = poisson_schedule(rate_per_s, count, seed)
 
     async def main() -> list[Sent]:
         pool = HttpPool(url, headers, timeout_s)
         try:
-            return await drive(schedule, bodies, pool.post, max_in_flight=max_in_flight)
+            return await drive(schedule, bodies, pool.post)
         finally:
             pool.close()
 
@@ -322,10 +295,7 @@ def run_open_loop(
     with _priority(nice) as ran_at:
         sends = asyncio.run(main())
     cpu_s = time.process_time() - cpu
-    errors: dict[int, int] = {}
-    for record in sends:
-        if record.status != 200:
-            errors[record.status] = errors.get(record.status, 0) + 1
+    errors = dict(Counter(s.status for s in sends if s.status != 200))
     elapsed = max((s.done_s or 0.0) for s in sends)
     return OpenLoopResult(rate_per_s, sends, elapsed, cpu_s, errors, ran_at)
 
@@ -335,15 +305,14 @@ def _priority(nice: int | None) -> Iterator[int]:
     """This process at niceness ``nice`` while the block runs (as it was, if None or not
     allowed); yields the niceness it ran at."""
     before = os.getpriority(os.PRIO_PROCESS, 0)
-    if nice is None:
-        yield before
-        return
+    ran_at = before if nice is None else min(nice, before)
     try:
-        os.setpriority(os.PRIO_PROCESS, 0, min(nice, before))
+        if ran_at != before:
+            os.setpriority(os.PRIO_PROCESS, 0, ran_at)
     except OSError:  # not allowed to raise it: run as we are
-        yield before
-        return
+        ran_at = before
     try:
-        yield min(nice, before)
+        yield ran_at
     finally:
-        os.setpriority(os.PRIO_PROCESS, 0, before)
+        if ran_at != before:
+            os.setpriority(os.PRIO_PROCESS, 0, before)

@@ -1,18 +1,10 @@
 """Where a long tool keeps what it measured: output folders made before the first run, and
 one JSON line per run appended as it comes.
 
-``ts-microbatch-tune`` once ran every configuration (75 s) and then crashed writing the
-winner, because the output folder did not exist: nothing was written. A tool now makes its
-folders before it measures anything (a path it cannot use fails at once, naming it) and
-appends each run to a ``.jsonl`` file the moment it is measured, so a crash at the end
-loses nothing but the summary, which the lines allow to rebuild.
-
-A tool that also deletes and overwrites in its output folder (the benchmark's ``store/``
-and ``servers/``, its ``results.json``) writes there only in a folder it made: given a
-non-empty ``--out`` of a user's, ``ts-microbatch-benchmark`` deleted its ``store/`` and
-``servers/`` and overwrote its ``results.json``. ``claimed_dir`` makes the folder and
-leaves a marker in it; a later run of the same tool may write there again, any other
-non-empty folder is refused before anything is touched.
+A tool makes its folders before it measures anything (a path it cannot use fails at once,
+naming it) and appends each run to a ``.jsonl`` file as it is measured, so a crash at the
+end loses only the summary. A tool that deletes and overwrites in its folder writes only
+in one it made (``claimed_dir``: new, empty, or holding its marker), never in a user's.
 """
 
 from __future__ import annotations
@@ -53,8 +45,7 @@ def claimed_dir(path: Path, tool: str, what: str = "--out") -> Path:
     empty, or made by ``tool`` before (its marker says so).
 
     Raises:
-        OutputError: ``path`` is not empty and ``tool``'s marker is not in it; nothing was
-            touched.
+        OutputError: ``path`` is not empty and not ``tool``'s; nothing was touched.
     """
     path = Path(path)
     marker = path / MARKER
@@ -85,13 +76,8 @@ def output_file(path: Path, what: str = "output file") -> Path:
 
 
 class ResultsLog:
-    """A ``.jsonl`` file of runs: each ``append`` writes one line and flushes it to disk.
-
-    Args:
-        path: the file; its folder is created here, the file at the first line. Lines
-            already in it are kept (a run repeated into the same folder adds to them, each
-            line says when it was taken).
-    """
+    """A ``.jsonl`` file of runs (its folder made now): each ``append`` writes one line,
+    with the time, and flushes it to disk; lines already in it are kept."""
 
     def __init__(self, path: Path) -> None:
         self.path = output_file(path, "results file")

@@ -1,29 +1,39 @@
-"""Rows of measured runs: each config's median run, ratios within rounds, the table and files.
+"""Rows of measured runs: each round's order, the machine's drift, medians, ratios within
+rounds, the tables and the files a benchmark leaves behind.
 
-A benchmark serves several configs (handlers, variants, sweep points) in round-robin rounds
-on a shared machine, one row per run. A config's result is its median-throughput run, with
-the spread of every round's throughput; two configs are compared within each round (they
-ran minutes apart, not hours) and the median of those ratios is the headline.
-
-Shared by ``ts-microbatch-benchmark`` (ts_microbatch.tools.benchmark) and the repository's
-benchmarks/benchmark-ab.py.
+A benchmark serves several configs in rounds on a shared machine, one row per run. Each
+round's order is shuffled from a recorded seed (``round_order``), so no variant keeps its
+place or its predecessor (one run right after another pays for what that one left). A
+variant's CPU per request did not change between rounds unless the machine did, so a move
+by more than a quarter is warned about (``cpu_drift``). A config's result is its
+median-throughput run; two configs are compared within each round, and the median of
+those ratios is the headline.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import json
 import math
+import os
 import platform
+import random
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .ab import percentile
+from .corpus import Corpus
+from .curve_report import compare_curves, held_lines, write_curves
+from .mar import AS_PACKAGED, BASELINE
 
 Row = dict[str, Any]
 Tag = Callable[[Row], str]
 
+CPU_DRIFT_TOLERANCE = 0.25  # max / min - 1 of a variant's CPU per request over its rounds
+CPU_SIDES = (("frontend", "frontend_cpu_ms_per_request"), ("worker", "workers_cpu_ms_per_request"))
 TABLE_COLUMNS = (
     "scenario",
     "handler",
@@ -48,28 +58,84 @@ TABLE_COLUMNS = (
 )
 
 
+def new_seed() -> int:
+    """A seed for a run that was given none (printed and recorded, so it can be given)."""
+    return random.SystemRandom().randrange(1, 1_000_000)
+
+
+def round_order(
+    names: Sequence[str], round_no: int, seed: int = 0, first_as_given: bool = False
+) -> list[str]:
+    """Round ``round_no`` (from 0): ``names`` shuffled from ``seed`` and the round.
+    ``first_as_given`` leaves round 0 as given (benchmarks/compare.py's committed results
+    used seed 0 that way)."""
+    order = list(names)
+    if round_no or not first_as_given:
+        random.Random(seed * 1_000_003 + round_no).shuffle(order)
+    return order
+
+
+def cpu_drift(runs: Sequence[Row], tolerance: float = CPU_DRIFT_TOLERANCE) -> list[str]:
+    """A warning for each variant (``handler``) and side whose CPU per request moved by
+    more than ``tolerance`` (max / min - 1) over its rounds (``repeat``)."""
+    warnings = []
+    for name in dict.fromkeys(run["handler"] for run in runs):
+        rows = sorted((r for r in runs if r["handler"] == name), key=lambda r: r["repeat"])
+        for side, key in CPU_SIDES:
+            values = [(r["repeat"], r.get(key)) for r in rows]
+            measured = [(n, v) for n, v in values if isinstance(v, (int, float)) and v > 0]
+            if len(measured) < 2:
+                continue
+            low, high = min(v for _, v in measured), max(v for _, v in measured)
+            if high / low - 1 > tolerance:
+                per_round = ", ".join(f"round {n} {v:.2f}" for n, v in measured)
+                warnings.append(
+                    f"{name}: {side} CPU per request moved {high / low:.2f}x between rounds "
+                    f"({per_round} ms): the machine changed, not the variant; ratios from "
+                    "those rounds measure the machine too"
+                )
+    return warnings
+
+
+def _markdown(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+    rows = [header, ["---"] * len(header), *lines]
+    return "\n".join(" | ".join(row) for row in rows)
+
+
+def format_runs(runs: Sequence[Row]) -> str:
+    """Every run in the order it ran, with its CPU per request: a Markdown table."""
+    header = ["round", "position", "variant", "req/s", "p99 ms", "CPU ms/req frontend", "worker"]
+    lines = []
+    for run in sorted(runs, key=lambda r: (r["repeat"], r.get("position", 0))):
+        cpu = [run.get(key) for _, key in CPU_SIDES]
+        shown = [f"{v:.2f}" if isinstance(v, (int, float)) else "-" for v in cpu]
+        lines.append(
+            [str(run["repeat"]), str(run.get("position", "-")), run["handler"]]
+            + [f"{run['requests_per_s']:.1f}", f"{run['p99_ms']:.0f}", *shown]
+        )
+    return _markdown(header, lines)
+
+
 def medians(runs: list[Row], tag: Tag) -> list[Row]:
     """One row per scenario, handler and ``tag`` (the load or point): the run with the
-    median throughput, with ``runs``, the throughput of every run, and their relative spread
+    median throughput, with ``runs``, every run's throughput, and ``spread``,
     (max - min) / median."""
     groups: dict[tuple[str, str, str], list[Row]] = {}
     for run in runs:
         groups.setdefault((run["scenario"], run["handler"], tag(run)), []).append(run)
     rows = []
     for group in groups.values():
-        rates = sorted(r["requests_per_s"] for r in group)
+        rates = [r["requests_per_s"] for r in group]
         middle = sorted(group, key=lambda r: r["requests_per_s"])[(len(group) - 1) // 2]
         row = {k: v for k, v in middle.items() if k != "repeat"}
-        row["runs"] = [r["requests_per_s"] for r in group]
-        row["spread"] = (rates[-1] - rates[0]) / middle["requests_per_s"]
-        rows.append(row)
+        spread = (max(rates) - min(rates)) / middle["requests_per_s"]
+        rows.append({**row, "runs": rates, "spread": spread})
     return rows
 
 
 def compare_rounds(runs: list[Row], pairs: Sequence[tuple[str, str]], tag: Tag) -> list[Row]:
     """Per scenario, ``tag`` and round: each of ``pairs`` (numerator, denominator handler)
-    as throughput and P99 ratios, and their medians over the rounds. Ratios are taken
-    within a round: the machine is shared."""
+    as throughput and P99 ratios within the round, and their medians over the rounds."""
     by_round: dict[tuple[str, str, int], dict[str, Row]] = {}
     for run in runs:
         key = (run["scenario"], tag(run), run["repeat"])
@@ -129,10 +195,8 @@ def _cell(column: str, value: Any) -> str:
 
 def format_table(rows: list[Row]) -> str:
     """The medians as a Markdown table (the columns of TABLE_COLUMNS, "-" where missing)."""
-    lines = [" | ".join(TABLE_COLUMNS), " | ".join("---" for _ in TABLE_COLUMNS)]
-    for row in rows:
-        lines.append(" | ".join(_cell(c, row.get(c)) for c in TABLE_COLUMNS))
-    return "\n".join(lines)
+    lines = [[_cell(c, row.get(c)) for c in TABLE_COLUMNS] for row in rows]
+    return _markdown(TABLE_COLUMNS, lines)
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
@@ -170,8 +234,6 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 
 def machine_info() -> dict[str, Any]:
     """Cores, memory and versions: what a result file says it was measured on."""
-    import os
-
     import torch
     import ts
 
@@ -188,3 +250,77 @@ def machine_info() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
     }
+
+
+def load_tag(row: Row) -> str:
+    """What every variant of a run shares: the load, not the micro-batching settings."""
+    return f"{row['body']}|{row['batch_size']}|{row['max_batch_delay']}|{row['concurrency']}"
+
+
+def report(
+    args: argparse.Namespace,
+    out: Path,
+    corpus: Corpus,
+    variants: list[tuple[str, dict[str, Any] | None]],
+    effective: dict[str, dict[str, Any]],
+    point: dict[str, Any],
+    rows: list[Row],
+    refused: dict[str, str],
+    handlers: dict[str, Path] | None = None,
+    served: dict[str, dict[str, int]] | None = None,
+) -> None:
+    """ts-microbatch-benchmark's files: results.json (what was sent, each variant's
+    settings, medians, every run, ratios), results.csv, runs.csv, comparisons.json, with
+    ``--rates`` the curves; the table, every run and the ratios printed."""
+    names = list(dict.fromkeys(row["handler"] for row in rows))
+    reference = BASELINE if BASELINE in names else AS_PACKAGED
+    pairs = [(name, reference) for name in names if name != reference]
+    middle = medians(rows, load_tag)
+    curve = any(row.get("curve") for row in rows)
+    # --rates: P99 at equal offered load, with an interval; a sweep's throughput is the
+    # schedule's, the same for every variant.
+    comparisons = compare_curves(rows, pairs) if curve else compare_rounds(rows, pairs, load_tag)
+    warnings = cpu_drift(rows)
+    orders: dict[int, list[str]] = {}
+    for row in sorted(rows, key=lambda r: (r["repeat"], r["position"])):
+        orders.setdefault(row["repeat"], []).append(row["handler"])
+    every = {
+        n: {
+            "override": o,
+            "micro_batching": effective[n],
+            "frontend": (served or {}).get(n),
+            "handler": str((handlers or {}).get(n) or "as packaged"),
+        }
+        for n, o in variants
+    }
+    results = {
+        "machine": machine_info(),
+        "mar": str(Path(args.mar).resolve()),
+        "corpus": corpus.describe(point["requests"]),
+        "load": point,
+        "variants": every,
+        "results": middle,
+        "runs": rows,
+        "comparisons": comparisons,
+        "not_measured": refused,
+        "seed": args.seed,
+        "round_orders": orders,
+        "cpu_warnings": warnings,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    write_csv(rows, out / "runs.csv")
+    write_csv(middle, out / "results.csv")
+    (out / "comparisons.json").write_text(json.dumps(comparisons, indent=2) + "\n")
+    print(f"\nbody: {corpus.label}\n" + format_table(middle))
+    print(f"\nevery run (rounds shuffled with seed {args.seed}):\n" + format_runs(rows))
+    if comparisons and not curve:
+        print("\n" + format_comparisons(comparisons))
+    for warning in warnings:
+        print(f"\nWARNING {warning}")
+    for name, why in refused.items():
+        print(f"\n{name}: not measured: {why.splitlines()[0]}")
+    if curve:
+        title = f"{Path(args.mar).name}, {corpus.label}"
+        print("\nlatency against offered load (open loop, every round):\n")
+        print(write_curves(out, rows, args.slo_p99_ms, title, pairs))
+        print(f"\n{out / 'p99.png'}\n\n" + held_lines(rows, names, args.slo_p99_ms))
