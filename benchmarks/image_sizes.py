@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ from ts_microbatch.tools import benchmark  # noqa: E402
 from ts_microbatch.tools.corpus import read_corpus  # noqa: E402
 from ts_microbatch.tools.mar import override_mar  # noqa: E402
 from ts_microbatch.tools.results import OutputError, claimed_dir  # noqa: E402
+from ts_microbatch.tools.runs import round_order  # noqa: E402
 
 PROPERTIES = ROOT / "configs/config.properties"  # every server's, and its metrics.yaml
 EXAMPLES = ("object_detector", "image_segmenter")
@@ -77,17 +77,18 @@ def shuffled_rounds(
         "warmup_requests": args.warmup_requests,
         "response_timeout": args.response_timeout,
     }
-    rng = random.Random(args.seed)
     rows, refused, orders = [], {}, []
     for repeat in range(1, args.rounds + 1):
-        order = [v for v in variants if v[0] not in refused]
-        rng.shuffle(order)
-        orders.append([name for name, _ in order])
-        benchmark.log(f"round {repeat}/{args.rounds}: {', '.join(orders[-1])}")
+        left = [v for v in variants if v[0] not in refused]
+        # run_rounds shuffles its one round from this seed: the order recorded is the one run
+        seed = args.seed * 1_000 + repeat
+        orders.append(round_order([name for name, _ in left], 0, seed))
         here = out / f"round-{repeat}"
         here.mkdir(parents=True, exist_ok=True)
         (here / "store").symlink_to(store, target_is_directory=True)
-        got, failed = benchmark.run_rounds(1, order, effective, corpus, config, point, here)
+        got, failed = benchmark.run_rounds(
+            1, left, effective, corpus, config, point, here, seed=seed
+        )
         refused.update(failed)
         rows += renumbered(got, repeat, here, out)
     report_args = {"corpus": corpus, "variants": variants, "effective": effective, "point": point}

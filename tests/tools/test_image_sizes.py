@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import load_module
+from ts_microbatch.tools.runs import round_order
 
 image_sizes = load_module("benchmarks/image_sizes.py", "ts_microbatch_image_sizes_bench")
 VARIANTS = ["plain", "ours", "nogroup", "refused", "mb1"]
@@ -36,17 +37,18 @@ def arguments(tmp: Path, seed: int) -> argparse.Namespace:
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The order of each run_rounds call; "refused" is refused at its first run."""
+    """The order each run_rounds call served, shuffled from its seed as the real one does;
+    "refused" is refused at its first run."""
     calls: list[list[str]] = []
 
     def run_rounds(
-        rounds: int, order: list[tuple[str, Any]], *rest: Any
+        rounds: int, variants: list[tuple[str, Any]], *rest: Any, seed: int = 0
     ) -> tuple[list[dict[str, Any]], dict[str, str]]:
         here: Path = rest[-1]
         assert rounds == 1
-        calls.append([name for name, _ in order])
+        calls.append(round_order([name for name, _ in variants], 0, seed))
         rows = []
-        for name, _ in order:
+        for name in calls[-1]:
             if name == "refused":
                 continue
             for kind, suffix in (("metrics", ".prom"), ("samples", ".json")):
@@ -71,7 +73,7 @@ def test_every_round_serves_each_variant_once_in_a_seeded_shuffled_order(
     tmp_path: Path, served: list[list[str]]
 ) -> None:
     rows, refused, orders, _ = image_sizes.shuffled_rounds(arguments(tmp_path, 0), tmp_path)
-    assert orders == served and len(orders) == 3
+    assert orders == served and len(orders) == 3  # what was recorded is what ran
     assert sorted(orders[0]) == sorted(VARIANTS)
     assert all(sorted(order) == sorted(set(VARIANTS) - {"refused"}) for order in orders[1:])
     assert len({tuple(o) for o in orders}) > 1  # shuffled, not one fixed order
