@@ -106,11 +106,6 @@ def run_ab(
     return parse_ab(stdout), parse_percentiles(csv_path.read_text())
 
 
-def errors_of(summary: dict[str, float]) -> int:
-    """Requests that failed or were answered with a status other than 2xx."""
-    return int(summary["failed_requests"] + summary["non_2xx_responses"])
-
-
 def parse_ab(stdout: str) -> dict[str, float]:
     """The summary numbers of `ab` output."""
 

@@ -1,28 +1,13 @@
-"""The latency-objective tuner's third step (``ts_microbatch.tools.slo``): the model's best
-configurations on a real TorchServe, and the frontend's CPU read from one.
+"""The latency tuner's third step (``ts_microbatch.tools.slo``): the model's best
+configurations on a real TorchServe (``measure.measure``), and the frontend's CPU read
+from one.
 
-What a new user's fraud scorer taught (two cores, JSON features, an MLP):
-
-- **The sweep brackets the prediction.** The model predicted 1,166 req/s and the sweep
-  started at 0.3x, 350 req/s, above everything the server held: both configurations
-  "held 0". Each configuration now gets a geometric ladder (``LADDER``, steps of about
-  1.4x) from an eighth of the prediction to 1.4x it, lowest first, so a prediction 8x too
-  optimistic still finds the rate held; the ladder stops after two rates in a row missed
-  the objective, and no rate is offered for more than a few seconds (``rate_requests``), so
-  one configuration costs at most ``ladder_seconds`` plus its server's start.
-- **Slots go to configurations that differ.** Both slots went to configurations that
-  differed in maxBatchDelay alone (1 and 2 ms). ``confirm_slots`` skips a candidate that
-  differs from one already chosen in the window alone, for the next that differs in
-  batchSize, micro_batch_size or the threads.
-- **A rejected configuration is never the answer.** ``best_confirmed`` is the confirmed
-  configuration that held the highest rate within the objective on the server (with
-  ``--rate``, at least that rate), or None: the tuner then writes nothing.
-- **The frontend's CPU** (``calibrate_frontend_cpu``): a short closed-loop run of the
-  model's rank 1, its frontend's and its worker's CPU per request read as the benchmark
-  reads them (``ts_microbatch.tools.cpu``), for the model's CPU cap
-  (``batching_model.cpu_cap_per_s``); the worker's against its in-process cost scales
-  every configuration's (``slo_plan.worker_cpu_scale``: on the BERT long tail a real
-  worker spent 1.63x the handler's in-process CPU, and the model over-predicted 2x).
+Each configuration gets a geometric ladder of rates (``LADDER``) from an eighth of its
+prediction to 1.4x it, lowest first, so a prediction 8x too optimistic still finds the rate
+held; the ladder stops after ``MISSES_TO_STOP`` rates in a row missed the objective. Slots
+go to configurations that differ in more than maxBatchDelay (``confirm_slots``), and a
+rejected configuration is never the answer (``best_confirmed`` returns None). The frontend's
+and the worker's CPU per request (``calibrate_frontend_cpu``) feed the model's CPU cap.
 """
 
 from __future__ import annotations
@@ -38,7 +23,7 @@ from .corpus import Corpus
 from .curves import behind, open_loop_bodies
 from .drive import send_corpus, summarize
 from .mar import override_mar
-from .measure import RegistrationError, measure
+from .measure import RegistrationError, Send, corpus_sender, measure
 from .openloop import run_open_loop
 from .results import ResultsLog
 from .slo_plan import Candidate
@@ -162,7 +147,7 @@ def _serve(
     mar: Path,
     corpus: Corpus,
     out: Path,
-    send: Any,
+    send: Send,
     requests: int,
     label: str,
     base_config: Path | None,
@@ -208,10 +193,7 @@ def calibrate_frontend_cpu(
     requests = int(min(1000, max(100, 5 * candidate.held_per_s)))
     label = f"[frontend CPU] {candidate.describe()}, {requests} requests"
     print(f"\n{label}", flush=True)
-
-    def send(url: str, token: str | None, count: int, work: Path, what: str) -> Any:
-        return send_corpus(url, corpus, count, 2 * candidate.batch_size, token=token)
-
+    send = corpus_sender(corpus, 2 * candidate.batch_size)
     try:
         result = _serve(candidate, "cpu", mar, corpus, out, send, requests, label, base_config)
     except RegistrationError as err:
