@@ -1,8 +1,5 @@
-"""Drives apache bench (`ab`) against a TorchServe and reads what it printed.
-
-Shared by ``tune --confirm`` and the scripts in benchmarks/, so that an installed package
-needs nothing from the repository to measure a served model.
-"""
+"""Drives apache bench (`ab`) against a TorchServe and reads what it printed (for the tuner
+and benchmarks/, so an installed package needs nothing from the repository)."""
 
 from __future__ import annotations
 

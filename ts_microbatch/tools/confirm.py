@@ -1,11 +1,8 @@
-"""A model served by a real TorchServe with each of several micro-batching configs in turn,
-each measured by `ab`: what ``tune --confirm`` ranks by.
+"""``tune --confirm``: a model served by a real TorchServe with each of several
+micro-batching configs in turn (``measure.measure``), measured as a client sees it.
 
-In-process runs leave out the frontend, which shares the cores; this measures what a
-client sees. Each run gets a fresh server, and configs take turns round by round, so slow
-phases of a shared machine hit every config alike; a config's result is its median run.
-One body is sent by `ab`; a corpus (``tune --corpus``) by ts_microbatch.tools.drive, each
-request taking the next body of the corpus's fixed order.
+Each run gets a fresh server and configs take turns round by round, so slow phases of a
+shared machine hit every config alike; a config's result is its median run.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The tuner's in-process harness: a .mar's handler loaded with a TorchServe context built
-here, and batches of a corpus run through it (``ts_microbatch.tools.tune`` and the latency
-objective's ``ts_microbatch.tools.slo`` both measure with it)."""
+"""A .mar's handler loaded with a TorchServe context built here, and batches of a corpus run
+through it: the in-process measurements of ``tune`` and ``slo``."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
-"""The latency-objective tuner's first two steps (``ts_microbatch.tools.slo``): stage costs
-measured in-process, and every configuration through the batching model.
+"""The latency tuner's first two steps (``ts_microbatch.tools.slo``): stage costs measured
+in-process, and every configuration through the batching model.
 
-Stage costs are checked before the model uses them. A batch of more requests is never
-cheaper to run than a smaller one through the same pipeline, so a larger batch measured
-clearly cheaper than a smaller one (``NOT_MONOTONE_MARGIN``) is noise or a machine busy
-elsewhere: a new user's fraud scorer measured, at micro-batch 4, 71.2 ms for a batch of 8
-and 20.2 ms for a batch of 16, and nothing said so. Such sizes are measured once more; what
-is still out of order is flagged in the output, in the trials file and in the plan's table
-(the model then counts the larger batch as the smaller one's cost: ``service_curve``).
+A batch of more requests is never cheaper than a smaller one through the same pipeline, so a
+larger batch measured cheaper by more than ``NOT_MONOTONE_MARGIN`` (noise, a machine busy
+elsewhere) is measured once more, and flagged in the output, the trials file and the plan
+if it still is; the model then counts it at the smaller one's cost (``service_curve``).
 """
 
 from __future__ import annotations
