@@ -16,6 +16,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,25 +82,17 @@ def confirm_slots(candidates: list[Candidate], count: int) -> list[Candidate]:
     return chosen
 
 
+@dataclass
 class LadderSender:
-    """A ``measure.Send``: the warm-up from parallel clients, then the measured run, the
-    ladder's rates offered open loop (``openloop.run_open_loop``) lowest first until
-    ``MISSES_TO_STOP`` in a row missed the objective; progress a line per rate. The curve
-    rides in the summary under ``"curve"``."""
+    """A ``measure.Send``: the warm-up from parallel clients, then the ladder's rates offered
+    open loop, lowest first, until ``MISSES_TO_STOP`` in a row missed the objective; the
+    curve rides in the summary under ``"curve"``."""
 
-    def __init__(
-        self,
-        corpus: Corpus,
-        rates: list[float],
-        slo_p99_ms: float,
-        concurrency: int,
-        log: Callable[[str], None] = print,
-    ) -> None:
-        self.corpus = corpus
-        self.rates = rates
-        self.slo_p99_ms = slo_p99_ms
-        self.concurrency = concurrency
-        self.log = log
+    corpus: Corpus
+    rates: list[float]
+    slo_p99_ms: float
+    concurrency: int
+    log: Callable[[str], None] = print
 
     def __call__(
         self, url: str, token: str | None, requests: int, work: Path, label: str
@@ -151,8 +144,8 @@ def _serve(
     requests: int,
     label: str,
     base_config: Path | None,
-) -> dict[str, Any]:
-    """One run of ``candidate`` on a fresh TorchServe (``measure.measure``)."""
+) -> dict[str, Any] | None:
+    """One run of ``candidate``, repackaged, on a fresh TorchServe; None when refused."""
     first = corpus.bodies[corpus.order[0]]
     frontend = {"batchSize": candidate.batch_size, "maxBatchDelay": candidate.window_ms}
     override_mar(mar, out / "store" / f"{name}.mar", candidate.settings, frontend)
@@ -164,19 +157,23 @@ def _serve(
         "workers": 1,
     }
     config = {"metrics_mode": "prometheus", "warmup_requests": 100, "response_timeout": 120}
-    return measure(
-        out / "servers" / name,
-        out / "store",
-        name,
-        config,
-        point,
-        label,
-        out / "metrics" / f"{name}.prom",
-        send,
-        (first.data, first.content_type),
-        archive=f"{name}.mar",
-        base_config=base_config,
-    )
+    try:
+        return measure(
+            out / "servers" / name,
+            out / "store",
+            name,
+            config,
+            point,
+            label,
+            out / "metrics" / f"{name}.prom",
+            send,
+            (first.data, first.content_type),
+            archive=f"{name}.mar",
+            base_config=base_config,
+        )
+    except RegistrationError as err:
+        print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
+        return None
 
 
 def calibrate_frontend_cpu(
@@ -196,13 +193,13 @@ def calibrate_frontend_cpu(
     send = corpus_sender(corpus, 2 * candidate.batch_size)
     try:
         result = _serve(candidate, "cpu", mar, corpus, out, send, requests, label, base_config)
-    except RegistrationError as err:
-        print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
-        return None
     finally:
         for scratch in ("store", "servers"):
             shutil.rmtree(out / scratch, ignore_errors=True)
+    if result is None:
+        return None
     frontend_ms = float(result["frontend_cpu_ms_per_request"])
+    worker_ms = float(result.get("workers_cpu_ms_per_request") or 0.0)
     record.append(
         {
             "kind": "frontend-cpu",
@@ -212,7 +209,6 @@ def calibrate_frontend_cpu(
             "workers_cpu_ms_per_request": result.get("workers_cpu_ms_per_request"),
         }
     )
-    worker_ms = float(result.get("workers_cpu_ms_per_request") or 0.0)
     print(
         f"{label}: the frontend spent {frontend_ms:.2f} ms of CPU a request, the worker "
         f"{worker_ms:.2f}",
@@ -242,11 +238,9 @@ def confirm(
             flush=True,
         )
         sender = LadderSender(corpus, rates, slo_p99_ms, 2 * candidate.batch_size)
-        try:
-            result = _serve(candidate, f"c{index}", mar, corpus, out, sender, 1, label, base_config)
-        except RegistrationError as err:
-            print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
-            candidate.measured_per_s = 0.0
+        result = _serve(candidate, f"c{index}", mar, corpus, out, sender, 1, label, base_config)
+        candidate.measured_per_s = 0.0
+        if result is None:
             continue
         candidate.curve = list(result["curve"])
         candidate.measured_per_s = held_on(candidate.curve, slo_p99_ms)
@@ -271,9 +265,8 @@ def confirm(
 
 
 def best_confirmed(top: list[Candidate], rate: float | None = None) -> Candidate | None:
-    """The confirmed candidate that held the highest rate within the objective on the
-    server (with ``rate``, at least that), the model's rank breaking a tie; None when the
-    server held nothing for any."""
+    """The confirmed candidate that held the highest rate within the objective (with
+    ``rate``, at least that), the model's rank breaking a tie; None when none held any."""
     held = [
         c
         for c in top
