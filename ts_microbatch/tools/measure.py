@@ -92,14 +92,10 @@ def measure(
 ) -> dict[str, Any]:
     """One server (``server_for``), one model (the store's ``archive``, a .mar, when given;
     else its directory ``model``), warm-up then the measured run through ``send``.
-    ``config`` gives ``metrics_mode`` (None: the server's own), ``warmup_requests`` and
-    ``response_timeout``; ``point`` the load (``batch_size``, ``max_batch_delay``,
-    ``workers``, ``concurrency``, ``requests``). ``sample`` (body, content type): sample
-    answers saved beside the scrape; None for none.
-
-    In prometheus mode (TorchServe then writes no metric logs) ``/metrics`` is scraped
-    before and after the measured run, the second scrape saved to ``scrape_path``; else the
-    HandlerTime and QueueTime lines are read back from the metric logs.
+    ``config``: ``metrics_mode`` (None: the server's own), ``warmup_requests``,
+    ``response_timeout``; ``point``: ``batch_size``, ``max_batch_delay``, ``workers``,
+    ``concurrency``, ``requests``; ``sample`` (body, content type): answers saved beside
+    the scrape (``scrape_path``, prometheus mode; log mode reads the metric logs).
 
     Raises:
         RegistrationError: TorchServe refused the model.
