@@ -79,17 +79,6 @@ def with_config(
     return target
 
 
-def frontend_settings(load: Load) -> dict[str, Any]:
-    """model-config.yaml's frontend keys for ``load``: one worker."""
-    return {
-        "minWorkers": 1,
-        "maxWorkers": 1,
-        "batchSize": load.batch_size,
-        "maxBatchDelay": load.max_batch_delay_ms,
-        "responseTimeout": load.response_timeout_s,
-    }
-
-
 def measure_configs(
     model_dir: Path,
     body: Path | Corpus,
@@ -159,7 +148,14 @@ def measure_one(
     warm-up, then the measured run (`ab` for one body, the corpus driver for a corpus).
     From ``base_config`` when given, whose own settings win over the room this run needs."""
     store = work / "store"
-    with_config(model_dir, store / "tuned", settings, frontend_settings(load))
+    frontend = {
+        "minWorkers": 1,
+        "maxWorkers": 1,
+        "batchSize": load.batch_size,
+        "maxBatchDelay": load.max_batch_delay_ms,
+        "responseTimeout": load.response_timeout_s,
+    }
+    with_config(model_dir, store / "tuned", settings, frontend)
     largest = body.largest if isinstance(body, Corpus) else body.stat().st_size
     room = {
         "job_queue_size": str(max(1000, 2 * load.concurrency)),
@@ -189,7 +185,7 @@ def measure_one(
         config,
         point,
         label,
-        None,
+        work / "metrics.prom",  # prometheus mode only; confirm runs in the server's own
         send,
         None,
         base_config=base_config,

@@ -82,7 +82,7 @@ def measure(
     config: dict[str, Any],
     point: dict[str, Any],
     label: str,
-    scrape_path: Path | None,
+    scrape_path: Path,
     send: Send,
     sample: tuple[bytes, str] | None,
     archive: str | None = None,
@@ -133,16 +133,15 @@ def measure(
         summary, latency = send(url, token, point["requests"], server_dir, label)
         cpu_ms = cpu_per_request(cpu_before, read_cpu(server), summary["complete_requests"])
         samples = [] if sample is None else sample_responses(server, model, *sample)
-        if sample is not None and scrape_path is not None:
+        if sample is not None:
             samples_path = scrape_path.parent.parent / "samples" / f"{scrape_path.stem}.json"
             samples_path.parent.mkdir(parents=True, exist_ok=True)
             samples_path.write_text(json.dumps(samples, indent=2) + "\n")
         pipeline: dict[str, Any] | None = None
         if mode == "prometheus":
             after = settled_scrape(server)
-            if scrape_path is not None:
-                scrape_path.parent.mkdir(parents=True, exist_ok=True)
-                scrape_path.write_text(after)
+            scrape_path.parent.mkdir(parents=True, exist_ok=True)
+            scrape_path.write_text(after)
             pipeline = summarize_scrape(after, before, model)
             handler_times: list[tuple[float, int]] = []
             queue_times = [pipeline["frontend_queue_ms"]] if pipeline else []
