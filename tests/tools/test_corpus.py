@@ -139,7 +139,7 @@ def test_tune_measures_batches_drawn_from_the_corpus_in_order(tmp_path: Path) ->
     original = inprocess.fresh_batch
     inprocess.fresh_batch = lambda context, n: None  # type: ignore[assignment]
     try:
-        inprocess.measure(FakeMicroBatching(), FakeContext(), batches)  # type: ignore[arg-type]
+        inprocess.measure_with_cpu(FakeMicroBatching(), FakeContext(), batches)  # type: ignore[arg-type]
     finally:
         inprocess.fresh_batch = original
     assert seen == [[b.torchserve_value() for b in batch] for batch in batches]

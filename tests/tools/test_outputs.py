@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ts_microbatch.tools import benchmark, confirm
+from ts_microbatch.tools import benchmark, confirm, measure
 from ts_microbatch.tools.results import OutputError, ResultsLog, output_dir, output_file
 
 LOAD = confirm.Load(
@@ -88,7 +88,7 @@ def test_confirm_serves_from_the_users_config_whose_settings_win(
         seen.update(kwargs)
         raise Stop
 
-    monkeypatch.setattr(confirm, "TorchServe", fake_server)
+    monkeypatch.setattr(measure, "TorchServe", fake_server)
     user_config = tmp_path / "config.properties"
     user_config.write_text("job_queue_size=5\nmax_request_size=1000\n")
     body = tmp_path / "body.bin"

@@ -1,8 +1,5 @@
-"""Drives apache bench (`ab`) against a TorchServe and reads what it printed.
-
-Shared by ``tune --confirm`` and the scripts in benchmarks/, so that an installed package
-needs nothing from the repository to measure a served model.
-"""
+"""Drives apache bench (`ab`) against a TorchServe and reads what it printed (for the tuner
+and benchmarks/, so an installed package needs nothing from the repository)."""
 
 from __future__ import annotations
 
@@ -104,11 +101,6 @@ def run_ab(
     )
     stdout = wait()
     return parse_ab(stdout), parse_percentiles(csv_path.read_text())
-
-
-def errors_of(summary: dict[str, float]) -> int:
-    """Requests that failed or were answered with a status other than 2xx."""
-    return int(summary["failed_requests"] + summary["non_2xx_responses"])
 
 
 def parse_ab(stdout: str) -> dict[str, float]:

@@ -1,29 +1,16 @@
 """What the frontend's batching does to latency: a model of TorchServe's batch formation.
 
-A worker takes its next batch with ``Model.pollBatch`` (TorchServe 0.12, frontend): it waits
-for one request, then polls for more until it has ``batchSize`` or ``maxBatchDelay`` has
-passed since it took the first; requests already queued come at once. With a window of 0
-the loop stops after one more request at most (its remaining delay is then <= 0). The batch
-then runs as long as the handler takes for that many requests, and the worker polls again.
+A worker takes its next batch with ``Model.pollBatch`` (TorchServe 0.12): it waits for one
+request, then polls for more until it has ``batchSize`` or ``maxBatchDelay`` has passed
+since the first; with a window of 0 it takes one more at most. ``replay`` follows that for
+given arrivals and a service time per batch size (one worker), and says how long each
+request waited for the worker, for its batch to fill and for the batch to run.
+``sustained`` finds the highest Poisson rate whose P99 is within an objective.
 
-``replay`` follows that for given arrival times and a service time per batch size (one
-worker: on two cores one worker's pipeline already keeps both busy), and says for each
-request how long it waited for the worker (the queue), for its batch to fill (the
-window) and for the batch to run (the service). ``sustained`` scans offered rates
-(Poisson) for the highest whose P99 stays within an objective. Service times come from
-the tuner's in-process measurements of the handler (``service_curve``), which leave out the
-frontend's own CPU: the model ranks configurations, a real server confirms the best.
-
-**The frontend's CPU** (``cpu_cap_per_s``). The replay's worker runs batches as if it had
-the cores to itself, but TorchServe's frontend (Java: HTTP, batching, every body's bytes)
-shares them: a fraud scorer's MLP modelled at 1,166 req/s held 287-523 on two cores. The
-cap is plain arithmetic: each request costs the frontend ``frontend_cpu_ms`` (read from a
-short run on a real server) and the worker ``worker_cpu_ms`` (the handler's CPU per
-request in-process, at the batch size the rate fills), so ``cores`` cores answer at most
-``1000 * cores / (frontend_cpu_ms + worker_cpu_ms)`` a second, whatever the batching.
-``sustained`` scans no higher than that, and a rate held up to it is bound by "cpu". It
-leaves out what the cores lose to the client and to other processes, and the latency the
-frontend adds; it only stops the model from promising more than the CPU can give.
+The replay's worker has the cores to itself, but the frontend (Java: HTTP, batching, the
+bodies' bytes) shares them: ``cpu_cap_per_s`` caps the rate at what the cores can give the
+frontend and the worker together, ``1000 * cores / (frontend_cpu_ms + worker_cpu_ms)``
+(an MLP modelled at 1,166 req/s held 287-523 on two cores without it).
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
-"""A model served by a real TorchServe with each of several micro-batching configs in turn,
-each measured by `ab`: what ``tune --confirm`` ranks by.
+"""``tune --confirm``: a model served by a real TorchServe with each of several
+micro-batching configs in turn (``measure.measure``), measured as a client sees it.
 
-In-process runs leave out the frontend, which shares the cores; this measures what a
-client sees. Each run gets a fresh server, and configs take turns round by round, so slow
-phases of a shared machine hit every config alike; a config's result is its median run.
-One body is sent by `ab`; a corpus (``tune --corpus``) by ts_microbatch.tools.drive, each
-request taking the next body of the corpus's fixed order.
+Each run gets a fresh server and configs take turns round by round, so slow phases of a
+shared machine hit every config alike; a config's result is its median run.
 """
 
 from __future__ import annotations
 
 import json
-import mimetypes
 import shutil
 import zipfile
 from collections.abc import Callable, Sequence
@@ -22,11 +18,9 @@ from typing import Any
 import yaml
 
 from ..core.config import CONFIG_FILE_NAME
-from .ab import errors_of, run_ab
 from .corpus import Corpus
-from .drive import send_corpus
+from .measure import ab_sender, corpus_sender, measure
 from .results import ResultsLog, output_dir
-from .server import TorchServe, TorchServeError, read_properties
 
 # TorchServe's default max_request_size (6,553,500 bytes) refuses large samples.
 _MIN_REQUEST_SIZE = 6_553_500
@@ -83,17 +77,6 @@ def with_config(
     (target / CONFIG_FILE_NAME).write_text(json.dumps(settings, indent=4))
     manifest_path.write_text(json.dumps(manifest, indent=2))
     return target
-
-
-def frontend_settings(load: Load) -> dict[str, Any]:
-    """model-config.yaml's frontend keys for ``load``: one worker."""
-    return {
-        "minWorkers": 1,
-        "maxWorkers": 1,
-        "batchSize": load.batch_size,
-        "maxBatchDelay": load.max_batch_delay_ms,
-        "responseTimeout": load.response_timeout_s,
-    }
 
 
 def measure_configs(
@@ -161,80 +144,52 @@ def measure_one(
     progress: Callable[[str], None] = print,
     base_config: Path | None = None,
 ) -> dict[str, Any]:
-    """A fresh TorchServe serving ``model_dir`` with ``settings``: warm-up, then the
-    measured run (`ab` for one body, the corpus driver for a corpus). From ``base_config``
-    when given, whose own settings win over the room this run needs by default."""
+    """A fresh TorchServe (``measure.measure``) serving ``model_dir`` with ``settings``:
+    warm-up, then the measured run (`ab` for one body, the corpus driver for a corpus).
+    From ``base_config`` when given, whose own settings win over the room this run needs."""
     store = work / "store"
-    with_config(model_dir, store / "tuned", settings, frontend_settings(load))
+    frontend = {
+        "minWorkers": 1,
+        "maxWorkers": 1,
+        "batchSize": load.batch_size,
+        "maxBatchDelay": load.max_batch_delay_ms,
+        "responseTimeout": load.response_timeout_s,
+    }
+    with_config(model_dir, store / "tuned", settings, frontend)
     largest = body.largest if isinstance(body, Corpus) else body.stat().st_size
     room = {
         "job_queue_size": str(max(1000, 2 * load.concurrency)),
         "max_request_size": str(max(_MIN_REQUEST_SIZE, 2 * largest)),
         "default_response_timeout": str(load.response_timeout_s),
     }
-    own = read_properties(base_config) if base_config else {}
-    properties = {k: v for k, v in room.items() if k not in own}
-    with TorchServe(
-        model_store=store, workdir=work / "server", base_config=base_config, properties=properties
-    ) as server:
-        resp = server.register(
-            "tuned",
-            batch_size=load.batch_size,
-            max_batch_delay_ms=load.max_batch_delay_ms,
-            initial_workers=1,
-            response_timeout_s=load.response_timeout_s,
-        )
-        if resp.status != 200:
-            raise TorchServeError(
-                f"registering the model failed: {resp.status} {resp.body!r}\n{server.log()[-3000:]}"
-            )
-        url = f"{server.inference_url}/predictions/tuned"
-        token = server.token("inference")
-        if load.warmup_requests:
-            warmup = max(load.warmup_requests, load.concurrency)  # ab refuses fewer
-            send(
-                url,
-                body,
-                warmup,
-                load.concurrency,
-                token,
-                work / "warmup.csv",
-                f"{label} warm-up",
-                progress,
-            )
-        summary, latency = send(
-            url, body, load.requests, load.concurrency, token, work / "ab.csv", label, progress
-        )
-    shutil.rmtree(store)  # a copy of the model per run; the server's logs stay
-    return {**summary, **latency, "errors": errors_of(summary)}
-
-
-def send(
-    url: str,
-    body: Path | Corpus,
-    requests: int,
-    concurrency: int,
-    token: str | None,
-    csv_path: Path,
-    label: str,
-    progress: Callable[[str], None],
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """One measured load: a corpus through the driver, one body through `ab`."""
     if isinstance(body, Corpus):
-        return send_corpus(
-            url, body, requests, concurrency, token=token, label=label, progress=progress
-        )
-    guessed = mimetypes.guess_type(body.name)[0] or ""
-    # Bytes, as the in-process runs send them: TorchServe decodes text/* and JSON bodies.
-    content_type = guessed if guessed.startswith("image/") else "application/octet-stream"
-    return run_ab(
-        url,
-        body,
-        requests,
-        concurrency,
-        csv_path,
-        token=token,
-        content_type=content_type,
-        label=label,
-        progress=progress,
+        send = corpus_sender(body, load.concurrency, progress)
+    else:
+        send = ab_sender(body, load.concurrency, progress)
+    config = {
+        "metrics_mode": None,
+        "warmup_requests": load.warmup_requests,
+        "response_timeout": load.response_timeout_s,
+    }
+    point = {
+        "batch_size": load.batch_size,
+        "max_batch_delay": load.max_batch_delay_ms,
+        "workers": 1,
+        "concurrency": load.concurrency,
+        "requests": load.requests,
+    }
+    run = measure(
+        work / "server",
+        store,
+        "tuned",
+        config,
+        point,
+        label,
+        work / "metrics.prom",  # prometheus mode only; confirm runs in the server's own
+        send,
+        None,
+        base_config=base_config,
+        room=room,
     )
+    shutil.rmtree(store)  # a copy of the model per run; the server's logs stay
+    return run

@@ -1,14 +1,10 @@
 """The CPU a TorchServe spends, by process and by thread: what each request cost.
 
-Throughput on a shared machine follows the CPU each request costs the frontend (Java:
-HTTP, batching, the bodies' bytes) and the worker (decoding, the pipeline, the model). A
-run is read twice, before and after its load, and the difference over the requests
-answered is its CPU per request: the frontend's from its process, the worker's from its
-processes and, by the OS thread name, from each group of its threads (stage threads are
-``tsmb-<stage>-<i>``; their OpenMP workers inherit the name).
-
-Shared by ``ts-microbatch-benchmark`` (through ts_microbatch.tools.measure) and the
-repository's benchmarks/compare.py.
+A run is read before and after its load (``read_cpu``); the difference over the requests
+answered (``cpu_per_request``) is the frontend's (Java: HTTP, batching, the bodies' bytes)
+and the worker's CPU per request, and each worker thread group's by OS thread name (stage
+threads are ``tsmb-<stage>-<i>``; their OpenMP workers inherit the name). Also
+benchmarks/compare.py's.
 """
 
 from __future__ import annotations

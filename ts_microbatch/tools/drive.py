@@ -1,13 +1,9 @@
 """Sends a corpus to a TorchServe on loopback: parallel clients, bodies in the corpus's order.
 
-`ab` sends one body per process, so a mix would need one `ab` per body with the clients
-split by share, and a corpus of hundreds of texts would have to be cut down to a few stand-in
-bodies. Here each of ``concurrency`` client threads keeps one connection open and takes the
-next request's body from the corpus's fixed sequence (ts_microbatch.tools.corpus), so every
-body is sent as often as the sequence says and every run sends the same bodies in the same
-order. The threads wait on their sockets without the GIL, so the requests really are in
-flight at once; the client's own CPU time is reported, since on a small machine it competes
-with the server (more per request than `ab`'s).
+`ab` sends one body per process; here each of ``concurrency`` client threads keeps a
+connection open and takes the next body of the corpus's fixed sequence
+(ts_microbatch.tools.corpus), so every run sends the same bodies in the same order. The
+client's own CPU is reported: on a small machine it competes with the server.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The tuner's in-process harness: a .mar's handler loaded with a TorchServe context built
-here, and batches of a corpus run through it (``ts_microbatch.tools.tune`` and the latency
-objective's ``ts_microbatch.tools.slo`` both measure with it)."""
+"""A .mar's handler loaded with a TorchServe context built here, and batches of a corpus run
+through it: the in-process measurements of ``tune`` and ``slo``."""
 
 from __future__ import annotations
 
@@ -91,11 +90,6 @@ def fresh_batch(context: Any, batch_size: int) -> None:
     context.metrics.request_ids = context.request_ids
 
 
-def measure(mb: MicroBatching, context: Any, batches: list[list[Body]]) -> float:
-    """Seconds per batch, the median over ``batches`` after the first (a warm-up)."""
-    return measure_with_cpu(mb, context, batches)[0]
-
-
 def measure_with_cpu(
     mb: MicroBatching, context: Any, batches: list[list[Body]]
 ) -> tuple[float, float]:
@@ -124,8 +118,13 @@ def measure_with_cpu(
     return sorted(times)[len(times) // 2], cpu_s / len(times)
 
 
+def threads_of(parallelism: dict[str, int]) -> str:
+    """Stage threads as the tables show them: pre/inf/post."""
+    return f"{parallelism['preprocess']}/{parallelism['inference']}/{parallelism['postprocess']}"
+
+
 def tuning_corpus(args: argparse.Namespace) -> Corpus:
-    """``--corpus``, or ``--input`` as a corpus of one body sent as bytes (as before)."""
+    """``--corpus``, or ``--input`` as a corpus of one body sent as bytes."""
     if args.corpus is not None:
         try:
             return read_corpus(args.corpus)

@@ -1,18 +1,18 @@
 """One measured run: a fresh TorchServe, one model, warm-up, the load, what the server spent.
 
-``measure`` registers a model on a new TorchServe on loopback, warms it up, sends the
-measured load through a ``send`` function (the corpus driver, or `ab`), and returns one
-result row: throughput and latency, the CPU each request cost the frontend and the worker,
-sample answers, and the pipeline's own numbers from the difference of two ``/metrics``
-scrapes (or, in TorchServe's log mode, from its metric logs).
-
-Shared by ``ts-microbatch-benchmark`` (ts_microbatch.tools.benchmark) and the repository's
-benchmarks/benchmark-ab.py.
+The one runner under ``ts-microbatch-benchmark`` (and benchmarks/), ``tune --confirm`` and
+the latency tuner's confirm step. ``measure`` registers a model on a new TorchServe on
+loopback, warms it up, sends the measured load through a ``Send`` (``corpus_sender``,
+``ab_sender`` or an open-loop sweep such as ``curves.CurveSender``) and returns one row:
+throughput and latency, the CPU each request cost the frontend and the worker
+(ts_microbatch.tools.cpu), sample answers, and the pipeline's own numbers from the
+difference of two ``/metrics`` scrapes (or, in log mode, from the metric logs).
 """
 
 from __future__ import annotations
 
 import json
+import mimetypes
 import re
 import time
 from collections.abc import Callable
@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import METRICS_YAML
+from .ab import run_ab
+from .corpus import Corpus
 from .cpu import cpu_per_request, read_cpu
+from .drive import send_corpus
 from .runs import flatten_pipeline, summarize
 from .scrape import summarize as summarize_scrape
-from .server import TorchServe
+from .server import TorchServe, TorchServeError, read_properties
 
 # (url, token, requests, work directory, label) -> (ab-like summary, latency percentiles)
 Send = Callable[[str, Optional[str], int, Path, str], tuple[dict[str, Any], dict[str, float]]]
@@ -42,22 +45,27 @@ DEFAULT_PROPERTIES = {
 }
 
 
-class RegistrationError(RuntimeError):
+class RegistrationError(TorchServeError):
     """TorchServe refused to register a model (its config, its handler); the model log says why."""
 
 
 def server_for(
     store: Path,
     workdir: Path,
-    metrics_mode: str,
+    metrics_mode: str | None,
     base_config: Path | None = None,
     env: dict[str, str] | None = None,
+    room: dict[str, str] | None = None,
 ) -> TorchServe:
     """A TorchServe on free loopback ports: ``base_config`` (a config.properties) when
-    given, else DEFAULT_PROPERTIES; either way in ``metrics_mode``; ``env`` added to its
-    environment and its workers'."""
+    given, else DEFAULT_PROPERTIES; ``room`` over either where ``base_config`` does not set
+    the key; in ``metrics_mode`` when given; ``env`` added to its and its workers'
+    environment."""
     properties = {} if base_config else dict(DEFAULT_PROPERTIES)
-    properties["metrics_mode"] = metrics_mode
+    own = read_properties(base_config) if base_config and room else {}
+    properties.update({k: v for k, v in (room or {}).items() if k not in own})
+    if metrics_mode is not None:
+        properties["metrics_mode"] = metrics_mode
     return TorchServe(
         model_store=store,
         workdir=workdir,
@@ -76,28 +84,24 @@ def measure(
     label: str,
     scrape_path: Path,
     send: Send,
-    sample: tuple[bytes, str],
+    sample: tuple[bytes, str] | None,
     archive: str | None = None,
     base_config: Path | None = None,
     env: dict[str, str] | None = None,
+    room: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One server, one model (the store's ``archive``, a .mar, when given; else its
-    directory ``model``), warm-up then the measured run through ``send``. ``config`` gives
-    ``metrics_mode``, ``warmup_requests`` and ``response_timeout``; ``point`` the load
-    (``batch_size``, ``max_batch_delay``, ``workers``, ``concurrency``, ``requests``).
-    ``sample`` (body, content type): the sample answers kept beside the scrape. ``env``:
-    more environment for the server and its workers (``OMP_NUM_THREADS``).
-
-    In log mode the per-batch HandlerTime and per-request QueueTime lines are read back
-    from the metric logs. In prometheus mode (TorchServe then writes no metric logs)
-    ``/metrics`` is scraped before and after the measured run, the second scrape is saved
-    to ``scrape_path`` and the difference gives the pipeline's per-stage times and sizes.
+    """One server (``server_for``), one model (the store's ``archive``, a .mar, when given;
+    else its directory ``model``), warm-up then the measured run through ``send``.
+    ``config``: ``metrics_mode`` (None: the server's own), ``warmup_requests``,
+    ``response_timeout``; ``point``: ``batch_size``, ``max_batch_delay``, ``workers``,
+    ``concurrency``, ``requests``; ``sample`` (body, content type): answers saved beside
+    the scrape (``scrape_path``, prometheus mode; log mode reads the metric logs).
 
     Raises:
         RegistrationError: TorchServe refused the model.
     """
     mode = config["metrics_mode"]
-    with server_for(store, server_dir, mode, base_config, env) as server:
+    with server_for(store, server_dir, mode, base_config, env, room) as server:
         resp = server.register(
             archive or model,
             model_name=model if archive else None,
@@ -127,22 +131,21 @@ def measure(
             logs = {name: len(server.log(name)) for name in ("model_metrics.log", "ts_metrics.log")}
         cpu_before = read_cpu(server)
         summary, latency = send(url, token, point["requests"], server_dir, label)
-        # Where each request's CPU goes: the frontend (HTTP, batching, the bodies' bytes)
-        # and the worker (decoding, the pipeline, the model), by thread group.
         cpu_ms = cpu_per_request(cpu_before, read_cpu(server), summary["complete_requests"])
-        samples = sample_responses(server, model, *sample)
-        samples_path = scrape_path.parent.parent / "samples" / f"{scrape_path.stem}.json"
-        samples_path.parent.mkdir(parents=True, exist_ok=True)
-        samples_path.write_text(json.dumps(samples, indent=2) + "\n")
+        samples = [] if sample is None else sample_responses(server, model, *sample)
+        if sample is not None:
+            samples_path = scrape_path.parent.parent / "samples" / f"{scrape_path.stem}.json"
+            samples_path.parent.mkdir(parents=True, exist_ok=True)
+            samples_path.write_text(json.dumps(samples, indent=2) + "\n")
+        pipeline: dict[str, Any] | None = None
         if mode == "prometheus":
             after = settled_scrape(server)
             scrape_path.parent.mkdir(parents=True, exist_ok=True)
             scrape_path.write_text(after)
-            pipeline: dict[str, Any] | None = summarize_scrape(after, before, model)
+            pipeline = summarize_scrape(after, before, model)
             handler_times: list[tuple[float, int]] = []
             queue_times = [pipeline["frontend_queue_ms"]] if pipeline else []
         else:
-            pipeline = None
             handler_times = parse_handler_times(
                 server.log("model_metrics.log")[logs["model_metrics.log"] :]
             )
@@ -164,15 +167,48 @@ def measure(
     return result
 
 
+def corpus_sender(
+    corpus: Corpus, concurrency: int, progress: Callable[[str], None] | None = None
+) -> Send:
+    """A ``Send``: ``corpus`` in its order from ``concurrency`` parallel clients (drive.py)."""
+
+    def send(url: str, token: str | None, requests: int, work: Path, label: str) -> Any:
+        return send_corpus(
+            url, corpus, requests, concurrency, token=token, label=label, progress=progress
+        )
+
+    return send
+
+
+def ab_sender(body: Path, concurrency: int, progress: Callable[[str], None] | None = None) -> Send:
+    """A ``Send``: one body from `ab`, as bytes unless an image (TorchServe decodes text/*
+    and JSON bodies, the in-process runs do not); its CSV written into the run's folder."""
+    guessed = mimetypes.guess_type(body.name)[0] or ""
+    content_type = guessed if guessed.startswith("image/") else "application/octet-stream"
+
+    def send(url: str, token: str | None, requests: int, work: Path, label: str) -> Any:
+        csv_path = work / ("warmup.csv" if label.endswith("warm-up") else "ab.csv")
+        return run_ab(
+            url,
+            body,
+            requests,
+            concurrency,
+            csv_path,
+            token=token,
+            content_type=content_type,
+            label=label,
+            progress=progress,
+        )
+
+    return send
+
+
 def sample_responses(
     server: TorchServe, model: str, body: bytes, content_type: str
 ) -> list[dict[str, Any]]:
     """Sample answers kept with each run: 2 sent alone (micro-batches of 1) and 8 at once.
-
-    ab counts a response whose length differs from the first one's as failed. The same
-    image gives last-bit-different probabilities in micro-batches of 1-3 and of 4 or more
-    (oneDNN chooses kernels by batch size), so JSON bodies differ by a byte or two; these
-    samples show it run by run."""
+    oneDNN chooses kernels by batch size, so JSON answers can differ by a byte or two
+    between the two (which ab counts as length failures); the samples show it."""
 
     def one(_: int) -> dict[str, Any]:
         resp = server.predict(model, body, content_type=content_type)
@@ -199,13 +235,10 @@ def settled_scrape(server: TorchServe, timeout_s: float = 10.0) -> str:
 
 
 def cpu_seconds(server: TorchServe) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by the server's frontend (Java) and by its
-    Python worker processes."""
+    """CPU seconds used so far by the server's frontend and its worker processes."""
     reading = read_cpu(server)
     return {"frontend": reading.frontend_s, "workers": reading.workers_s}
 
-
-# -- TorchServe metric logs (metrics_mode=log) -----------------------------------------------
 
 _HANDLER_TIME = re.compile(
     r"HandlerTime\.ms:([\d.]+)\|#ModelName:[^|]*\|#[^,]*,requestID:([^|]*?),timestamp"
@@ -214,7 +247,7 @@ _QUEUE_TIME = re.compile(r"QueueTime\.Milliseconds:([\d.]+)\|")
 
 
 def parse_handler_times(model_metrics_log: str) -> list[tuple[float, int]]:
-    """(HandlerTime ms, requests in the batch) for each batch a worker handled."""
+    """(HandlerTime ms, requests in the batch) for each batch in a model_metrics.log."""
     return [
         (float(ms), len(ids.split(","))) for ms, ids in _HANDLER_TIME.findall(model_metrics_log)
     ]

@@ -1,22 +1,12 @@
 """Writing a tuned config into the user's own file: merged, with a backup, or refused.
 
-``ts-microbatch-tune --slo-p99-ms`` wrote model-config.yaml over a user's file: their
-``responseTimeout: 30`` was dropped, and with it the pipeline's ``timeout_s`` moved from
-27 s to 108 s (90% of TorchServe's default 120 s: ``torchserve/timeouts.py``), silently.
-Now a tuner's output goes through ``write_merged``:
-
-- every key of the existing file the tuner does not set is kept (``responseTimeout``,
-  ``minWorkers``, a ``micro_batching`` key it did not tune, ...); the ``micro_batching``
-  section is merged key by key, one level deep, the way ``load_config`` reads it;
-- the existing file is copied beside it first, to ``<name>.bak``, or ``<name>.bak.1``,
-  ``.bak.2``... when that exists: a backup is never overwritten;
-- a file that cannot be parsed (or is not a mapping) is refused, naming the file and why,
-  and nothing is written: merging into what cannot be read would lose it.
-
-The merged file is written to a temporary file beside it and renamed over it, so a crash
-leaves either file whole. YAML comments are not carried over (the backup keeps them). A
-config that is a symlink stays one: the file it points to is rewritten, keeping its mode
-(a rename over the link replaced it with a regular file, with the umask's mode).
+Every key of the existing file the tuner does not set is kept (a dropped
+``responseTimeout: 30`` once moved the pipeline's ``timeout_s`` from 27 s to 108 s); the
+``micro_batching`` section is merged key by key, as ``load_config`` reads it. The existing
+file is first copied to ``<name>.bak`` (``.bak.1``, ``.bak.2``... : a backup is never
+overwritten); a file that cannot be parsed is refused and nothing is written. The merged
+file replaces the old one by a rename (a crash leaves either whole); a symlinked config
+stays a link, its target rewritten with its mode. YAML comments stay in the backup only.
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """Tuning for a latency objective: ``ts-microbatch-tune --slo-p99-ms 100 [--rate R]``.
 
-Below saturation the frontend's window and batch size set most of a request's latency, and
-the fastest configuration at saturation is not the one that holds an objective longest. The
-search is in three steps, so that it takes minutes, not hours:
-
-1. **Stage costs, in-process** (``ts_microbatch.tools.slo_plan``). For every micro-batching
-   combination of the tuner's grid (micro-batch size, stage threads), the handler runs
-   batches of each size of ``--batch-sizes`` from the corpus: milliseconds and CPU
-   milliseconds per batch of n. A larger batch measured clearly cheaper than a smaller one
-   is measured again, and flagged if it still is.
-2. **Batch formation, modelled.** For every ``batchSize`` x ``maxBatchDelay`` x combination,
-   ``ts_microbatch.tools.batching_model`` replays Poisson arrivals as TorchServe's frontend
-   batches them and finds the highest rate whose P99 is within the objective (with
-   ``--rate``, the P99 at that rate), and what bounds it: the queue (the worker's capacity),
-   the window, the batch's run, or the CPU the cores have for the frontend and the worker
-   (the frontend's CPU per request from ``--frontend-cpu-ms``, or with ``--confirm`` read
-   from a short run of the model's rank 1 on a real server).
-3. **Confirmed on a real TorchServe** (``--confirm K``, ``ts_microbatch.tools.slo_confirm``):
-   the K best that differ in more than the window, each repackaged with its frontend
-   settings, get an open-loop ladder of rates from an eighth of the predicted rate to 1.4x
-   it; the highest rate held within the objective on the server decides.
-
-What is written (``write_winner``, through ``ts_microbatch.tools.merge``): without
-``--confirm`` the model's best; with it, the best the server confirmed, or **nothing**:
-when every confirmation held nothing within the objective the tuner says what it tried,
-what each held and what was predicted, and exits 1. The file is merged into an existing
-``--out`` (every key the tuner does not set kept, a backup beside it first). One worker:
-on two cores one worker's pipeline keeps both busy.
+Below saturation the frontend's window and batch size set most of a request's latency, so
+the frontend's batchSize and maxBatchDelay are searched with the pipeline's settings, in
+three steps that take minutes: stage costs in-process and every configuration through a
+model of TorchServe's batching (ts_microbatch.tools.slo_plan, batching_model), then with
+``--confirm K`` the best few on a real server (ts_microbatch.tools.slo_confirm). With
+``--confirm``, what is written is the best the server confirmed, or nothing (exit 1). The
+result is merged into ``--out`` (ts_microbatch.tools.merge). One worker: on two cores one
+worker's pipeline keeps both busy.
 """
 
 from __future__ import annotations
@@ -34,12 +15,18 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..core.config import load_config
+from .confirm import model_dir_of
+from .corpus import Corpus
+from .inprocess import load_handler, make_context, threads_of, tuning_corpus
 from .merge import MergeError, write_merged
 from .results import ResultsLog
-from .slo_plan import Candidate, plan, stage_costs, worker_cpu_scale
+from .slo_confirm import best_confirmed, calibrate_frontend_cpu, confirm, confirm_slots
+from .slo_plan import Candidate, StageCosts, plan, stage_costs, worker_cpu_scale
 
 BOUNDS = {
     "window": "maxBatchDelay: the slowest requests waited most for their batch to fill",
@@ -61,25 +48,21 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def print_plan(
-    candidates: list[Candidate], slo_p99_ms: float, frontend: str, shown: int = 10
-) -> None:
+def print_plan(candidates: list[Candidate], slo_p99_ms: float, frontend: str) -> None:
     print(f"\nModelled, P99 within {slo_p99_ms:g} ms (one worker; {frontend}):")
     print(
         "rank | micro_batch_size | threads | batchSize | maxBatchDelay | held req/s | P99 ms"
         " | bound"
     )
-    for rank, c in enumerate(candidates[:shown], start=1):
-        p = c.settings["parallelism"]
-        threads = f"{p['preprocess']}/{p['inference']}/{p['postprocess']}"
+    for rank, c in enumerate(candidates[:10], start=1):
         tail = c.tail
-        mark = "!" if c.flagged else " "
         print(
-            f"{rank:3}{mark} | {c.settings['micro_batch_size']!s:>16} | {threads:>7} | "
-            f"{c.batch_size:9} | {c.window_ms:13} | {c.held_per_s:10.1f} | "
+            f"{rank:3}{'!' if c.flagged else ' '} | {c.settings['micro_batch_size']!s:>16} | "
+            f"{threads_of(c.settings['parallelism']):>7} | {c.batch_size:9} | "
+            f"{c.window_ms:13} | {c.held_per_s:10.1f} | "
             f"{tail.p99_ms if tail else float('nan'):6.1f} | {tail.bound if tail else '-'}"
         )
-    if any(c.flagged for c in candidates[:shown]):
+    if any(c.flagged for c in candidates[:10]):
         print("  ! stage costs not monotone in the batch size (the warnings above)")
 
 
@@ -95,9 +78,8 @@ def print_confirmed(top: list[Candidate], ranked: list[Candidate], slo_p99_ms: f
 
 
 def write_winner(winner: Candidate, out: Path, slo_p99_ms: float, how: str) -> None:
-    """``winner`` merged into ``out`` (``merge.write_merged``): batchSize, maxBatchDelay and
-    the tuned micro_batching keys set; one worker where the file says nothing of workers;
-    the whole measured section where the file has none."""
+    """``winner`` merged into ``out``: batchSize, maxBatchDelay and the tuned
+    micro_batching keys set; one worker and the whole section where the file has none."""
     section = {key: winner.settings[key] for key in TUNED_KEYS}
     values = {
         "batchSize": winner.batch_size,
@@ -109,9 +91,8 @@ def write_winner(winner: Candidate, out: Path, slo_p99_ms: float, how: str) -> N
     written, backup = write_merged(out, values, defaults, header)
     print(f"\nWrote {out} ({how}): {winner.describe()}")
     if backup is not None:
-        kept = sorted(set(written) - set(values))
-        print(f"merged into your file (kept: {', '.join(kept) or 'nothing else'}); "
-              f"it was copied to {backup} first")  # fmt: skip
+        kept = ", ".join(sorted(set(written) - set(values))) or "nothing else"
+        print(f"merged into your file (kept: {kept}); it was copied to {backup} first")
     if written.get("maxWorkers", 1) != 1 or written.get("minWorkers", 1) != 1:
         print(
             f"note: your file asks for {written.get('minWorkers')}-{written.get('maxWorkers')} "
@@ -148,28 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser, ints: Any) -> None:
     )
 
 
-def _refuse(top: list[Candidate], args: argparse.Namespace) -> int:
-    at = f" at {args.rate:g} req/s or more" if args.rate else ""
-    print(
-        f"\nNothing written to {args.out}: the server held nothing within P99 "
-        f"{args.slo_p99_ms:g} ms{at} for any of the {len(top)} configurations confirmed "
-        "(above: what each was predicted and held). Try a longer objective, smaller batches "
-        "or windows, or measure at the loads you run with ts-microbatch-benchmark --rates."
-    )
-    return 1
-
-
-def run(args: argparse.Namespace, trials: ResultsLog) -> int:
-    """``ts-microbatch-tune --slo-p99-ms``: the three steps, the winner merged into --out."""
-    import tempfile
-
-    from ..core.config import load_config
-    from .confirm import model_dir_of
-    from .inprocess import load_handler, make_context, tuning_corpus
-    from .slo_confirm import best_confirmed, calibrate_frontend_cpu, confirm, confirm_slots
-
-    corpus = tuning_corpus(args)
-    batch_sizes = sorted({n for n in args.batch_sizes if n >= 1})
+def measure_costs(args: argparse.Namespace, corpus: Corpus, trials: ResultsLog) -> list[StageCosts]:
+    """Step 1: every combination of the grid at each of ``--batch-sizes``, in-process."""
+    batch_sizes = sorted(set(args.batch_sizes))
     combos = [
         {"micro_batch_size": m, "parallelism": {"preprocess": t, "inference": i, "postprocess": t}}
         for m, t, i in itertools.product(
@@ -187,30 +149,28 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
         base = load_config(model_dir, context.model_yaml_config)
         _, mb = load_handler(model_dir, context)
         try:
-            costs = stage_costs(
-                mb, context, corpus, base, combos, batch_sizes, args.repeats, trials
-            )
+            return stage_costs(mb, context, corpus, base, combos, batch_sizes, args.repeats, trials)
         finally:
             mb.shutdown()
-    cores = available_cores()
-    frontend_ms = args.frontend_cpu_ms or None
-    scale = 1.0  # the worker's CPU on a real server against in-process (worker_cpu_scale)
 
-    def modelled() -> list[Candidate]:
-        return plan(
-            costs, batch_sizes, args.windows, args.slo_p99_ms, args.rate, frontend_ms, cores,
-            scale,
-        )  # fmt: skip
 
-    candidates = modelled()
+def run(args: argparse.Namespace, trials: ResultsLog) -> int:
+    """``ts-microbatch-tune --slo-p99-ms``: the three steps, the winner merged into --out."""
+    corpus = tuning_corpus(args)
+    costs = measure_costs(args, corpus, trials)
+    cores, frontend_ms, scale = available_cores(), args.frontend_cpu_ms or None, 1.0
+    sizes, slo_ms = sorted(set(args.batch_sizes)), args.slo_p99_ms
+    candidates = plan(costs, sizes, args.windows, slo_ms, args.rate, frontend_ms, cores, scale)
     if args.confirm and args.frontend_cpu_ms is None and candidates[0].tail is not None:
         calibrated = calibrate_frontend_cpu(
             candidates[0], args.mar, corpus, args.confirm_out, trials, args.ts_config
         )
-        if calibrated:
+        if calibrated:  # the worker's CPU on a real server against in-process
             frontend_ms, worker_ms = calibrated
             scale = worker_cpu_scale(costs, candidates[0], worker_ms)
-            candidates = modelled()
+            candidates = plan(
+                costs, sizes, args.windows, slo_ms, args.rate, frontend_ms, cores, scale
+            )
     for c in candidates:
         trials.append(
             {
@@ -230,46 +190,63 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
         if frontend_ms
         else "the frontend's CPU left out"
     )
-    print_plan(candidates, args.slo_p99_ms, frontend)
+    print_plan(candidates, slo_ms, frontend)
+    at = f" at {args.rate:g} req/s" if args.rate else ""
     if candidates[0].tail is None:
-        at = f" at {args.rate:g} req/s" if args.rate else ""
         print(
-            f"\nNo configuration holds P99 {args.slo_p99_ms:g} ms{at} in the model; "
+            f"\nNo configuration holds P99 {slo_ms:g} ms{at} in the model; "
             "nothing written (try longer objectives, smaller batches or windows)"
         )
         return 1
-    winner = candidates[0]
-    how = "modelled, not confirmed"
+    winner, how = candidates[0], "modelled, not confirmed"
     if args.confirm:
-        top = confirm_slots(candidates, args.confirm)
-        skipped = [c for c in candidates[: candidates.index(top[-1])] if c not in top]
-        if skipped:
-            ranks = ", ".join(str(candidates.index(c) + 1) for c in skipped)
-            print(f"\nNot confirmed, as each differs from one confirmed in maxBatchDelay alone: "
-                  f"model ranks {ranks}")  # fmt: skip
-        confirm(top, args.mar, corpus, args.slo_p99_ms, args.confirm_out, trials, args.ts_config)
-        print_confirmed(top, candidates, args.slo_p99_ms)
-        confirmed = best_confirmed(top, args.rate)
+        confirmed = confirm_best(candidates, args, corpus, trials)
         if confirmed is None:
-            trials.append(
-                {
-                    "kind": "refused",
-                    "tried": [
-                        {**c.model_config(), "predicted_per_s": c.held_per_s,
-                         "measured_per_s": c.measured_per_s}
-                        for c in top
-                    ],
-                }
-            )  # fmt: skip
-            return _refuse(top, args)
+            return 1
         winner = confirmed
         how = (
             f"held {winner.measured_per_s:g} req/s on TorchServe, predicted {winner.held_per_s:.0f}"
         )
     try:
-        write_winner(winner, args.out, args.slo_p99_ms, how)
+        write_winner(winner, args.out, slo_ms, how)
     except MergeError as err:
         print(f"\nerror: {err}")
         return 1
     trials.append({"kind": "best", **winner.model_config(), "out": str(args.out)})
     return 0
+
+
+def confirm_best(
+    candidates: list[Candidate], args: argparse.Namespace, corpus: Corpus, trials: ResultsLog
+) -> Candidate | None:
+    """Step 3: the best that differ in more than the window on a real server; the one that
+    held the most, or None (recorded as refused, and said)."""
+    top = confirm_slots(candidates, args.confirm)
+    skipped = [c for c in candidates[: candidates.index(top[-1])] if c not in top]
+    if skipped:
+        ranks = ", ".join(str(candidates.index(c) + 1) for c in skipped)
+        print(
+            "\nNot confirmed, as each differs from one confirmed in maxBatchDelay alone: "
+            f"model ranks {ranks}"
+        )
+    confirm(top, args.mar, corpus, args.slo_p99_ms, args.confirm_out, trials, args.ts_config)
+    print_confirmed(top, candidates, args.slo_p99_ms)
+    confirmed = best_confirmed(top, args.rate)
+    if confirmed is None:
+        tried = [
+            {
+                **c.model_config(),
+                "predicted_per_s": c.held_per_s,
+                "measured_per_s": c.measured_per_s,
+            }
+            for c in top
+        ]
+        trials.append({"kind": "refused", "tried": tried})
+        at = f" at {args.rate:g} req/s or more" if args.rate else ""
+        print(
+            f"\nNothing written to {args.out}: the server held nothing within P99 "
+            f"{args.slo_p99_ms:g} ms{at} for any of the {len(top)} configurations confirmed "
+            "(above: what each was predicted and held). Try a longer objective, smaller batches "
+            "or windows, or measure at the loads you run with ts-microbatch-benchmark --rates."
+        )
+    return confirmed

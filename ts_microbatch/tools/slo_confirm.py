@@ -1,28 +1,13 @@
-"""The latency-objective tuner's third step (``ts_microbatch.tools.slo``): the model's best
-configurations on a real TorchServe, and the frontend's CPU read from one.
+"""The latency tuner's third step (``ts_microbatch.tools.slo``): the model's best
+configurations on a real TorchServe (``measure.measure``), and the frontend's CPU read
+from one.
 
-What a new user's fraud scorer taught (two cores, JSON features, an MLP):
-
-- **The sweep brackets the prediction.** The model predicted 1,166 req/s and the sweep
-  started at 0.3x, 350 req/s, above everything the server held: both configurations
-  "held 0". Each configuration now gets a geometric ladder (``LADDER``, steps of about
-  1.4x) from an eighth of the prediction to 1.4x it, lowest first, so a prediction 8x too
-  optimistic still finds the rate held; the ladder stops after two rates in a row missed
-  the objective, and no rate is offered for more than a few seconds (``rate_requests``), so
-  one configuration costs at most ``ladder_seconds`` plus its server's start.
-- **Slots go to configurations that differ.** Both slots went to configurations that
-  differed in maxBatchDelay alone (1 and 2 ms). ``confirm_slots`` skips a candidate that
-  differs from one already chosen in the window alone, for the next that differs in
-  batchSize, micro_batch_size or the threads.
-- **A rejected configuration is never the answer.** ``best_confirmed`` is the confirmed
-  configuration that held the highest rate within the objective on the server (with
-  ``--rate``, at least that rate), or None: the tuner then writes nothing.
-- **The frontend's CPU** (``calibrate_frontend_cpu``): a short closed-loop run of the
-  model's rank 1, its frontend's and its worker's CPU per request read as the benchmark
-  reads them (``ts_microbatch.tools.cpu``), for the model's CPU cap
-  (``batching_model.cpu_cap_per_s``); the worker's against its in-process cost scales
-  every configuration's (``slo_plan.worker_cpu_scale``: on the BERT long tail a real
-  worker spent 1.63x the handler's in-process CPU, and the model over-predicted 2x).
+Each configuration gets a geometric ladder of rates (``LADDER``) from an eighth of its
+prediction to 1.4x it, lowest first, so a prediction 8x too optimistic still finds the rate
+held; the ladder stops after ``MISSES_TO_STOP`` rates in a row missed the objective. Slots
+go to configurations that differ in more than maxBatchDelay (``confirm_slots``), and a
+rejected configuration is never the answer (``best_confirmed`` returns None). The frontend's
+and the worker's CPU per request (``calibrate_frontend_cpu``) feed the model's CPU cap.
 """
 
 from __future__ import annotations
@@ -31,6 +16,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +24,7 @@ from .corpus import Corpus
 from .curves import behind, open_loop_bodies
 from .drive import send_corpus, summarize
 from .mar import override_mar
-from .measure import RegistrationError, measure
+from .measure import RegistrationError, Send, corpus_sender, measure
 from .openloop import run_open_loop
 from .results import ResultsLog
 from .slo_plan import Candidate
@@ -96,25 +82,17 @@ def confirm_slots(candidates: list[Candidate], count: int) -> list[Candidate]:
     return chosen
 
 
+@dataclass
 class LadderSender:
-    """A ``measure.Send``: the warm-up from parallel clients, then the measured run, the
-    ladder's rates offered open loop (``openloop.run_open_loop``) lowest first until
-    ``MISSES_TO_STOP`` in a row missed the objective; progress a line per rate. The curve
-    rides in the summary under ``"curve"``."""
+    """A ``measure.Send``: the warm-up from parallel clients, then the ladder's rates offered
+    open loop, lowest first, until ``MISSES_TO_STOP`` in a row missed the objective; the
+    curve rides in the summary under ``"curve"``."""
 
-    def __init__(
-        self,
-        corpus: Corpus,
-        rates: list[float],
-        slo_p99_ms: float,
-        concurrency: int,
-        log: Callable[[str], None] = print,
-    ) -> None:
-        self.corpus = corpus
-        self.rates = rates
-        self.slo_p99_ms = slo_p99_ms
-        self.concurrency = concurrency
-        self.log = log
+    corpus: Corpus
+    rates: list[float]
+    slo_p99_ms: float
+    concurrency: int
+    log: Callable[[str], None] = print
 
     def __call__(
         self, url: str, token: str | None, requests: int, work: Path, label: str
@@ -162,12 +140,12 @@ def _serve(
     mar: Path,
     corpus: Corpus,
     out: Path,
-    send: Any,
+    send: Send,
     requests: int,
     label: str,
     base_config: Path | None,
-) -> dict[str, Any]:
-    """One run of ``candidate`` on a fresh TorchServe (``measure.measure``)."""
+) -> dict[str, Any] | None:
+    """One run of ``candidate``, repackaged, on a fresh TorchServe; None when refused."""
     first = corpus.bodies[corpus.order[0]]
     frontend = {"batchSize": candidate.batch_size, "maxBatchDelay": candidate.window_ms}
     override_mar(mar, out / "store" / f"{name}.mar", candidate.settings, frontend)
@@ -179,19 +157,23 @@ def _serve(
         "workers": 1,
     }
     config = {"metrics_mode": "prometheus", "warmup_requests": 100, "response_timeout": 120}
-    return measure(
-        out / "servers" / name,
-        out / "store",
-        name,
-        config,
-        point,
-        label,
-        out / "metrics" / f"{name}.prom",
-        send,
-        (first.data, first.content_type),
-        archive=f"{name}.mar",
-        base_config=base_config,
-    )
+    try:
+        return measure(
+            out / "servers" / name,
+            out / "store",
+            name,
+            config,
+            point,
+            label,
+            out / "metrics" / f"{name}.prom",
+            send,
+            (first.data, first.content_type),
+            archive=f"{name}.mar",
+            base_config=base_config,
+        )
+    except RegistrationError as err:
+        print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
+        return None
 
 
 def calibrate_frontend_cpu(
@@ -208,19 +190,16 @@ def calibrate_frontend_cpu(
     requests = int(min(1000, max(100, 5 * candidate.held_per_s)))
     label = f"[frontend CPU] {candidate.describe()}, {requests} requests"
     print(f"\n{label}", flush=True)
-
-    def send(url: str, token: str | None, count: int, work: Path, what: str) -> Any:
-        return send_corpus(url, corpus, count, 2 * candidate.batch_size, token=token)
-
+    send = corpus_sender(corpus, 2 * candidate.batch_size)
     try:
         result = _serve(candidate, "cpu", mar, corpus, out, send, requests, label, base_config)
-    except RegistrationError as err:
-        print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
-        return None
     finally:
         for scratch in ("store", "servers"):
             shutil.rmtree(out / scratch, ignore_errors=True)
+    if result is None:
+        return None
     frontend_ms = float(result["frontend_cpu_ms_per_request"])
+    worker_ms = float(result.get("workers_cpu_ms_per_request") or 0.0)
     record.append(
         {
             "kind": "frontend-cpu",
@@ -230,7 +209,6 @@ def calibrate_frontend_cpu(
             "workers_cpu_ms_per_request": result.get("workers_cpu_ms_per_request"),
         }
     )
-    worker_ms = float(result.get("workers_cpu_ms_per_request") or 0.0)
     print(
         f"{label}: the frontend spent {frontend_ms:.2f} ms of CPU a request, the worker "
         f"{worker_ms:.2f}",
@@ -260,11 +238,9 @@ def confirm(
             flush=True,
         )
         sender = LadderSender(corpus, rates, slo_p99_ms, 2 * candidate.batch_size)
-        try:
-            result = _serve(candidate, f"c{index}", mar, corpus, out, sender, 1, label, base_config)
-        except RegistrationError as err:
-            print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
-            candidate.measured_per_s = 0.0
+        result = _serve(candidate, f"c{index}", mar, corpus, out, sender, 1, label, base_config)
+        candidate.measured_per_s = 0.0
+        if result is None:
             continue
         candidate.curve = list(result["curve"])
         candidate.measured_per_s = held_on(candidate.curve, slo_p99_ms)
@@ -289,9 +265,8 @@ def confirm(
 
 
 def best_confirmed(top: list[Candidate], rate: float | None = None) -> Candidate | None:
-    """The confirmed candidate that held the highest rate within the objective on the
-    server (with ``rate``, at least that), the model's rank breaking a tie; None when the
-    server held nothing for any."""
+    """The confirmed candidate that held the highest rate within the objective (with
+    ``rate``, at least that), the model's rank breaking a tie; None when none held any."""
     held = [
         c
         for c in top

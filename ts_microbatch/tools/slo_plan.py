@@ -1,13 +1,10 @@
-"""The latency-objective tuner's first two steps (``ts_microbatch.tools.slo``): stage costs
-measured in-process, and every configuration through the batching model.
+"""The latency tuner's first two steps (``ts_microbatch.tools.slo``): stage costs measured
+in-process, and every configuration through the batching model.
 
-Stage costs are checked before the model uses them. A batch of more requests is never
-cheaper to run than a smaller one through the same pipeline, so a larger batch measured
-clearly cheaper than a smaller one (``NOT_MONOTONE_MARGIN``) is noise or a machine busy
-elsewhere: a new user's fraud scorer measured, at micro-batch 4, 71.2 ms for a batch of 8
-and 20.2 ms for a batch of 16, and nothing said so. Such sizes are measured once more; what
-is still out of order is flagged in the output, in the trials file and in the plan's table
-(the model then counts the larger batch as the smaller one's cost: ``service_curve``).
+A batch of more requests is never cheaper than a smaller one through the same pipeline, so a
+larger batch measured cheaper by more than ``NOT_MONOTONE_MARGIN`` (noise, a machine busy
+elsewhere) is measured once more, and flagged in the output, the trials file and the plan
+if it still is; the model then counts it at the smaller one's cost (``service_curve``).
 """
 
 from __future__ import annotations
@@ -21,11 +18,10 @@ from typing import Any, NamedTuple
 from ..core.config import MicroBatchingConfig
 from .batching_model import Tail, cpu_cap_per_s, service_curve, sustained, tail_at
 from .corpus import Corpus
+from .inprocess import measure_with_cpu
 from .results import ResultsLog
 
-# A larger batch measured cheaper than a smaller one by more than this factor is out of
-# order: run-to-run noise here is within 10-20%, a batch of twice the requests is not 25%
-# cheaper.
+# Run-to-run noise here is within 10-20%; a batch of twice the requests is not 25% cheaper.
 NOT_MONOTONE_MARGIN = 1.25
 
 # (mb, context, batches) -> (seconds per batch, CPU seconds per batch)
@@ -33,9 +29,8 @@ Measure = Callable[[Any, Any, list[Any]], tuple[float, float]]
 
 
 class StageCosts(NamedTuple):
-    """One micro-batching combination's costs in-process: per batch size, the milliseconds a
-    batch took and the process's CPU milliseconds it used; the pairs (smaller, larger) of
-    sizes still out of order after a second measurement."""
+    """One combination's milliseconds and CPU milliseconds per batch size, in-process, and
+    the pairs (smaller, larger) of sizes still out of order after a second measurement."""
 
     settings: dict[str, Any]
     batch_ms: dict[int, float]
@@ -43,17 +38,15 @@ class StageCosts(NamedTuple):
     not_monotone: tuple[tuple[int, int], ...] = ()
 
     def cpu_per_request_ms(self, batch_size: int) -> float:
-        """The CPU a request cost in-process at the largest measured batch up to
-        ``batch_size`` (0 when none was measured)."""
+        """A request's CPU at the largest measured batch up to ``batch_size`` (0: none)."""
         largest = max((n for n in self.cpu_ms if n <= batch_size), default=None)
         return self.cpu_ms[largest] / largest if largest is not None else 0.0
 
 
 @dataclass
 class Candidate:
-    """One configuration: its micro-batching section, the frontend's batch size and window,
-    and what the model predicts (``tail``: at the highest rate held, or at ``--rate``).
-    ``measured_per_s``: the rate a real server held within the objective, once confirmed."""
+    """One configuration and what the model predicts (``tail``: at the highest rate held, or
+    at ``--rate``); ``measured_per_s``: what a real server held, once confirmed."""
 
     settings: dict[str, Any]
     batch_size: int
@@ -101,12 +94,6 @@ def out_of_order(batch_ms: dict[int, float]) -> list[tuple[int, int]]:
     ]
 
 
-def _costs(measure: Measure, mb: Any, context: Any, batches: list[Any]) -> tuple[float, float]:
-    """Milliseconds and CPU milliseconds per batch of ``batches``."""
-    seconds, cpu_s = measure(mb, context, batches)
-    return 1000 * seconds, 1000 * cpu_s
-
-
 def stage_costs(
     mb: Any,
     context: Any,
@@ -116,15 +103,15 @@ def stage_costs(
     batch_sizes: list[int],
     repeats: int,
     record: ResultsLog,
-    measure: Measure | None = None,
+    measure: Measure = measure_with_cpu,
 ) -> list[StageCosts]:
     """Step 1: per combination, milliseconds (and CPU milliseconds) per batch of each size,
-    in-process; sizes out of order measured once more, and flagged if they still are.
-    ``measure``: ``inprocess.measure_with_cpu`` unless given."""
-    if measure is None:
-        from .inprocess import measure_with_cpu
+    in-process (``measure``); sizes out of order measured once more, flagged if still."""
 
-        measure = measure_with_cpu
+    def costs_of(n: int) -> tuple[float, float]:
+        seconds, cpu_s = measure(mb, context, corpus.batches(n, repeats + 1))
+        return 1000 * seconds, 1000 * cpu_s
+
     costs = []
     for index, combo in enumerate(combos, start=1):
         settings = {**base.as_dict(), **combo}
@@ -132,11 +119,11 @@ def stage_costs(
         batch_ms: dict[int, float] = {}
         cpu_ms: dict[int, float] = {}
         for n in batch_sizes:
-            batch_ms[n], cpu_ms[n] = _costs(measure, mb, context, corpus.batches(n, repeats + 1))
+            batch_ms[n], cpu_ms[n] = costs_of(n)
         first = dict(batch_ms)
         suspects = out_of_order(batch_ms)
         for n in sorted({n for pair in suspects for n in pair}):  # measured once more
-            batch_ms[n], cpu_ms[n] = _costs(measure, mb, context, corpus.batches(n, repeats + 1))
+            batch_ms[n], cpu_ms[n] = costs_of(n)
         flagged = tuple(out_of_order(batch_ms))
         costs.append(StageCosts(settings, batch_ms, cpu_ms, flagged))
         record.append(
@@ -181,11 +168,9 @@ def plan(
     worker_cpu_scale: float = 1.0,
 ) -> list[Candidate]:
     """Step 2: every configuration through the batching model, best first: the highest
-    rate held within the objective, or with ``rate``, the lowest P99 at it among those
-    within the objective. With ``frontend_cpu_ms`` no rate past what ``cores`` can do for
-    the frontend and the worker (``batching_model.cpu_cap_per_s``, the worker's CPU per
-    request measured in-process at the batch size, times ``worker_cpu_scale``: what a real
-    worker spent against that, ``worker_cpu_scale``) is held."""
+    rate held within the objective, or with ``rate``, the lowest P99 at it. With
+    ``frontend_cpu_ms``, capped at what ``cores`` can do for the frontend and the worker
+    (its in-process CPU times ``worker_cpu_scale``: ``batching_model.cpu_cap_per_s``)."""
     candidates = []
     for cost, size, window in itertools.product(costs, batch_sizes, windows):
         service = service_curve({n: ms for n, ms in cost.batch_ms.items() if n <= size})
@@ -209,12 +194,9 @@ def plan(
 
 
 def worker_cpu_scale(costs: list[StageCosts], candidate: Candidate, worker_ms: float) -> float:
-    """What a real worker spent a request (``worker_ms``, read while serving ``candidate``)
-    against the handler's CPU in-process at ``candidate``'s batch size: TorchServe's worker
-    decodes and encodes every request around the handler, and a model whose cost depends on
-    the bodies (long texts) costs more on the server's mix than on the corpus' first batches.
-    1.0 when there is nothing to compare (no costs for it, or none measured); never below
-    1.0, so the in-process cost stays the floor."""
+    """What a real worker spent a request (``worker_ms``, serving ``candidate``) against the
+    handler's CPU in-process at its batch size (the worker also decodes and encodes, and
+    long texts cost more on the server's mix); never below 1.0, 1.0 with nothing to compare."""
     cost = next((c for c in costs if c.settings == candidate.settings), None)
     if cost is None or worker_ms <= 0:
         return 1.0

@@ -3,32 +3,14 @@
     python -m ts_microbatch.tools.tune --mar model_store/resnet-18_mb.mar --input kitten.jpg \\
         --batch-size 32 --micro-batch-sizes 1,2,4,8,16 --threads 1,2 --out micro_batching.json
 
-It unpacks the .mar (or reads a model directory laid out like one), loads its handler with
-a TorchServe context built here, and runs full batches of the sample input through every
-combination of micro_batch_size and preprocess/postprocess threads (inference threads with
-``--inference-threads``), showing progress. It prints a table ranked by throughput, with
-the time per batch, and writes the best combination as micro_batching.json. The handler
-must use ts_microbatch (MicroBatchingMixin, or ``self.handle = MicroBatching(self)``).
-
-With ``order: length`` in the model's config, the token budget (``max_micro_batch_tokens``)
-is a dimension of the grid too (``--budgets``): on a corpus of mixed lengths the cost of a
-micro-batch is its shape, items x padded length, and only measured batches of the corpus
-show which budget serves it fastest.
-
-With ``--corpus DIR|FILE.jsonl`` instead of ``--input`` (ts_microbatch.tools.corpus), each
-measured batch is the next ``--batch-size`` bodies of the corpus in its fixed shuffled
-order, the same batches for every combination, so the choice reflects the mix of lengths
-rather than one body's.
-
-With ``--confirm K`` the K best combinations are then served one after the other by a real
-TorchServe on loopback and driven by apache bench (`ab`) at the same batch size
-(ts_microbatch.tools.confirm); the one it measures fastest is written instead, and both
-rankings are printed. In-process runs leave out the frontend, which shares the cores, so
-the two can disagree.
-
-An existing ``--out`` is merged into, never overwritten (ts_microbatch.tools.merge): the keys
-tuned are set, every other key kept, and the file copied to ``<out>.bak`` (numbered when
-that exists) first; a file that cannot be parsed is refused before anything is measured.
+The .mar's handler (it must use ts_microbatch) is loaded in-process (ts_microbatch.tools.
+inprocess) and full batches of ``--input``, or of ``--corpus`` in its fixed order, run
+through every combination of micro_batch_size, stage threads and, with ``order: length``,
+token budgets (``--budgets``). The ranking is printed and the best merged into ``--out``
+(ts_microbatch.tools.merge: other keys kept, a backup first). ``--confirm K`` serves the
+K best on a real TorchServe (ts_microbatch.tools.confirm) and writes the one it measures
+fastest: in-process runs leave out the frontend, which shares the cores. ``--slo-p99-ms``
+tunes for a latency objective instead (ts_microbatch.tools.slo).
 """
 
 from __future__ import annotations
@@ -38,7 +20,7 @@ import itertools
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +31,70 @@ from ._cli import SAFE_BESIDE, prog
 from .ab import ab_problem
 from .confirm import Load, measure_configs, model_dir_of
 from .corpus import Body, Corpus
-from .inprocess import load_handler, make_context, measure, tuning_corpus
+from .inprocess import load_handler, make_context, measure_with_cpu, threads_of, tuning_corpus
 from .merge import MergeError, read_existing, write_merged
-from .ranking import Confirmed, Trial, print_confirmed, print_ranking
 from .results import OutputError, ResultsLog, claimed_dir, output_file
 from .server import java_problem
 
 # The micro_batching keys this tuner chooses; merged into an existing --out, the others stay.
 TUNED_KEYS = ("micro_batch_size", "parallelism", "max_micro_batch_tokens")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One combination measured in-process."""
+
+    micro_batch_size: int
+    parallelism: dict[str, int]
+    requests_per_s: float
+    batch_ms: float
+    max_micro_batch_tokens: int | None = None
+
+    def as_config(self, base: MicroBatchingConfig) -> dict[str, Any]:
+        settings = base.as_dict()
+        settings.update(
+            micro_batch_size=self.micro_batch_size,
+            parallelism=self.parallelism,
+            max_micro_batch_tokens=self.max_micro_batch_tokens,
+        )
+        return settings
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A config as a real TorchServe measured it; ``trial`` is None for ``"auto"``."""
+
+    trial: Trial | None
+    config: dict[str, Any]
+    requests_per_s: float
+    p99_ms: float
+    errors: int
+
+
+def print_ranking(ranked: list[Trial]) -> None:
+    print(
+        "\nrank | micro_batch_size | max_micro_batch_tokens | threads pre/inf/post |"
+        " requests/s | ms per batch"
+    )
+    for rank, t in enumerate(ranked, start=1):
+        print(
+            f"{rank:4} | {t.micro_batch_size:16} | {t.max_micro_batch_tokens!s:>22} |"
+            f" {threads_of(t.parallelism):>20} | {t.requests_per_s:10.1f} | {t.batch_ms:.1f}"
+        )
+
+
+def print_confirmed(confirmed: list[Confirmed], ranked: list[Trial]) -> None:
+    print(
+        "\nOn TorchServe:\nrank | in-process rank | micro_batch_size | threads pre/inf/post |"
+        " requests/s | p99 ms | errors"
+    )
+    for rank, c in enumerate(confirmed, start=1):
+        in_process = "-" if c.trial is None else str(ranked.index(c.trial) + 1)
+        print(
+            f"{rank:4} | {in_process:>15} | {c.config['micro_batch_size']!s:>16} |"
+            f" {threads_of(c.config['parallelism']):>20} | {c.requests_per_s:10.1f} |"
+            f" {c.p99_ms:6.0f} | {c.errors}"
+        )
 
 
 def tune(
@@ -70,15 +108,11 @@ def tune(
     record: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[Trial]:
     """Every combination measured on the same ``batches`` (the first a warm-up); fastest
-    first. ``budgets``: the max_micro_batch_tokens values to try (sizes are then the most
-    items a micro-batch holds); None: the config's own. ``record`` gets each trial as it
-    is measured (a line of the trials file)."""
+    first. ``budgets``: the max_micro_batch_tokens values to try; None: the config's own.
+    ``record`` gets each trial as it is measured."""
     base = mb.config
-    grid = list(
-        itertools.product(
-            sizes, budgets or [base.max_micro_batch_tokens], threads, inference_threads
-        )
-    )
+    tried = budgets or [base.max_micro_batch_tokens]
+    grid = list(itertools.product(sizes, tried, threads, inference_threads))
     trials = []
     for i, (size, budget, pre_post, infer) in enumerate(grid, start=1):
         parallelism = {"preprocess": pre_post, "inference": infer, "postprocess": pre_post}
@@ -88,7 +122,7 @@ def tune(
             "max_micro_batch_tokens": budget,
         }
         mb.configure(MicroBatchingConfig.from_mapping(settings, base))
-        seconds = measure(mb, context, batches)
+        seconds = measure_with_cpu(mb, context, batches)[0]
         trial = Trial(size, parallelism, len(batches[0]) / seconds, seconds * 1000, budget)
         trials.append(trial)
         if record is not None:
@@ -96,7 +130,7 @@ def tune(
         tokens = "" if budget is None else f" tokens<={budget:<5}"
         print(
             f"[{i}/{len(grid)}] micro_batch_size={size:<3}{tokens} threads "
-            f"{pre_post}/{infer}/{pre_post}: {trial.requests_per_s:8.1f} requests/s, "
+            f"{threads_of(parallelism)}: {trial.requests_per_s:8.1f} requests/s, "
             f"{trial.batch_ms:8.1f} ms per batch",
             flush=True,
         )
@@ -106,9 +140,8 @@ def tune(
 def confirm(
     ranked: list[Trial], base: MicroBatchingConfig, args: argparse.Namespace, workdir: Path
 ) -> list[Confirmed]:
-    """Measures the ``args.confirm`` best trials on a real TorchServe with `ab`, each on a
-    server of its own (``args.ts_config`` when given); fastest first, those with errors
-    last. Every run is a line of ``args.confirm_out``/results.jsonl as it is measured."""
+    """The ``args.confirm`` best trials (and "auto" with ``--with-auto``) measured on a
+    real TorchServe; fastest first, those with errors last."""
     top: list[Trial | None] = list(ranked[: args.confirm])
     configs = [t.as_config(base) for t in ranked[: args.confirm]]
     if args.with_auto:  # "auto" with the best threads, measured against the fixed sizes
@@ -133,7 +166,6 @@ def confirm(
         Confirmed(trial, m.config, m.requests_per_s, m.p99_ms, m.errors)
         for trial, m in zip(top, measured)
     ]
-    # A config that answered any request with an error loses to every one that did not.
     return sorted(confirmed, key=lambda c: (c.errors > 0, -c.requests_per_s))
 
 
@@ -249,11 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def out_file(args: argparse.Namespace) -> Path:
     """``--out``, or its default: micro_batching.json, or model-config.yaml with
-    ``--slo-p99-ms``, whose frontend keys (batchSize, maxBatchDelay, the workers) and
-    ``micro_batching`` section only model-config.yaml holds. A ``.json`` given with
-    ``--slo-p99-ms`` is refused: merged into micro_batching.json, those keys landed among
-    the pipeline's settings, where the frontend never reads them and the package's config
-    check refuses them."""
+    ``--slo-p99-ms``, whose frontend keys only model-config.yaml holds (a ``.json`` is
+    refused: the package's config check refuses those keys there)."""
     if args.out is None:
         return Path("model-config.yaml" if args.slo_p99_ms else "micro_batching.json")
     if args.slo_p99_ms and args.out.suffix.lower() == ".json":
@@ -267,11 +296,9 @@ def out_file(args: argparse.Namespace) -> Path:
 
 
 def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
-    """Before anything is measured: the folders of ``--out`` and ``--confirm-out`` made
-    (the default --confirm-out is ``<out>-confirm/`` beside it, kept; a non-empty one the
-    tuner did not make is refused), ``--confirm``'s
-    needs checked, and the trials file (``<out>.trials.jsonl``) that every measurement is
-    appended to as it comes."""
+    """Before anything is measured: ``--confirm``'s needs checked, the folders of ``--out``
+    and ``--confirm-out`` made (``<out>-confirm/`` by default; a non-empty one the tuner did
+    not make is refused) and the trials file every measurement is appended to."""
     if args.confirm:
         # ab sends one --input; a --corpus goes through the package's own driver.
         # A latency objective is confirmed with open-loop load, never through ab.
