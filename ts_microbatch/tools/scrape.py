@@ -21,19 +21,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from ..core.config import STAGES
-from ..torchserve.metrics import (
-    BATCHES,
-    MICRO_BATCH_SIZE,
-    MICRO_BATCHES_CUT,
-    MICRO_BATCHES_PER_BATCH,
-    PADDED_ITEMS,
-    PADDED_TOKENS,
-    QUEUE_TIME,
-    RECOMPILES,
-    REQUEST_ERRORS,
-    STAGE_TIME,
-    TOKENS,
-)
+from ..torchserve import metric_names as names
 from ._cli import prog
 
 
@@ -91,14 +79,12 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
     def counter(name: str) -> float:
         return delta(name, **model) + delta(f"{name}_total", **model)
 
-    def by_label(name: str, label: str) -> dict[str, int]:
-        names = (name, f"{name}_total")
+    def by_label(name: str, label: str) -> dict[str, int]:  # the non-zero counts
+        found = {(s.labels.get(label, ""), s.name) for s in a if s.name in (name, f"{name}_total")}
         counts: dict[str, int] = {}
-        for value, named in sorted(
-            {(s.labels.get(label, ""), s.name) for s in a if s.name in names}
-        ):
+        for value, named in sorted(found):
             counts[value] = counts.get(value, 0) + int(delta(named, **{label: value}, **model))
-        return counts
+        return {value: n for value, n in counts.items() if n}
 
     def mean_ms(histogram: str, stage: str) -> float:
         seconds = delta(f"{histogram}_sum", Stage=stage, **model)
@@ -108,33 +94,33 @@ def summarize(after: str, before: str = "", model_name: str | None = None) -> di
         return _ratio(delta(name, **frontend), requests) / 1000
 
     requests = delta("ts_inference_requests_total", **frontend)
-    sizes = by_label(MICRO_BATCH_SIZE, "Sizes")
+    sizes = by_label(names.MICRO_BATCH_SIZE, "Sizes")
     micro_batches = float(sum(sizes.values()))
-    batches, cuts = counter(BATCHES), counter(MICRO_BATCHES_CUT)
+    batches, cuts = counter(names.BATCHES), counter(names.MICRO_BATCHES_CUT)
     mean_size = _ratio(requests, cuts)
     if not batches:
-        batches = delta(f"{MICRO_BATCHES_PER_BATCH}_count", **model)
-        cuts = delta(f"{MICRO_BATCHES_PER_BATCH}_sum", **model)
+        batches = delta(f"{names.MICRO_BATCHES_PER_BATCH}_count", **model)
+        cuts = delta(f"{names.MICRO_BATCHES_PER_BATCH}_sum", **model)
         mean_size = _ratio(requests, micro_batches)
-    padded = delta(f"{PADDED_ITEMS}_sum", **model)
-    padded_runs = delta(f"{PADDED_ITEMS}_count", **model)
-    tokens, padded_tokens = counter(TOKENS), counter(PADDED_TOKENS)
+    padded = delta(f"{names.PADDED_ITEMS}_sum", **model)
+    padded_runs = delta(f"{names.PADDED_ITEMS}_count", **model)
+    tokens, padded_tokens = counter(names.TOKENS), counter(names.PADDED_TOKENS)
     return {
         "requests": requests,
         "frontend_queue_ms": per_request_ms("ts_queue_latency_microseconds"),
         "frontend_latency_ms": per_request_ms("ts_inference_latency_microseconds"),
         "batches": batches,
         "micro_batches": micro_batches,
-        "micro_batch_sizes": {k: n for k, n in sizes.items() if n},
+        "micro_batch_sizes": sizes,
         "mean_batch_size": _ratio(requests, batches),
         "mean_micro_batch_size": mean_size,
         "micro_batches_per_batch": _ratio(cuts, batches),
-        "stage_ms": {stage: mean_ms(STAGE_TIME, stage) for stage in STAGES},
-        "stage_wait_ms": {stage: mean_ms(QUEUE_TIME, stage) for stage in STAGES},
-        "errors": {code: n for code, n in by_label(REQUEST_ERRORS, "StatusCode").items() if n},
+        "stage_ms": {stage: mean_ms(names.STAGE_TIME, stage) for stage in STAGES},
+        "stage_wait_ms": {stage: mean_ms(names.QUEUE_TIME, stage) for stage in STAGES},
+        "errors": by_label(names.REQUEST_ERRORS, "StatusCode"),
         "padded_per_micro_batch": _ratio(padded, padded_runs),
         "padded_share": _ratio(padded, padded + requests) if padded_runs else math.nan,
-        "recompiles": int(counter(RECOMPILES)),
+        "recompiles": int(counter(names.RECOMPILES)),
         "tokens": int(tokens),
         "padded_tokens": int(padded_tokens),
         "useful_token_share": _ratio(tokens, padded_tokens),
