@@ -24,14 +24,18 @@ PORTS_ENV = "TS_MICROBATCH_PORTS"  # "inference,management,metrics"
 _ADDRESSES = ("inference_address", "management_address", "metrics_address")
 
 
+def _port(url: str) -> int:
+    port = urllib.parse.urlparse(url).port
+    if port is None:
+        raise TorchServeError(f"no port in address {url!r}")
+    return port
+
+
 def server_from_config(config: Path, model_store: Path, token_auth: bool) -> TorchServe:
-    props = read_properties(config)
     if os.environ.get(PORTS_ENV):
         ports = [int(p) for p in os.environ[PORTS_ENV].split(",")]
     else:
-        ports = [urllib.parse.urlparse(props[k]).port or 0 for k in _ADDRESSES]
-        if 0 in ports:
-            raise TorchServeError(f"no port in address {props[_ADDRESSES[ports.index(0)]]!r}")
+        ports = [_port(read_properties(config)[k]) for k in _ADDRESSES]
     inference, management, metrics = ports
     return TorchServe(
         model_store, WORKDIR, config, (inference, management, metrics), token_auth=token_auth
@@ -78,10 +82,8 @@ def start(args: argparse.Namespace) -> int:
     print(f"\nPOST {url}/predictions/{model_name} ({args.input}) -> {answer.status}")
     print(json.dumps(answer.json(), indent=2))
     key_file = server.workdir / "key_file.json"
-    key = (
-        f"""$(python3 -c 'import json;print(json.load(open("{key_file}"))["inference"]["key"])')"""
-    )
-    auth = f' -H "Authorization: Bearer {key}"' if token_auth else ""
+    key = f'import json;print(json.load(open("{key_file}"))["inference"]["key"])'
+    auth = f" -H \"Authorization: Bearer $(python3 -c '{key}')\"" if token_auth else ""
     print(
         f"\nTorchServe is running: inference {url}, management "
         f"{server.management_url}, metrics {server.metrics_url}"
