@@ -183,3 +183,21 @@ def test_stop_from_the_pid_file_kills_a_verified_group_that_ignores_sigterm(
         assert group_gone(proc.pid)
     finally:
         kill_group(proc)
+
+
+def test_serve_stop_took_a_live_servers_pid_file_written_mid_exec_for_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Popen returns once exec has begun, before the kernel has set the new command line:
+    # about 1 read in 15 saw none, and `serve stop` then took the live server's file for stale.
+    proc, _ = start_group()
+    try:
+        reads = iter([[], []])
+        real = psutil.Process.cmdline
+        monkeypatch.setattr(psutil.Process, "cmdline", lambda self: next(reads, None) or real(self))
+        record = write_pid_file(tmp_path / "torchserve.pid", proc.pid)
+        assert record is not None and record.cmdline == tuple(real(psutil.Process(proc.pid)))
+        assert list(reads) == []  # both empty reads happened
+        assert read_pid_file(tmp_path / "torchserve.pid") == record
+    finally:
+        kill_group(proc)

@@ -51,11 +51,17 @@ class ProcessRecord:
 
 def write_pid_file(path: Path, pid: int) -> ProcessRecord | None:
     """Records the process ``pid`` in ``path`` (replaced whole); None, and no file, when it
-    has already exited."""
+    has already exited. Just after Popen returns, the child may still be in exec, its command
+    line empty: it is read again until it has one (for a second at most)."""
+    deadline = time.monotonic() + 1.0
     try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            record = ProcessRecord(pid, proc.create_time(), tuple(proc.cmdline()))
+        while True:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                record = ProcessRecord(pid, proc.create_time(), tuple(proc.cmdline()))
+            if record.cmdline or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
     except psutil.Error:
         return None
     fields = {"kind": PID_FILE_KIND, "pid": pid, "create_time": record.create_time}
