@@ -25,17 +25,7 @@ from typing import Any
 from .ports import LOOPBACK, free_port, free_worker_ports, socket_dir_for, without_java_tmpdir
 from .processes import remove_pid_file, stop_from_pid_file, stop_process_group, write_pid_file
 
-__all__ = [
-    "LOOPBACK",
-    "Response",
-    "TorchServe",
-    "TorchServeError",
-    "free_port",
-    "java_problem",
-    "read_properties",
-    "stop_process_group",
-]
-
+# LOOPBACK, free_port and stop_process_group are also imported from here (tests, benchmarks).
 logger = logging.getLogger(__name__)
 
 
