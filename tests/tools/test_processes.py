@@ -192,9 +192,13 @@ def test_serve_stop_took_a_live_servers_pid_file_written_mid_exec_for_stale(
     # about 1 read in 15 saw none, and `serve stop` then took the live server's file for stale.
     proc, _ = start_group()
     try:
-        reads = iter([[], []])
+        reads: Iterator[list[str]] = iter([[], []])
         real = psutil.Process.cmdline
-        monkeypatch.setattr(psutil.Process, "cmdline", lambda self: next(reads, None) or real(self))
+
+        def cmdline(self: psutil.Process) -> list[str]:  # empty twice, as mid-exec
+            return next(reads, real(self))
+
+        monkeypatch.setattr(psutil.Process, "cmdline", cmdline)
         record = write_pid_file(tmp_path / "torchserve.pid", proc.pid)
         assert record is not None and record.cmdline == tuple(real(psutil.Process(proc.pid)))
         assert list(reads) == []  # both empty reads happened
