@@ -101,9 +101,15 @@ def kserve_properties(
     mount = PurePosixPath(mount_path)
     if not mount.is_absolute():
         raise ValueError(f"mount_path: got {mount_path!r}, expected an absolute path")
-    model = {"defaultVersion": True, "marName": mar_name, "minWorkers": min_workers}
-    model.update(maxWorkers=max_workers, batchSize=batch_size, maxBatchDelay=max_batch_delay_ms)
-    model["responseTimeout"] = response_timeout_s
+    model = {
+        "defaultVersion": True,
+        "marName": mar_name,
+        "minWorkers": min_workers,
+        "maxWorkers": max_workers,
+        "batchSize": batch_size,
+        "maxBatchDelay": max_batch_delay_ms,
+        "responseTimeout": response_timeout_s,
+    }
     snapshot = {"name": "startup.cfg", "modelCount": 1, "models": {model_name: {"1.0": model}}}
     lines = {
         "inference_address": f"http://0.0.0.0:{inference_port}",

@@ -184,17 +184,23 @@ class TorchServe:
         self.write_config()
         self.socket_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        # TorchServe keeps its pid file in TMPDIR; ts/model_server.py passes TEMP to Java
-        # as java.io.tmpdir, where the worker sockets go (/tmp is every other server's).
-        env = {**os.environ, "LOG_LOCATION": str(self.log_dir), "TMPDIR": str(self.workdir)}
-        env.update(METRICS_LOCATION=str(self.log_dir), TEMP=str(self.socket_dir), **self.env)
-        cmd = [str(Path(sys.executable).with_name("torchserve")), "--start", "--foreground"]
-        cmd += ["--ncs", "--ts-config", str(self.config_path), "--model-store"]
+        env = dict(
+            os.environ,
+            LOG_LOCATION=str(self.log_dir),
+            METRICS_LOCATION=str(self.log_dir),
+            TMPDIR=str(self.workdir),  # TorchServe keeps its pid file in the temp dir
+            # ts/model_server.py passes TEMP to Java as java.io.tmpdir, where the frontend
+            # puts the worker sockets (.ts.sock.<port>); /tmp is every other server's.
+            TEMP=str(self.socket_dir),
+            **self.env,
+        )
+        torchserve = str(Path(sys.executable).with_name("torchserve"))
+        paths = ["--ts-config", str(self.config_path), "--model-store", str(self.model_store)]
         # A new file per start: an earlier attempt's output must not be read as this one's.
         out_path = self.log_dir / "torchserve.out"
         with open(out_path, "wb") as out:
             self.process = subprocess.Popen(
-                [*cmd, str(self.model_store)],
+                [torchserve, "--start", "--foreground", "--ncs", *paths],
                 cwd=self.workdir,
                 env=env,
                 stdout=out,
@@ -288,9 +294,13 @@ class TorchServe:
         timeout_s: float = 300.0,
     ) -> Response:
         """POST /models synchronously; the response says whether the workers started."""
-        params: dict[str, Any] = {"url": mar, "batch_size": batch_size}
-        params.update(max_batch_delay=max_batch_delay_ms, initial_workers=initial_workers)
-        params["synchronous"] = "true"
+        params: dict[str, Any] = {
+            "url": mar,
+            "batch_size": batch_size,
+            "max_batch_delay": max_batch_delay_ms,
+            "initial_workers": initial_workers,
+            "synchronous": "true",
+        }
         if response_timeout_s is not None:
             params["response_timeout"] = response_timeout_s
         if model_name:
