@@ -11,7 +11,7 @@ import prepare
 import yaml
 
 from ts_microbatch.core.config import MicroBatchingConfig
-from ts_microbatch.tools.archiver import run_archiver
+from ts_microbatch.tools.bundle import run_archiver
 from ts_microbatch.tools.confirm import model_dir_of, with_config
 
 HERE = Path(__file__).resolve().parent

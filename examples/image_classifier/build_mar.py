@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from ts_microbatch.tools.archiver import run_archiver
+from ts_microbatch.tools.bundle import run_archiver
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

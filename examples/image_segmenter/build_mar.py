@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from PIL import Image
 
-from ts_microbatch.tools.archiver import run_archiver
+from ts_microbatch.tools.bundle import run_archiver
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from ts_microbatch.tools.archiver import run_archiver
+from ts_microbatch.tools.bundle import run_archiver
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

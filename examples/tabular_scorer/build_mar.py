@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ts_microbatch.tools.archiver import run_archiver
+from ts_microbatch.tools.bundle import run_archiver
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import torch
 import yaml
 
-from ts_microbatch.tools.archiver import run_archiver
+from ts_microbatch.tools.bundle import run_archiver
 
 HERE = Path(__file__).resolve().parent
 WEIGHTS = "tiny.pt"

@@ -25,7 +25,7 @@ from tests.integration.servers import local_server
 from tests.integration.test_torchserve import parallel, worker_pids
 from ts_microbatch import agent
 from ts_microbatch.tools.ab import ab_problem, parse_ab, start_ab
-from ts_microbatch.tools.archiver import run_archiver
+from ts_microbatch.tools.bundle import run_archiver
 from ts_microbatch.tools.server import TorchServe
 
 HANDLER = Path(__file__).parent / "handlers" / "bare_async_handler.py"

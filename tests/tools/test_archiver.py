@@ -1,4 +1,4 @@
-"""torch-model-archiver in a staging folder of its own (ts_microbatch.tools.archiver)."""
+"""torch-model-archiver in a staging folder of its own (ts_microbatch.tools.bundle.run_archiver)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ts_microbatch.tools.archiver import ArchiverError, run_archiver
+from ts_microbatch.tools.bundle import ArchiverError, run_archiver
 
 
 def test_hang_a_build_deleted_another_builds_staging_folder(tmp_path: Path) -> None:

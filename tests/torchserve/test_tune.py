@@ -13,7 +13,7 @@ import yaml
 from tests.helpers import ROOT, load_module
 from ts_microbatch import MicroBatchingConfig, load_config
 from ts_microbatch.tools import tune
-from ts_microbatch.tools.archiver import run_archiver
+from ts_microbatch.tools.bundle import run_archiver
 from ts_microbatch.tools.confirm import Load, Measured
 from ts_microbatch.tools.tune import main
 

@@ -1,28 +1,24 @@
-"""A KServe storage layout: ``config/config.properties`` and a self-contained .mar.
+"""Packaging: torch-model-archiver run safely, and a KServe storage layout
+(``config/config.properties`` and a self-contained .mar).
 
-KServe's TorchServe runtime starts ``torchserve --start --model-store=/mnt/models/model-store
---ts-config=/mnt/models/config/config.properties`` in a stock image; nothing installs this
-package there. So the .mar carries the part of ts_microbatch that runs inside a worker:
-the package's ``__init__``, ``core/`` and ``torchserve/`` (``WORKER_WINGS``), never
-``tools/``, which drives a server from outside (this module is there), copied into the
-model directory, which TorchServe puts on the worker's import path.
-
-    python -m ts_microbatch.tools.bundle --out build/kserve --mar model_store/resnet-18_mb.mar ...
-
-is what ``make kserve-bundle`` runs; see deploy/kserve/README.md.
-
-Every path config.properties names is absolute under the mount (``--mount-path``,
-``/mnt/models`` as KServe mounts the storage URI): TorchServe resolves a relative one
-against its working directory, the image's ``/home/model-server``, not against the config
-file, and a relative ``metrics_config`` kept the worker from ever loading (issue #18).
+KServe's TorchServe runtime starts a stock image; nothing installs this package there. So
+the .mar carries the part of ts_microbatch a worker runs (``vendor``: ``core/`` and
+``torchserve/``, never ``tools/``), and every path config.properties names is absolute under
+the mount (``--mount-path``): TorchServe resolves a relative one against its working
+directory, not the config file's. ``make kserve-bundle`` runs this; see deploy/kserve/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from . import METRICS_YAML
@@ -30,12 +26,32 @@ from ._cli import prog
 from .results import OutputError, claimed_dir
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # ts_microbatch/
-# What a worker runs; tools/ never is.
-WORKER_WINGS = ("core", "torchserve")
+WORKER_WINGS = ("core", "torchserve")  # what a worker runs; tools/ never is
 MOUNT_PATH = "/mnt/models"  # where KServe's storage initializer puts the storage URI
 # The keys of config.properties that name a file or directory (TorchServe 0.12's
 # *_config, *_path and model_store keys; the enable_*_config switches name none).
 _PATH_KEY = re.compile(r"^(?!enable_).*(_config|_path)$|^model_store$")
+
+
+class ArchiverError(RuntimeError):
+    """torch-model-archiver exited with an error; the message carries what it printed."""
+
+
+def run_archiver(args: Sequence[str]) -> None:
+    """Runs the torch-model-archiver beside this interpreter with ``args``, in a temp dir of
+    its own: it stages in ``<temp dir>/<model name>``, deleting that first, so two builds of
+    one name at once would delete and fill each other's files.
+
+    Raises:
+        ArchiverError: it exited with an error (its output in the message).
+    """
+    archiver = str(Path(sys.executable).with_name("torch-model-archiver"))
+    with tempfile.TemporaryDirectory(prefix="tsmb-archiver-") as staging:
+        env = {**os.environ, "TMPDIR": staging}
+        proc = subprocess.run([archiver, *args], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        output = (proc.stderr or proc.stdout).strip()
+        raise ArchiverError(f"torch-model-archiver {' '.join(args[:4])}... failed:\n{output}")
 
 
 def path_keys(properties: str) -> dict[str, str]:
@@ -48,21 +64,15 @@ def path_keys(properties: str) -> dict[str, str]:
     }
 
 
-def worker_files() -> list[str]:
-    """The package's files a worker needs, relative to the package directory."""
+def vendor(dest: Path) -> Path:
+    """Copies the worker's part of the package to ``dest/ts_microbatch``; returns ``dest``
+    (for torch-model-archiver's --extra-files: a directory's contents land in the model root)."""
+    target = dest / "ts_microbatch"
+    shutil.rmtree(target, ignore_errors=True)
     files = ["__init__.py", "py.typed"]
     for wing in WORKER_WINGS:
         files += sorted(f"{wing}/{p.name}" for p in (PACKAGE_DIR / wing).glob("*.py"))
-    return files
-
-
-def vendor(dest: Path) -> Path:
-    """Copies the worker's part of the package to ``dest/ts_microbatch``; returns ``dest``
-    (pass it to torch-model-archiver's --extra-files: a directory's contents land in the
-    model root)."""
-    target = dest / "ts_microbatch"
-    shutil.rmtree(target, ignore_errors=True)
-    for name in worker_files():
+    for name in files:
         (target / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(PACKAGE_DIR / name, target / name)
     return dest
@@ -81,39 +91,26 @@ def kserve_properties(
     metrics_port: int = 8082,
     mount_path: str = MOUNT_PATH,
 ) -> str:
-    """config.properties for KServe's TorchServe runtime.
+    """config.properties for KServe's TorchServe runtime, the bundle seen at ``mount_path``.
 
-    ``mount_path`` is where the pod sees the bundle (KServe mounts the storage URI at
-    ``/mnt/models``); the model store and the metrics config are named under it, absolute,
-    because TorchServe resolves a relative path against its working directory.
-
-    The model loads from ``model_snapshot`` (batchSize, maxBatchDelay and the workers come
-    from there; without maxBatchDelay TorchServe stops). ``enable_envvars_config=false`` so
-    that the runtime's ``TS_SERVICE_ENVELOPE`` cannot switch TorchServe's KServe envelope
-    on (it answers only the first request of a batch); the handler reads the protocols
-    itself. The KServe wrapper sends no token, so token authorization is off: in the pod,
-    only the wrapper reaches these addresses.
+    The model loads from ``model_snapshot`` (without maxBatchDelay TorchServe stops).
+    ``enable_envvars_config=false`` keeps the runtime's ``TS_SERVICE_ENVELOPE`` from switching
+    TorchServe's KServe envelope on (it answers only a batch's first request). The KServe
+    wrapper sends no token, and only it reaches these addresses: token authorization is off.
     """
     mount = PurePosixPath(mount_path)
     if not mount.is_absolute():
         raise ValueError(f"mount_path: got {mount_path!r}, expected an absolute path")
-    snapshot = {
-        "name": "startup.cfg",
-        "modelCount": 1,
-        "models": {
-            model_name: {
-                "1.0": {
-                    "defaultVersion": True,
-                    "marName": mar_name,
-                    "minWorkers": min_workers,
-                    "maxWorkers": max_workers,
-                    "batchSize": batch_size,
-                    "maxBatchDelay": max_batch_delay_ms,
-                    "responseTimeout": response_timeout_s,
-                }
-            }
-        },
+    model = {
+        "defaultVersion": True,
+        "marName": mar_name,
+        "minWorkers": min_workers,
+        "maxWorkers": max_workers,
+        "batchSize": batch_size,
+        "maxBatchDelay": max_batch_delay_ms,
+        "responseTimeout": response_timeout_s,
     }
+    snapshot = {"name": "startup.cfg", "modelCount": 1, "models": {model_name: {"1.0": model}}}
     lines = {
         "inference_address": f"http://0.0.0.0:{inference_port}",
         "management_address": f"http://0.0.0.0:{inference_port}",
@@ -144,17 +141,13 @@ def write_bundle(
     mount_path: str = MOUNT_PATH,
     **settings: int,
 ) -> Path:
-    """Writes ``out/config/config.properties`` (+ metrics.yaml) and ``out/model-store/``.
-
-    ``out`` is what the pod will see at ``mount_path``; a test that serves the bundle where
-    it lies passes ``mount_path=str(out)``, as the mount maps the prefix."""
+    """Writes ``out/config/config.properties`` (+ metrics.yaml) and ``out/model-store/``;
+    ``out`` is what the pod will see at ``mount_path``."""
     properties = kserve_properties(mar.name, model_name, mount_path=mount_path, **settings)
-    keys = path_keys(properties)
-    relative = {k: v for k, v in keys.items() if not PurePosixPath(v).is_absolute()}
+    relative = {k: v for k, v in path_keys(properties).items() if not v.startswith("/")}
     if relative:  # resolved against the image's working directory, not the bundle's
         raise ValueError(f"config.properties names relative paths: {relative}")
-    # It overwrites config/ and model-store/: only in a folder it made (results.claimed_dir).
-    claimed_dir(out, "ts-microbatch-bundle")
+    claimed_dir(out, "ts-microbatch-bundle")  # it overwrites: only in a folder it made
     (out / "config").mkdir(parents=True, exist_ok=True)
     (out / "model-store").mkdir(parents=True, exist_ok=True)
     shutil.copy2(mar, out / "model-store" / mar.name)
@@ -164,23 +157,17 @@ def write_bundle(
 
 
 def main(argv: list[str] | None = None) -> int:
+    description = "A KServe storage layout: config/config.properties and a self-contained .mar."
     parser = argparse.ArgumentParser(
-        prog=prog("ts_microbatch.tools.bundle"), description=__doc__.split("\n\n")[0]
+        prog=prog("ts_microbatch.tools.bundle"), description=description
     )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--mar", type=Path, required=True, help="a self-contained .mar")
     parser.add_argument("--model-name", required=True)
-    parser.add_argument(
-        "--metrics-yaml",
-        type=Path,
-        default=METRICS_YAML,
-        help="TorchServe's metrics config; the package's, declaring the pipeline's, by default",
-    )
-    parser.add_argument(
-        "--mount-path",
-        default=MOUNT_PATH,
-        help=f"where the pod sees --out; config.properties names paths under it ({MOUNT_PATH})",
-    )
+    what = "TorchServe's metrics config; the package's, declaring the pipeline's, by default"
+    parser.add_argument("--metrics-yaml", type=Path, default=METRICS_YAML, help=what)
+    what = f"where the pod sees --out; config.properties names paths under it ({MOUNT_PATH})"
+    parser.add_argument("--mount-path", default=MOUNT_PATH, help=what)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-batch-delay", type=int, default=50)
     parser.add_argument("--min-workers", type=int, default=1)

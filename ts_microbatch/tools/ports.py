@@ -1,21 +1,13 @@
 """Ports and socket paths for a TorchServe started beside others on one machine.
 
-TorchServe's frontend hands each backend worker a Unix socket named after a port,
-``<java.io.tmpdir>/.ts.sock.<port>``, counting up from ``initial_worker_port`` (9000 by
-default) for every worker it starts, and Java's temp directory is ``/tmp`` unless the
-``TEMP`` environment variable says otherwise (ts/model_server.py turns it into
-``-Djava.io.tmpdir``). The worker removes an existing file of that name before it binds
-(ts/model_service_worker.py), and the frontend deletes it when the worker exits
-(Connector.clean). So a second TorchServe left at the defaults takes over the first one's
-worker socket: its worker answers the first frontend's next connection, and its exit
-deletes the live worker's path.
-
-A tool therefore gives its server a temp directory of its own (``socket_dir``) and a block
-of worker ports in which nothing is in use: no ``.ts.sock.<port>`` file in ``/tmp``, the
-system temp directory or the server's own, no listening Unix socket of that name anywhere
-(``/proc/net/unix`` still lists one whose file was deleted), and no bound TCP port (the
-worker's TCP mode). Blocks are scanned upward from TorchServe's default, one block per
-server, so a running server's own scale-ups (9001, 9002, ...) stay inside its block.
+TorchServe's frontend hands each worker a Unix socket ``<java.io.tmpdir>/.ts.sock.<port>``,
+counting up from ``initial_worker_port`` (9000), and Java's temp directory is /tmp unless
+``TEMP`` says otherwise. A worker removes an existing file of that name before it binds, and
+the frontend deletes it when the worker exits: a second TorchServe left at the defaults takes
+over the first one's worker socket. So each server a tool starts gets a temp directory of its
+own (``socket_dir_for``) and a block of worker ports nothing uses: no ``.ts.sock.<port>``
+file in a temp directory, no Unix socket of that name (``/proc/net/unix`` lists one whose
+file was deleted), no bound TCP port. One block per server keeps its scale-ups inside it.
 """
 
 from __future__ import annotations
@@ -62,35 +54,24 @@ def tcp_port_bound(port: int) -> bool:
     return False
 
 
-def _listening_unix_paths(proc_net_unix: str = "/proc/net/unix") -> list[str]:
-    """Paths of the machine's Unix sockets (empty where /proc is not there)."""
-    try:
-        lines = Path(proc_net_unix).read_text(errors="replace").splitlines()[1:]
-    except OSError:
-        return []
-    # Num RefCount Protocol Flags Type St Inode Path
-    return [fields[7] for fields in (line.split(None, 7) for line in lines) if len(fields) == 8]
-
-
 def worker_socket_ports(dirs: Iterable[Path], proc_net_unix: str = "/proc/net/unix") -> set[int]:
     """Ports named by ``.ts.sock.<port>`` files in ``dirs`` and by Unix sockets anywhere."""
-    used: set[int] = set()
+    names: list[str] = []
     for directory in dirs:
         try:
-            names = os.listdir(directory)
+            names += os.listdir(directory)
         except OSError:
             continue
-        used.update(int(n[len(SOCKET_PREFIX) :]) for n in names if _SOCKET_NAME.match(n))
-    for path in _listening_unix_paths(proc_net_unix):
-        found = _SOCKET_NAME.search(path)
-        if found:
-            used.add(int(found.group(1)))
-    return used
+    try:  # columns: Num RefCount Protocol Flags Type St Inode Path
+        lines = Path(proc_net_unix).read_text(errors="replace").splitlines()[1:]
+    except OSError:  # no /proc here
+        lines = []
+    names += [fields[7] for fields in (line.split(None, 7) for line in lines) if len(fields) == 8]
+    return {int(found.group(1)) for found in map(_SOCKET_NAME.search, names) if found}
 
 
 def default_socket_dirs() -> list[Path]:
-    """Where another TorchServe's worker sockets are: Java's default temp directory and
-    the one TEMP or TMPDIR name here."""
+    """Where another TorchServe's worker sockets are: /tmp and the temp directories named here."""
     dirs = [Path("/tmp"), Path(tempfile.gettempdir())]
     dirs += [Path(os.environ[v]) for v in ("TEMP", "TMPDIR") if os.environ.get(v)]
     return list(dict.fromkeys(dirs))
@@ -119,19 +100,17 @@ def free_worker_ports(
 
 
 def socket_dir_for(workdir: Path) -> Path:
-    """The server's own temp directory (Java's, so its worker sockets): ``workdir/tmp``,
-    or, when that path is too long for a Unix socket, a short one under /tmp named after
-    ``workdir`` (the same for every call, so that a later ``stop`` finds it)."""
+    """The server's own temp directory: ``workdir/tmp``, or, when that is too long for a
+    Unix socket path, one under /tmp named after ``workdir`` (so a later stop finds it)."""
     own = Path(workdir) / "tmp"
     if len(str(own)) <= _MAX_SOCKET_DIR:
         return own
-    digest = hashlib.sha1(str(workdir).encode()).hexdigest()[:12]
-    return Path("/tmp") / f"ts-microbatch-{digest}"
+    return Path("/tmp") / f"ts-microbatch-{hashlib.sha1(str(workdir).encode()).hexdigest()[:12]}"
 
 
 def without_java_tmpdir(props: dict[str, str]) -> dict[str, str]:
-    """config.properties entries with any ``-Djava.io.tmpdir`` left out of ``vmargs``: it
-    comes after TEMP's on Java's command line and would win over the server's own."""
+    """config.properties entries without any ``-Djava.io.tmpdir`` in ``vmargs``: it comes
+    after TEMP's on Java's command line and would win over the server's own."""
     given = props.get("vmargs", "").split()
     kept = [arg for arg in given if not arg.startswith(_JAVA_TMPDIR)]
     if kept == given:

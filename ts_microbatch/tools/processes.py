@@ -1,16 +1,12 @@
-"""Stopping a TorchServe's whole process group (the frontend and its backend workers), and
-only a group this package started.
+"""Stopping a TorchServe's whole process group (frontend and workers), and only one this
+package started.
 
-A pid file outlives its process: after a reboot, a container restart or a kill -9 of the
-tool, the pid it names may be anyone's. ``serve stop`` once trusted it and ``killpg``-ed
-an unrelated script's process group, then said "TorchServe stopped." So the pid file
-records the process, not only its id (``ProcessRecord``: its start time and command line,
-taken when it started), and a stop from the file signals a group only while its leader is
-still that process (``mismatch``); anything else is a stale file, removed, and nothing is
-signalled. A group id cannot be handed to a new process while any process of the group
-lives (Linux frees a pid only when nothing uses it as a process, group or session id), so
-a group watched since its verified leader got SIGTERM is still the same group when the
-SIGKILL fallback comes.
+A pid file outlives its process: after a reboot or a kill -9 of the tool, its pid may be
+anyone's. So the file records the process (``ProcessRecord``: start time and command line),
+and a stop from it signals a group only while its leader is still that process
+(``mismatch``); anything else is a stale file, removed, and nothing is signalled. Linux does
+not reuse a pid while any process of its group lives, so a group watched since its verified
+leader got SIGTERM is still the same group when the SIGKILL fallback comes.
 """
 
 from __future__ import annotations
@@ -31,9 +27,8 @@ import psutil
 logger = logging.getLogger(__name__)
 
 PID_FILE_KIND = "ts_microbatch torchserve"  # written in every pid file of ours
-# psutil's create_time is the kernel's start tick plus the boot time read from the wall
-# clock, which moves when the clock is stepped: a second of slack; the command line must
-# match as well, and a pid comes back only after the kernel has gone round all of them.
+# psutil's create_time moves when the wall clock is stepped: a second of slack (the
+# command line must match as well).
 CREATE_TIME_SLACK_S = 1.0
 
 
@@ -53,19 +48,20 @@ class ProcessRecord:
     create_time: float
     cmdline: tuple[str, ...]
 
-    @classmethod
-    def of(cls, pid: int) -> ProcessRecord:
-        """The running process ``pid``'s record (psutil.Error when it cannot be read)."""
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            return cls(pid, proc.create_time(), tuple(proc.cmdline()))
-
 
 def write_pid_file(path: Path, pid: int) -> ProcessRecord | None:
     """Records the process ``pid`` in ``path`` (replaced whole); None, and no file, when it
-    has already exited (the caller sees that and stops what is left as its own child)."""
+    has already exited. Just after Popen returns, the child may still be in exec, its command
+    line empty: it is read again until it has one (for a second at most)."""
+    deadline = time.monotonic() + 1.0
     try:
-        record = ProcessRecord.of(pid)
+        while True:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                record = ProcessRecord(pid, proc.create_time(), tuple(proc.cmdline()))
+            if record.cmdline or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
     except psutil.Error:
         return None
     fields = {"kind": PID_FILE_KIND, "pid": pid, "create_time": record.create_time}
@@ -79,8 +75,7 @@ def read_pid_file(path: Path) -> ProcessRecord:
     """The record in ``path``.
 
     Raises:
-        PidFileError: the file is not one of ours, or an older one with the pid alone
-            (nothing is signalled on it; the message says how to stop the server by hand).
+        PidFileError: the file is not one of ours, or an older one with the pid alone.
     """
     text = path.read_text(encoding="utf-8", errors="replace").strip()
     if text.isdigit():  # written before the record was: the pid alone
@@ -95,9 +90,8 @@ def read_pid_file(path: Path) -> ProcessRecord:
         data = json.loads(text)
         if data["kind"] != PID_FILE_KIND:
             raise ValueError(data["kind"])
-        return ProcessRecord(
-            int(data["pid"]), float(data["create_time"]), tuple(str(a) for a in data["cmdline"])
-        )
+        cmdline = tuple(str(a) for a in data["cmdline"])
+        return ProcessRecord(int(data["pid"]), float(data["create_time"]), cmdline)
     except (ValueError, KeyError, TypeError) as exc:
         raise PidFileError(
             f"{path} is not a pid file ts_microbatch wrote: nothing was signalled, "
@@ -106,8 +100,8 @@ def read_pid_file(path: Path) -> ProcessRecord:
 
 
 def remove_pid_file(path: Path, pid: int) -> None:
-    """Deletes ``path`` only while it is ours and names ``pid``: another start may have
-    replaced it since."""
+    """Deletes ``path`` only while it is ours and names ``pid`` (another start may have
+    replaced it)."""
     with contextlib.suppress(OSError, PidFileError):
         if read_pid_file(path).pid == pid:
             path.unlink()
@@ -115,8 +109,8 @@ def remove_pid_file(path: Path, pid: int) -> None:
 
 def mismatch(record: ProcessRecord) -> str | None:
     """Why the process now holding ``record.pid`` is not the recorded one leading its own
-    group, or None when it is. A zombie with the recorded start time still counts: it holds
-    its pid (its command line is gone), and its group may hold its workers."""
+    group, or None when it is. A zombie with the recorded start time still counts: its
+    group may hold its workers."""
     try:
         proc = psutil.Process(record.pid)
         with proc.oneshot():
@@ -175,12 +169,10 @@ def _terminate(
 
 
 def stop_process_group(pid: int, timeout_s: float, leader: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group of ``leader``, our own child started in a new session
-    (``pid`` is its pid), then SIGKILL what is left after ``timeout_s``. Unreaped, the
-    leader holds its pid; once reaped, only a group still alive holds the id."""
-    if leader.poll() is not None and not group_members(pid):
-        return
-    _terminate(pid, timeout_s, leader.poll, lambda: True)
+    """Stops the group of ``leader`` (pid ``pid``), our own child started in a new session:
+    unreaped, it holds its pid; once reaped, only a group still alive holds the id."""
+    if leader.poll() is None or group_members(pid):
+        _terminate(pid, timeout_s, leader.poll, lambda: True)
 
 
 def stop_from_pid_file(path: Path, timeout_s: float = 30.0) -> None:
@@ -196,15 +188,12 @@ def stop_from_pid_file(path: Path, timeout_s: float = 30.0) -> None:
     why = mismatch(record)
     if why is not None:
         remove_pid_file(path, record.pid)
-        left = [p for p in group_members(record.pid) if p.pid != record.pid]
-        also = ""
-        if left:
-            shown = ", ".join(str(p.pid) for p in left)
-            also = (
-                f" Processes {shown} are in a process group {record.pid}: its orphaned "
-                "workers or another program's; if `ps -o pid,lstart,args -g "
-                f"{record.pid}` shows TorchServe's, stop them with `kill -TERM -- -{record.pid}`."
-            )
+        left = ", ".join(str(p.pid) for p in group_members(record.pid) if p.pid != record.pid)
+        also = left and (
+            f" Processes {left} are in a process group {record.pid}: its orphaned "
+            "workers or another program's; if `ps -o pid,lstart,args -g "
+            f"{record.pid}` shows TorchServe's, stop them with `kill -TERM -- -{record.pid}`."
+        )
         raise StalePidFileError(
             f"the pid file {path} is stale: {why}. Nothing was signalled and the file was "
             f"removed.{also}"

@@ -1,13 +1,8 @@
 """Reads the micro-batching metrics back from a TorchServe Prometheus scrape.
 
-``summarize(after, before)`` turns two scrapes of ``/metrics`` (the metrics address) into
-what happened between them for one model: mean time per micro-batch in each stage, mean
-wait before each stage, mean micro-batch size, micro-batches per frontend batch and errors
-by status code, next to TorchServe's own request count and queue time. Histograms and
-counters only grow, so the difference of two scrapes is the traffic between them; a worker
-restart resets them, and then the ``after`` scrape alone is summarized.
-
-From a shell, against a running TorchServe's metrics address::
+``summarize(after, before)`` turns two scrapes of ``/metrics`` into what one model did
+between them. Histograms and counters only grow, so their difference is the traffic in
+between; a worker restart resets them, and then ``after`` alone counts. From a shell::
 
     python -m ts_microbatch.tools.scrape http://127.0.0.1:8082/metrics --model resnet-18_mb \
         --interval 10
@@ -26,19 +21,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from ..core.config import STAGES
-from ..torchserve.metrics import (
-    BATCHES,
-    MICRO_BATCH_SIZE,
-    MICRO_BATCHES_CUT,
-    MICRO_BATCHES_PER_BATCH,
-    PADDED_ITEMS,
-    PADDED_TOKENS,
-    QUEUE_TIME,
-    RECOMPILES,
-    REQUEST_ERRORS,
-    STAGE_TIME,
-    TOKENS,
-)
+from ..torchserve import metric_names as names
 from ._cli import prog
 
 
@@ -71,99 +54,73 @@ def total(samples: Iterable[Sample], name: str, **labels: str) -> float:
     )
 
 
-def _delta(after: list[Sample], before: list[Sample], name: str, **labels: str) -> float:
-    now, then = total(after, name, **labels), total(before, name, **labels)
-    return now - then if now >= then else now  # a reset: the worker restarted
-
-
 def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else math.nan
 
 
 def summarize(after: str, before: str = "", model_name: str | None = None) -> dict[str, Any]:
-    """What ``model_name`` (every model if None) did between two scrapes.
-
-    Returns a dict with ``requests`` (TorchServe's ``ts_inference_requests_total``),
-    ``frontend_queue_ms`` and ``frontend_latency_ms`` (means per request, as TorchServe
-    measures them), ``batches`` (frontend batches: the ``MicroBatchBatches`` counter when the
-    metrics config declares it, else the histogram's count), ``micro_batches`` (the
-    ``MicroBatchSize`` counter: one per micro-batch, over every size range),
-    ``micro_batch_sizes`` (of those, how many by size range: "1", "2", "3-4", ...),
-    ``mean_batch_size`` and ``mean_micro_batch_size`` (requests per batch and per
-    micro-batch cut, from the counters; else from the histograms), ``micro_batches_per_batch``,
-    ``stage_ms`` and ``stage_wait_ms`` (per stage, mean per micro-batch; by interval, the mean
-    of the intervals' means), ``errors``
-    (requests answered with an error, by status code), ``padded_per_micro_batch`` and
-    ``padded_share`` (items added to reach an allowed size, per padded-stage micro-batch and
-    as a share of the items that stage ran; NaN without allowed sizes) and ``recompiles``
-    (a compiled model's compiles on the request path), ``tokens``, ``padded_tokens`` and
-    ``useful_token_share`` (with length settings: the items' tokens, what they were padded
-    to, and the first over the second). Values with nothing to average are NaN.
-    Micro-batches re-run to isolate a failing request count again in the sizes.
+    """What ``model_name`` (every model if None) did between two scrapes: TorchServe's
+    ``requests`` and its means per request (``frontend_queue_ms``, ``frontend_latency_ms``);
+    ``batches``, ``micro_batches`` (by size range in ``micro_batch_sizes``), their mean sizes
+    and ratio; per stage, the mean time and wait per micro-batch (``stage_ms``,
+    ``stage_wait_ms``); ``errors`` by status code; padding, recompiles and tokens. Values with
+    nothing to average are NaN. Batch counts come from the exact counters when the metrics
+    config declares them (a histogram by interval observes each interval's mean), else from
+    the histograms; a Prometheus client may append ``_total`` to a counter's name.
     """
     a, b = parse_prometheus(after), parse_prometheus(before)
     model = {"ModelName": model_name} if model_name else {}
     frontend = {"model_name": model_name} if model_name else {}
 
     def delta(name: str, **labels: str) -> float:
-        return _delta(a, b, name, **labels)
+        now, then = total(a, name, **labels), total(b, name, **labels)
+        return now - then if now >= then else now  # a reset: the worker restarted
+
+    def counter(name: str) -> float:
+        return delta(name, **model) + delta(f"{name}_total", **model)
+
+    def by_label(name: str, label: str) -> dict[str, int]:  # the non-zero counts
+        found = {(s.labels.get(label, ""), s.name) for s in a if s.name in (name, f"{name}_total")}
+        counts: dict[str, int] = {}
+        for value, named in sorted(found):
+            counts[value] = counts.get(value, 0) + int(delta(named, **{label: value}, **model))
+        return {value: n for value, n in counts.items() if n}
 
     def mean_ms(histogram: str, stage: str) -> float:
         seconds = delta(f"{histogram}_sum", Stage=stage, **model)
         return 1000 * _ratio(seconds, delta(f"{histogram}_count", Stage=stage, **model))
 
+    def per_request_ms(name: str) -> float:
+        return _ratio(delta(name, **frontend), requests) / 1000
+
     requests = delta("ts_inference_requests_total", **frontend)
-    batches = delta(f"{MICRO_BATCHES_PER_BATCH}_count", **model)
-    # A counter by size range (a Prometheus client may append _total to a counter's name).
-    size_names = (MICRO_BATCH_SIZE, f"{MICRO_BATCH_SIZE}_total")
-    ranges = sorted({(s.labels.get("Sizes", ""), s.name) for s in a if s.name in size_names})
-    sizes: dict[str, int] = {}
-    for label, name in ranges:
-        sizes[label] = sizes.get(label, 0) + int(delta(name, Sizes=label, **model))
+    sizes = by_label(names.MICRO_BATCH_SIZE, "Sizes")
     micro_batches = float(sum(sizes.values()))
-    cuts = delta(f"{MICRO_BATCHES_PER_BATCH}_sum", **model)
-    sized, mean_size = requests, _ratio(requests, micro_batches)
-    # The exact counters (metric lines by interval make each histogram observation an
-    # interval's mean); without them (a metrics config that does not declare them) the
-    # MicroBatchesPerBatch histogram and the MicroBatchSize counter.
-    counted = delta(BATCHES, **model) + delta(f"{BATCHES}_total", **model)
-    if counted:
-        batches = counted
-        cuts = delta(MICRO_BATCHES_CUT, **model) + delta(f"{MICRO_BATCHES_CUT}_total", **model)
-        sized, mean_size = requests, _ratio(requests, cuts)
-    # A Prometheus client may append _total to a counter's name.
-    error_samples = [s for s in a if s.name in (REQUEST_ERRORS, f"{REQUEST_ERRORS}_total")]
-    errors = {
-        code: int(delta(name, StatusCode=code, **model))
-        for code, name in sorted({(s.labels.get("StatusCode", ""), s.name) for s in error_samples})
-    }
-    padded, padded_runs = (
-        delta(f"{PADDED_ITEMS}_sum", **model),
-        delta(f"{PADDED_ITEMS}_count", **model),
-    )
-    recompiles = delta(RECOMPILES, **model) + delta(f"{RECOMPILES}_total", **model)
-    tokens = delta(TOKENS, **model) + delta(f"{TOKENS}_total", **model)
-    padded_tokens = delta(PADDED_TOKENS, **model) + delta(f"{PADDED_TOKENS}_total", **model)
+    batches, cuts = counter(names.BATCHES), counter(names.MICRO_BATCHES_CUT)
+    mean_size = _ratio(requests, cuts)
+    if not batches:
+        batches = delta(f"{names.MICRO_BATCHES_PER_BATCH}_count", **model)
+        cuts = delta(f"{names.MICRO_BATCHES_PER_BATCH}_sum", **model)
+        mean_size = _ratio(requests, micro_batches)
+    padded = delta(f"{names.PADDED_ITEMS}_sum", **model)
+    padded_runs = delta(f"{names.PADDED_ITEMS}_count", **model)
+    tokens, padded_tokens = counter(names.TOKENS), counter(names.PADDED_TOKENS)
     return {
         "requests": requests,
-        "frontend_queue_ms": _ratio(delta("ts_queue_latency_microseconds", **frontend), requests)
-        / 1000,
-        "frontend_latency_ms": _ratio(
-            delta("ts_inference_latency_microseconds", **frontend), requests
-        )
-        / 1000,
+        "frontend_queue_ms": per_request_ms("ts_queue_latency_microseconds"),
+        "frontend_latency_ms": per_request_ms("ts_inference_latency_microseconds"),
         "batches": batches,
         "micro_batches": micro_batches,
-        "micro_batch_sizes": {k: n for k, n in sizes.items() if n},
-        "mean_batch_size": _ratio(sized, batches),
+        "micro_batch_sizes": sizes,
+        "mean_batch_size": _ratio(requests, batches),
         "mean_micro_batch_size": mean_size,
         "micro_batches_per_batch": _ratio(cuts, batches),
-        "stage_ms": {stage: mean_ms(STAGE_TIME, stage) for stage in STAGES},
-        "stage_wait_ms": {stage: mean_ms(QUEUE_TIME, stage) for stage in STAGES},
-        "errors": {code: n for code, n in errors.items() if n},
+        "stage_ms": {stage: mean_ms(names.STAGE_TIME, stage) for stage in STAGES},
+        "stage_wait_ms": {stage: mean_ms(names.QUEUE_TIME, stage) for stage in STAGES},
+        "errors": by_label(names.REQUEST_ERRORS, "StatusCode"),
         "padded_per_micro_batch": _ratio(padded, padded_runs),
-        "padded_share": _ratio(padded, padded + sized) if padded_runs else math.nan,
-        "recompiles": int(recompiles),
+        "padded_share": _ratio(padded, padded + requests) if padded_runs else math.nan,
+        "recompiles": int(counter(names.RECOMPILES)),
         "tokens": int(tokens),
         "padded_tokens": int(padded_tokens),
         "useful_token_share": _ratio(tokens, padded_tokens),
@@ -199,8 +156,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def fetch(url: str, timeout_s: float = 10.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-        text: str = resp.read().decode()
-        return text
+        return str(resp.read().decode())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             after = fetch(args.url)
             summary = summarize(after, before, args.model)
             stamp = time.strftime("%H:%M:%S")
-            print(f"[{stamp}] {summary['requests']:.0f} requests; {format_summary(summary)}")
-            sys.stdout.flush()
+            line = f"{summary['requests']:.0f} requests; {format_summary(summary)}"
+            print(f"[{stamp}] {line}", flush=True)
             printed += 1
             if args.interval <= 0 or printed == args.count:
                 return 0
