@@ -18,16 +18,9 @@ from tests.torchserve.test_micro_batching import FakeContext, FakeTorchServeHand
 from ts_microbatch import MicroBatching
 from ts_microbatch.core.config import MicroBatchingConfig
 from ts_microbatch.core.errors import RequestError
-from ts_microbatch.torchserve._wire import encode
-from ts_microbatch.torchserve.kserve import (
-    PLAIN,
-    V1,
-    V2,
-    ProtocolError,
-    Request,
-    regroup,
-    unpack,
-)
+from ts_microbatch.torchserve._submission import PLAIN, V1, V2, Request, unpack
+from ts_microbatch.torchserve.answers import encode
+from ts_microbatch.torchserve.kserve import ProtocolError, regroup
 from ts_microbatch.torchserve.kserve_encoding import to_json
 
 KSERVE = MicroBatchingConfig(kserve=True)

@@ -142,7 +142,7 @@ def slow_cut_handler(monkeypatch: pytest.MonkeyPatch, timeout_s: float) -> tuple
     now_s = [1000.0]
     # raising=False: on a tree without the clock the batch waits timeout_s after its cut.
     # The clock is looked up in timeouts, where handle() and the cut both read it.
-    monkeypatch.setattr(timeouts, "_clock", lambda: now_s[0], raising=False)
+    monkeypatch.setattr(timeouts, "clock", lambda: now_s[0], raising=False)
     cut, submit_batch = threading.Event(), mb._pipeline.submit_batch
 
     def slow_cut(*args: Any, **kwargs: Any) -> Any:

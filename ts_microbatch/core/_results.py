@@ -78,6 +78,10 @@ class Results:
         """Item ``item``'s answer; None while it has none."""
         return self._slots[item]
 
+    def outcomes(self) -> list[Outcome | None]:
+        """Every item's answer, in item order; None for one that has none yet."""
+        return list(self._slots)
+
     def set_many(
         self,
         items: Iterable[int],

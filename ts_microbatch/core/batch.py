@@ -170,6 +170,13 @@ class Batch:
             self._on_timeout()
         return False
 
+    def settle(self, timeout_s: float | None) -> list[Outcome | None]:
+        """Ends the caller's wait of ``timeout_s``: fails the requests not answered yet
+        (``expire``), then returns every item's answer, in item order, at once (None only
+        for an item still without one: never, unless a bug)."""
+        self.expire(timeout_s)
+        return self._results.outcomes()
+
     def fail_unanswered(self, error: BaseException) -> None:
         """Fails every item not answered yet with ``error``."""
         self._results.set_many(range(len(self._results)), error=error)

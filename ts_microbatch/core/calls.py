@@ -23,6 +23,12 @@ from .stages import StageWorkers
 StageFn = Callable[[Any], Any]
 
 
+def method_stage(owner: Any, name: str) -> StageFn:
+    """A stage that calls ``owner``'s method ``name``, looked up on each call, so that an
+    object may swap a stage method at run time (a test, a handler that reloads)."""
+    return lambda data: getattr(owner, name)(data)
+
+
 class StageCalls:
     """Calls the stages of a pipeline, padding where allowed sizes say.
 

@@ -3,9 +3,10 @@ Open Inference Protocol v2 ``inputs`` list cut along its first dimension, each i
 row in TorchServe's own shape (``{"data": ...}``). A value that would change on the way
 (numpy would read "1" as 1, wrap 300 into INT8) is refused: ``ProtocolError``, 400.
 
-Kept apart from ``kserve`` (which bodies are KServe requests, the per-request guard, the
-answers) as ``kserve_encoding`` is: this module only converts; ``kserve`` re-exports
-``ProtocolError`` and ``V2_DATATYPES``.
+Called only for a body already decided to be KServe's, where a row is read as a request
+(``_submission``: which bodies are KServe requests, the per-request guard); kept apart from
+the answers (``kserve``, ``kserve_encoding``): this module only converts. ``kserve``
+re-exports ``ProtocolError`` and ``V2_DATATYPES``.
 """
 
 from __future__ import annotations

@@ -2,15 +2,16 @@
 
 It replaces a handler's ``handle``. What a batch goes through, in order (``handle``):
 
-1. its context is pinned (``context.BatchContext``) and its rows read as requests: a plain
-   body is one item, a KServe body one item per instance, an unreadable one none
-   (``kserve.unpack``);
+1. its context is pinned (``context.BatchContext``) and its rows read as requests, each
+   body's protocol decided once: a plain body is one item, a KServe body one item per
+   instance, an unreadable one none (``_submission.unpack``);
 2. the items are submitted to the pipeline (``ts_microbatch.core.pipeline``), which cuts
    them into micro-batches and runs preprocess, inference and postprocess on its threads;
 3. ``handle`` waits for the batch, at most ``timeout_s`` (``timeouts``) counted from when
-   it was entered: reading the requests and cutting the batch (shapes, lengths) spend it;
-4. each request's outcome becomes its status and the bytes TorchServe sends
-   (``answers.answer_batch``).
+   it was entered: reading the requests and cutting the batch (shapes, lengths) spend it
+   (``timeouts.Deadline``);
+4. the batch is settled (what is late fails with a timeout) and each request's outcome
+   becomes its status and the bytes TorchServe sends (``answers.answer_batch``).
 
 Around it: the config it runs with and what changes in place (``settings``), warm-up at
 load (``warmup``), TorchServe's envelopes, ``enabled: false`` and upstream's describe,
@@ -30,12 +31,14 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
+from ..core.calls import method_stage
 from ..core.config import STAGES, MicroBatchingConfig, Parallelism, _positive_int
 from ..core.metrics import GuardedObserver, PipelineObserver
 from ..core.micro_batch import MicroBatchInfo
 from ..core.pipeline import Pipeline, PipelineStats
+from . import timeouts
 from ._async import call_soon, in_event_loop
-from ._submission import batch_timeout_s, submit
+from ._submission import submit
 from .answers import answer_batch
 from .compiled import CompiledInference, check_inference_threads
 from .context import stage_context, stage_request_ids
@@ -43,7 +46,6 @@ from .envelopes import add_handler_time, check_envelope, plain_handle, returning
 from .images import image_shape
 from .metrics import TorchServeMetricsObserver
 from .settings import apply_size, body_length, in_place, new_pipeline, shape_count
-from .timeouts import clock_s, left_s
 from .warmup import WarmUp
 
 logger = logging.getLogger(__name__)
@@ -95,13 +97,7 @@ class MicroBatching:
         # Guarded once for every consumer (pipeline, answers, compiled model): a metrics hook
         # that raises is logged, and changes no answer.
         self._observer = GuardedObserver.wrap(observer or PipelineObserver())
-        handler = self.handler
-
-        def stage(name: str) -> Any:
-            # Looked up on each call, so a handler may swap a stage method at run time.
-            return lambda data: getattr(handler, name)(data)
-
-        self._stages = {name: stage(name) for name in STAGES}
+        self._stages = {name: method_stage(parent_handler, name) for name in STAGES}
         self.compiled: CompiledInference | None = None
         if compiled:
             check_inference_threads(config.parallelism.inference)
@@ -255,33 +251,35 @@ class MicroBatching:
         instances per request), no per-request status is set: an index would name the
         wrong request, and the error body stays in the output.
         """
-        start_s = clock_s()
+        start_s = timeouts.clock()
         submitted = submit(self._pipeline, self._config, self.handler, data, context, start_s)
-        batch = submitted.batch
+        batch, outcomes = submitted.batch, None
         if batch is not None:
-            timeout_s = batch_timeout_s(self._config, submitted)
+            deadline = submitted.deadline
+            left_s = deadline.left_s()
             answered = threading.Event()
             batch.when_answered(lambda _: answered.set())
-            answered.wait(left_s(timeout_s, start_s))
-            batch.expire(timeout_s)
-        return answer_batch(submitted, self._observer)
+            answered.wait(left_s)
+            outcomes = batch.settle(deadline.timeout_s)
+        return answer_batch(submitted, outcomes, self._observer)
 
     async def handle_async(self, data: Sequence[Any], context: Any = None) -> list[Any]:
         """``handle`` for TorchServe's asynchronous worker (``asyncCommunication: true``):
         the call's requests go through the pipeline exactly as ``handle``'s, and the worker's
         event loop awaits them instead of blocking, so other calls are taken meanwhile."""
-        start_s = clock_s()
+        start_s = timeouts.clock()
         submitted = submit(self._pipeline, self._config, self.handler, data, context, start_s)
-        batch = submitted.batch
+        batch, outcomes = submitted.batch, None
         if batch is not None:
-            timeout_s = batch_timeout_s(self._config, submitted)
+            deadline = submitted.deadline
+            left_s = deadline.left_s()
             loop = asyncio.get_running_loop()
             answered = loop.create_future()
             # One wake-up for the whole batch, on the loop's thread.
             batch.when_answered(lambda _: call_soon(loop, answered))
-            await asyncio.wait([answered], timeout=left_s(timeout_s, start_s))
-            batch.expire(timeout_s)
-        return answer_batch(submitted, self._observer)
+            await asyncio.wait([answered], timeout=left_s)
+            outcomes = batch.settle(deadline.timeout_s)
+        return answer_batch(submitted, outcomes, self._observer)
 
     def __call__(self, data: Sequence[Any], context: Any) -> Any:
         """Replaces ``BaseHandler.handle``: describe, explain and profiler paths as upstream,

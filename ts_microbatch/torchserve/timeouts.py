@@ -4,13 +4,14 @@ A batch must be answered before TorchServe's ``responseTimeout``, or the fronten
 worker and every request of the batch fails. ``timeout_s: null`` therefore runs with 90% of
 it (the frontend's clock starts when it sends the batch, a little before ``handle()`` is
 called, so the margin keeps the batch's own answers, 504 for what is late, ahead of the
-kill). The deadline runs on ``_clock`` from when ``handle`` is entered (``left_s``).
+kill). The deadline (``Deadline``) runs on ``clock`` from when ``handle`` is entered.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 # TorchServe's default_response_timeout (config.properties), in force when model-config.yaml
@@ -37,19 +38,40 @@ def default_timeout_s(model_yaml_config: Mapping[str, Any] | None) -> float:
     return round(RESPONSE_TIMEOUT_SHARE * response_timeout_s(model_yaml_config), 3)
 
 
+def batch_deadline(
+    timeout_s: float | None, model_yaml_config: Mapping[str, Any] | None, start_s: float
+) -> Deadline:
+    """A batch's deadline from ``start_s``: ``timeout_s``, or when it is null 90% of
+    TorchServe's responseTimeout for the model (its default when no context says), so
+    ``handle()`` answers before the frontend gives up on the worker, however the handler was
+    built."""
+    if timeout_s is None:
+        timeout_s = default_timeout_s(model_yaml_config)
+    return Deadline(timeout_s, start_s)
+
+
 # The deadline's clock, read where the timeout starts and where it is waited on (a test
 # moves it to stand for a slow cut).
-_clock = time.monotonic
+clock = time.monotonic
 
 
-def clock_s() -> float:
-    """Now, on the deadline's clock: where a batch's ``timeout_s`` starts."""
-    return _clock()
+@dataclass(frozen=True)
+class Deadline:
+    """A batch's ``timeout_s``, counted on ``clock`` from ``start_s``, when ``handle`` was
+    entered."""
 
+    timeout_s: float
+    start_s: float
 
-def left_s(timeout_s: float, start_s: float) -> float:
-    """What is left of ``timeout_s`` since ``start_s``: the time spent reading the requests
-    and cutting the batch (a header reader, a handler's ``item_shape`` or ``item_length``)
-    is the batch's, so a slow cut cannot push its answer past the frontend's
-    ``responseTimeout`` (issue 40: a 1 MiB body read for 10 s, then ``timeout_s`` on top)."""
-    return max(0.0, timeout_s - (_clock() - start_s))
+    def left_s(self) -> float:
+        """What is left of ``timeout_s``: the time spent reading the requests and cutting
+        the batch (a header reader, a handler's ``item_shape`` or ``item_length``) is the
+        batch's, so a slow cut cannot push its answer past the frontend's
+        ``responseTimeout`` (issue 40: a 1 MiB body read for 10 s, then ``timeout_s`` on
+        top)."""
+        return max(0.0, self.timeout_s - (clock() - self.start_s))
+
+    def timed_out(self) -> float | None:
+        """``timeout_s`` once none of it is left, else None: what the pipeline's cut asks
+        before any stage starts the batch."""
+        return self.timeout_s if self.left_s() <= 0 else None

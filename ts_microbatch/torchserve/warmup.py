@@ -19,7 +19,7 @@ from ..core._padding import same_answer
 from ..core.config import MicroBatchingConfig
 from ..core.errors import WarmupError
 from ..core.pipeline import Pipeline
-from . import kserve
+from ._submission import unpack
 from .compiled import CompiledInference
 from .status import exception_text
 
@@ -72,7 +72,7 @@ class WarmUp:
 
     def _items(self, sample: Any) -> list[Any]:
         """The pipeline items of ``sample``, unpacked as ``handle`` unpacks a request."""
-        requests, items = kserve.unpack([sample], self.config.kserve)
+        requests, items = unpack([sample], self.config.kserve)
         error = requests[0].error if requests else None
         if error is not None or not items:
             raise WarmupError(
