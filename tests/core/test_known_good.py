@@ -339,6 +339,55 @@ def test_defect_a_replayed_request_that_passed_became_warm_up_s_sample() -> None
         assert pipeline.stats().broken_stages == ()
 
 
+class ThreeStages:
+    """Inference looks ids up in ``store`` (KeyError when missing; ``bad1:`` rows fail with
+    IndexError); postprocess fails ``bad2:`` rows with IndexError."""
+
+    def __init__(self, store: set[str]) -> None:
+        self.store = store
+        self.calls: list[tuple[str, list[str]]] = []
+
+    def stages(self) -> dict[str, Any]:
+        def inference(rows: list[str]) -> list[str]:
+            self.calls.append(("inference", list(rows)))
+            for row in rows:
+                if row.startswith("bad1:"):
+                    raise IndexError(row)
+                if not row.startswith("bad2:") and row not in self.store:
+                    raise KeyError(row)
+            return list(rows)
+
+        def postprocess(rows: list[str]) -> list[str]:
+            self.calls.append(("postprocess", list(rows)))
+            if any(row.startswith("bad2:") for row in rows):
+                raise IndexError(rows)
+            return list(rows)
+
+        return {"preprocess": list, "inference": inference, "postprocess": postprocess}
+
+
+def test_defect_a_replay_for_a_later_stage_became_an_earlier_stage_s_warm_up_sample() -> None:
+    # Postprocess on trial replays A from the first stage; in inference, which A passed on
+    # its way, the private quiet batch made A warm-up's sample, inference's only witness:
+    # A deleted since, its one failure judged inference broken and good2 failed whole
+    # (found in review of the fix above).
+    model = ThreeStages({"A", "B", "good", "good2"})
+    with Pipeline(model.stages(), micro_batch_size=2) as pipeline:
+        assert answers(pipeline, ["B"]) == ["B"]
+        assert answers(pipeline, ["A"]) == ["A"]
+        burst = answers(pipeline, [f"bad2:{n}" for n in range(5)])
+        assert all(isinstance(r, IndexError) for r in burst)  # postprocess on trial
+        calls = len(model.calls)
+        assert answers(pipeline, ["bad2:x", "good"])[1] == "good"
+        assert ("inference", ["A"]) in model.calls[calls:]  # the scenario: A replayed
+        model.store.discard("A")  # its entity deleted since
+        burst = answers(pipeline, [f"bad1:{n}" for n in range(5)])
+        assert all(isinstance(r, IndexError) for r in burst)  # inference on trial
+        got = answers(pipeline, ["bad1:y", "good2"])
+        assert got[1] == "good2"  # what it gets alone
+        assert pipeline.stats().broken_stages == ()
+
+
 def test_two_inputs_served_to_two_requests_failing_alone_judge_the_model_broken() -> None:
     # The verdict rests on two replayed requests: both fail, the stage is judged broken.
     model = Lookup({"A", "B"})
