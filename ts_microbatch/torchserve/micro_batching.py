@@ -38,7 +38,7 @@ from ..core.micro_batch import MicroBatchInfo
 from ..core.pipeline import Pipeline, PipelineStats
 from . import timeouts
 from ._async import call_soon, in_event_loop
-from ._submission import submit
+from ._submission import SubmittedBatch, submit
 from .answers import answer_batch
 from .compiled import CompiledInference, check_inference_threads
 from .context import stage_context, stage_request_ids
@@ -217,21 +217,10 @@ class MicroBatching:
     def warm_up(
         self, sample: Any, sizes: Sequence[int] | None = None, iterations: int | None = None
     ) -> float:
-        """Runs ``iterations`` micro-batches of each size, made of ``sample``'s items
-        (read as a request's are: a KServe body gives its instances, repeated to fill a
-        micro-batch; a plain body is one item), through the pipeline's own threads, so the
-        inference thread that will serve is the one that compiles; returns the seconds it
-        took (``ts_microbatch.torchserve.warmup``).
-
-        Args:
-            sample: one request's row, as TorchServe passes it.
-            sizes: the sizes to run; the config's ``warmup_sizes()`` when None.
-            iterations: runs of each size; the config's ``warmup.iterations`` (else 1) when None.
-
-        Raises:
-            WarmupError: ``sample`` is a malformed KServe body, or a warm-up run failed
-                (names the size and chains the error).
-        """
+        """Warms the pipeline up with ``sample`` (one request's row, as TorchServe passes
+        it): ``iterations`` micro-batches of each of ``sizes`` through the stage threads
+        that will serve; returns the seconds it took. What it runs, its defaults and its
+        errors: ``ts_microbatch.torchserve.warmup.WarmUp.run``."""
         return WarmUp(self._pipeline, self._config, self.compiled).run(sample, sizes, iterations)
 
     # -- running ---------------------------------------------------------------------
@@ -251,35 +240,36 @@ class MicroBatching:
         instances per request), no per-request status is set: an index would name the
         wrong request, and the error body stays in the output.
         """
-        start_s = timeouts.clock()
-        submitted = submit(self._pipeline, self._config, self.handler, data, context, start_s)
+        submitted = self._submit(data, context)
         batch, outcomes = submitted.batch, None
         if batch is not None:
-            deadline = submitted.deadline
-            left_s = deadline.left_s()
+            left_s = submitted.deadline.left_s()
             answered = threading.Event()
             batch.when_answered(lambda _: answered.set())
             answered.wait(left_s)
-            outcomes = batch.settle(deadline.timeout_s)
+            outcomes = batch.settle(submitted.deadline.timeout_s)
         return answer_batch(submitted, outcomes, self._observer)
 
     async def handle_async(self, data: Sequence[Any], context: Any = None) -> list[Any]:
         """``handle`` for TorchServe's asynchronous worker (``asyncCommunication: true``):
         the call's requests go through the pipeline exactly as ``handle``'s, and the worker's
         event loop awaits them instead of blocking, so other calls are taken meanwhile."""
-        start_s = timeouts.clock()
-        submitted = submit(self._pipeline, self._config, self.handler, data, context, start_s)
+        submitted = self._submit(data, context)
         batch, outcomes = submitted.batch, None
         if batch is not None:
-            deadline = submitted.deadline
-            left_s = deadline.left_s()
+            left_s = submitted.deadline.left_s()
             loop = asyncio.get_running_loop()
             answered = loop.create_future()
             # One wake-up for the whole batch, on the loop's thread.
             batch.when_answered(lambda _: call_soon(loop, answered))
             await asyncio.wait([answered], timeout=left_s)
-            outcomes = batch.settle(deadline.timeout_s)
+            outcomes = batch.settle(submitted.deadline.timeout_s)
         return answer_batch(submitted, outcomes, self._observer)
+
+    def _submit(self, data: Sequence[Any], context: Any) -> SubmittedBatch:
+        """The batch read and submitted, its deadline counted from now (``_submission``)."""
+        start_s = timeouts.clock()
+        return submit(self._pipeline, self._config, self.handler, data, context, start_s)
 
     def __call__(self, data: Sequence[Any], context: Any) -> Any:
         """Replaces ``BaseHandler.handle``: describe, explain and profiler paths as upstream,
