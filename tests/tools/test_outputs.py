@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from ts_microbatch.tools import benchmark, confirm, measure
+from ts_microbatch.tools.corpus import read_corpus
 from ts_microbatch.tools.results import OutputError, ResultsLog, output_dir, output_file
 
 LOAD = confirm.Load(
@@ -91,8 +92,8 @@ def test_confirm_serves_from_the_users_config_whose_settings_win(
     monkeypatch.setattr(measure, "TorchServe", fake_server)
     user_config = tmp_path / "config.properties"
     user_config.write_text("job_queue_size=5\nmax_request_size=1000\n")
-    body = tmp_path / "body.bin"
-    body.write_bytes(b"x" * 10)
+    (tmp_path / "body.bin").write_bytes(b"x" * 10)
+    body = read_corpus(tmp_path / "body.bin")
     source = model_dir(tmp_path / "model")
     with pytest.raises(Stop):
         confirm.measure_one(source, body, {}, LOAD, tmp_path / "w", "run", print, user_config)

@@ -19,7 +19,7 @@ import yaml
 
 from ..core.config import CONFIG_FILE_NAME
 from .corpus import Corpus
-from .measure import ab_sender, corpus_sender, measure
+from .measure import corpus_sender, measure
 from .results import ResultsLog, output_dir
 
 # TorchServe's default max_request_size (6,553,500 bytes) refuses large samples.
@@ -81,7 +81,7 @@ def with_config(
 
 def measure_configs(
     model_dir: Path,
-    body: Path | Corpus,
+    body: Corpus,
     configs: Sequence[dict[str, Any]],
     load: Load,
     rounds: int,
@@ -136,7 +136,7 @@ def median_of(settings: dict[str, Any], runs: list[dict[str, Any]]) -> Measured:
 
 def measure_one(
     model_dir: Path,
-    body: Path | Corpus,
+    body: Corpus,
     settings: dict[str, Any],
     load: Load,
     work: Path,
@@ -145,7 +145,7 @@ def measure_one(
     base_config: Path | None = None,
 ) -> dict[str, Any]:
     """A fresh TorchServe (``measure.measure``) serving ``model_dir`` with ``settings``:
-    warm-up, then the measured run (`ab` for one body, the corpus driver for a corpus).
+    warm-up, then the measured run (``body``, a corpus, from parallel clients: drive.py).
     From ``base_config`` when given, whose own settings win over the room this run needs."""
     store = work / "store"
     frontend = {
@@ -156,16 +156,12 @@ def measure_one(
         "responseTimeout": load.response_timeout_s,
     }
     with_config(model_dir, store / "tuned", settings, frontend)
-    largest = body.largest if isinstance(body, Corpus) else body.stat().st_size
     room = {
         "job_queue_size": str(max(1000, 2 * load.concurrency)),
-        "max_request_size": str(max(_MIN_REQUEST_SIZE, 2 * largest)),
+        "max_request_size": str(max(_MIN_REQUEST_SIZE, 2 * body.largest)),
         "default_response_timeout": str(load.response_timeout_s),
     }
-    if isinstance(body, Corpus):
-        send = corpus_sender(body, load.concurrency, progress)
-    else:
-        send = ab_sender(body, load.concurrency, progress)
+    send = corpus_sender(body, load.concurrency, progress)
     config = {
         "metrics_mode": None,
         "warmup_requests": load.warmup_requests,

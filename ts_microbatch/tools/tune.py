@@ -28,9 +28,8 @@ from ..core.config import MicroBatchingConfig, load_config
 from ..torchserve.micro_batching import MicroBatching
 from . import slo
 from ._cli import SAFE_BESIDE, prog
-from .ab import ab_problem
 from .confirm import Load, measure_configs, model_dir_of
-from .corpus import Body, Corpus
+from .corpus import Body
 from .inprocess import load_handler, make_context, measure_with_cpu, threads_of, tuning_corpus
 from .merge import MergeError, read_existing, write_merged
 from .results import OutputError, ResultsLog, claimed_dir, output_file
@@ -158,9 +157,14 @@ def confirm(
     out = args.confirm_out
     print(f"\nConfirming {len(top)} configs on TorchServe (results in {out})", flush=True)
     model_dir = model_dir_of(args.mar, workdir / "confirm-model")
-    sent: Path | Corpus = args.input.resolve() if args.corpus is None else tuning_corpus(args)
     measured = measure_configs(
-        model_dir, sent, configs, load, args.confirm_repeats, Path(out), base_config=args.ts_config
+        model_dir,
+        tuning_corpus(args),
+        configs,
+        load,
+        args.confirm_repeats,
+        Path(out),
+        base_config=args.ts_config,
     )
     confirmed = [
         Confirmed(trial, m.config, m.requests_per_s, m.p99_ms, m.errors)
@@ -300,13 +304,9 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
     and ``--confirm-out`` made (``<out>-confirm/`` by default; a non-empty one the tuner did
     not make is refused) and the trials file every measurement is appended to."""
     if args.confirm:
-        # ab sends one --input; a --corpus goes through the package's own driver.
-        # A latency objective is confirmed with open-loop load, never through ab.
-        needs_ab = args.corpus is None and not args.slo_p99_ms
-        problem = (ab_problem() if needs_ab else None) or java_problem()
+        problem = java_problem()
         if problem:
-            needs = "TorchServe and ab" if args.corpus is None else "TorchServe"
-            raise SystemExit(f"--confirm needs {needs}: {problem}")
+            raise SystemExit(f"--confirm needs TorchServe: {problem}")
     try:
         output_file(args.out, "--out")
         read_existing(args.out)  # a file that cannot be merged into fails now, not at the end
