@@ -16,6 +16,7 @@ from ts_microbatch.tools import tune
 from ts_microbatch.tools.archiver import run_archiver
 from ts_microbatch.tools.confirm import Load, Measured
 from ts_microbatch.tools.corpus import Corpus
+from ts_microbatch.tools.mar import read_entries, settings_of
 from ts_microbatch.tools.tune import main
 
 text_build = load_module("examples/text_classifier/build_mar.py", "ts_microbatch_text_build_mar")
@@ -143,7 +144,7 @@ def test_tuner_refuses_a_handler_without_micro_batching(tmp_path: Path) -> None:
 
 
 def fake_measure_configs(
-    model_dir: Path,
+    mar: Path,
     body: Corpus,
     configs: Sequence[dict[str, Any]],
     load: Load,
@@ -153,7 +154,7 @@ def fake_measure_configs(
 ) -> list[Measured]:
     """Measures the configs in the reverse of the tuner's order: the last one sent is
     fastest; the third, when there is one, answers 3 requests with errors."""
-    assert (model_dir / "MAR-INF" / "MANIFEST.json").exists()
+    assert settings_of(read_entries(mar))["manifest"]  # the .mar itself, repackaged per config
     assert [b.name for b in body.bodies] == ["sample.txt"]  # one --input: a corpus of one
     # --confirm-out's default, beside --out and kept, made before the tuner measured.
     assert workdir.name == "micro_batching-confirm" and workdir.is_dir()
