@@ -13,15 +13,11 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import zipfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..core.config import CONFIG_FILE_NAME
 from .benchmark import log, run_rounds
 from .corpus import Corpus
 from .mar import override_mar
@@ -55,36 +51,6 @@ class Measured:
     runs: tuple[float, ...] = ()
 
 
-def model_dir_of(path: Path, scratch: Path) -> Path:
-    """The model directory: ``path`` itself, or the .mar unpacked into ``scratch``."""
-    if path.is_dir():
-        return path
-    with zipfile.ZipFile(path) as mar:
-        mar.extractall(scratch)
-    return scratch
-
-
-def with_config(
-    source: Path, target: Path, settings: dict[str, Any], frontend: dict[str, Any]
-) -> Path:
-    """A copy of the model directory ``source`` at ``target``, named after it, with
-    ``settings`` in both micro_batching.json and model-config.yaml (where the YAML's section
-    would otherwise win) and ``frontend`` (model-config.yaml keys such as batchSize)."""
-    shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(source, target)
-    manifest_path = target / "MAR-INF" / "MANIFEST.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["model"]["modelName"] = target.name
-    config_file = manifest["model"].setdefault("configFile", "model-config.yaml")
-    yaml_path = target / config_file
-    model = yaml.safe_load(yaml_path.read_text()) if yaml_path.exists() else None
-    model = {**(model or {}), **frontend, "micro_batching": settings}
-    yaml_path.write_text(yaml.safe_dump(model, sort_keys=False))
-    (target / CONFIG_FILE_NAME).write_text(json.dumps(settings, indent=4))
-    manifest_path.write_text(json.dumps(manifest, indent=2))
-    return target
-
-
 def measure_configs(
     mar: Path,
     corpus: Corpus,
@@ -103,36 +69,14 @@ def measure_configs(
     new when None) is written at the end."""
     out = output_dir(workdir, "confirm folder")
     seed = new_seed() if seed is None else seed
-    frontend = {
-        "minWorkers": 1,
-        "maxWorkers": 1,
-        "batchSize": load.batch_size,
-        "maxBatchDelay": load.max_batch_delay_ms,
-        "responseTimeout": load.response_timeout_s,
-    }
+    frontend = _frontend(load)
     names = [f"c{i}" for i in range(1, len(configs) + 1)]
     variants: list[tuple[str, dict[str, Any] | None]] = list(zip(names, configs))
     effective = {
         name: override_mar(mar, out / "store" / f"{name}.mar", settings, frontend)
         for name, settings in zip(names, configs)
     }
-    room = {
-        "job_queue_size": str(max(1000, 2 * load.concurrency)),
-        "max_request_size": str(max(_MIN_REQUEST_SIZE, 2 * corpus.largest)),
-        "default_response_timeout": str(load.response_timeout_s),
-    }
-    config = {
-        "metrics_mode": None,  # the server's own
-        "warmup_requests": load.warmup_requests,
-        "response_timeout": load.response_timeout_s,
-    }
-    point = {
-        "batch_size": load.batch_size,
-        "max_batch_delay": load.max_batch_delay_ms,
-        "workers": 1,
-        "concurrency": load.concurrency,
-        "requests": load.requests,
-    }
+    config, point, room = _run_settings(load, corpus)
     log(f"each round serves the configs in an order shuffled with seed {seed}")
     results = ResultsLog(out / "results.jsonl")
     rows, refused = run_rounds(
@@ -154,3 +98,40 @@ def measure_configs(
         json.dumps({**summary, "runs": runs, "refused": refused}, indent=2) + "\n"
     )
     return measured
+
+
+def _frontend(load: Load) -> dict[str, Any]:
+    """The model-config.yaml keys every config is packaged with: one worker, ``load``'s
+    batch and timeout."""
+    return {
+        "minWorkers": 1,
+        "maxWorkers": 1,
+        "batchSize": load.batch_size,
+        "maxBatchDelay": load.max_batch_delay_ms,
+        "responseTimeout": load.response_timeout_s,
+    }
+
+
+def _run_settings(
+    load: Load, corpus: Corpus
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """``measure``'s config and point for ``load``, and the room its servers need: a queue
+    for every client, twice the largest body, the timeout."""
+    room = {
+        "job_queue_size": str(max(1000, 2 * load.concurrency)),
+        "max_request_size": str(max(_MIN_REQUEST_SIZE, 2 * corpus.largest)),
+        "default_response_timeout": str(load.response_timeout_s),
+    }
+    config = {
+        "metrics_mode": None,  # the server's own
+        "warmup_requests": load.warmup_requests,
+        "response_timeout": load.response_timeout_s,
+    }
+    point = {
+        "batch_size": load.batch_size,
+        "max_batch_delay": load.max_batch_delay_ms,
+        "workers": 1,
+        "concurrency": load.concurrency,
+        "requests": load.requests,
+    }
+    return config, point, room

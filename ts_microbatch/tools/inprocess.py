@@ -9,11 +9,21 @@ import json
 import os
 import sys
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
 from ..torchserve.micro_batching import MicroBatching
 from .corpus import OCTET_STREAM, Body, Corpus, CorpusError, content_type_of, read_corpus, rows_of
+
+
+def model_dir_of(path: Path, scratch: Path) -> Path:
+    """The model directory: ``path`` itself, or the .mar unpacked into ``scratch``."""
+    if path.is_dir():
+        return path
+    with zipfile.ZipFile(path) as mar:
+        mar.extractall(scratch)
+    return scratch
 
 
 def make_context(

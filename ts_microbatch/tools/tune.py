@@ -28,9 +28,16 @@ from ..core.config import MicroBatchingConfig, load_config
 from ..torchserve.micro_batching import MicroBatching
 from . import slo
 from ._cli import SAFE_BESIDE, prog
-from .confirm import Load, measure_configs, model_dir_of
+from .confirm import Load, measure_configs
 from .corpus import Body, Corpus
-from .inprocess import load_handler, make_context, measure_with_cpu, threads_of, tuning_corpus
+from .inprocess import (
+    load_handler,
+    make_context,
+    measure_with_cpu,
+    model_dir_of,
+    threads_of,
+    tuning_corpus,
+)
 from .merge import MergeError, read_existing, write_merged
 from .results import OutputError, ResultsLog, claimed_dir, output_file
 from .server import java_problem
