@@ -271,7 +271,7 @@ kserve-bundle: $(STAMP)
 # CONFIRM=3 also benchmarks the 3 best on a real TorchServe and keeps the fastest there.
 CONFIRM ?= 0
 TUNE_ARGS ?=
-tune: $(MAR) $(if $(filter-out 0,$(CONFIRM)),ab)
+tune: $(MAR)
 	$(PY) -m ts_microbatch.tools.tune --mar $(MAR) --input $(BUILD)/kitten.jpg --batch-size $(BATCH_SIZE) \
 	  --max-batch-delay $(MAX_BATCH_DELAY) --confirm $(CONFIRM) --confirm-out $(BUILD)/tune-confirm \
 	  --out $(BUILD)/micro_batching.tuned.json $(TUNE_ARGS)

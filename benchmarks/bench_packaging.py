@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import prepare
 import yaml
 
-from ts_microbatch.core.config import MicroBatchingConfig
+from ts_microbatch.core.config import CONFIG_FILE_NAME, MicroBatchingConfig
 from ts_microbatch.tools.bundle import run_archiver
-from ts_microbatch.tools.confirm import model_dir_of, with_config
+from ts_microbatch.tools.inprocess import model_dir_of
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -110,11 +111,32 @@ def package(
     return name
 
 
+def with_config(
+    source: Path, target: Path, settings: dict[str, Any], frontend: dict[str, Any]
+) -> Path:
+    """A copy of the model directory ``source`` at ``target``, named after it, with
+    ``settings`` in both micro_batching.json and model-config.yaml (where the YAML's section
+    would otherwise win) and ``frontend`` (model-config.yaml keys such as batchSize)."""
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target)
+    manifest_path = target / "MAR-INF" / "MANIFEST.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["model"]["modelName"] = target.name
+    config_file = manifest["model"].setdefault("configFile", "model-config.yaml")
+    yaml_path = target / config_file
+    model = yaml.safe_load(yaml_path.read_text()) if yaml_path.exists() else None
+    model = {**(model or {}), **frontend, "micro_batching": settings}
+    yaml_path.write_text(yaml.safe_dump(model, sort_keys=False))
+    (target / CONFIG_FILE_NAME).write_text(json.dumps(settings, indent=4))
+    manifest_path.write_text(json.dumps(manifest, indent=2))
+    return target
+
+
 def package_mar(
     store: Path, work: Path, name: str, config: dict[str, Any], point: dict[str, Any]
 ) -> str:
     """The user's .mar (or model directory) as a model directory in the store, with this
-    point's micro-batching config and frontend settings (what ``tune --confirm`` serves)."""
+    point's micro-batching config and frontend settings."""
     source = Path(config["mar"])
     if not source.is_dir():
         if not (work / "mar").exists():  # unpacked once per run

@@ -33,13 +33,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "examples/image_classifier")]
 
+import ab  # noqa: E402
 import bench_lib  # noqa: E402
 import corpus  # noqa: E402
 from bench_lib import log  # noqa: E402
 from bench_limits import ideal_for, stage_limits  # noqa: E402
 from bench_packaging import package  # noqa: E402
 
-from ts_microbatch.tools import ab, benchmark, runs  # noqa: E402
+from ts_microbatch.tools import benchmark, runs  # noqa: E402
 from ts_microbatch.tools._cli import SAFE_BESIDE  # noqa: E402
 from ts_microbatch.tools.corpus import content_type_of  # noqa: E402
 from ts_microbatch.tools.measure import Send, measure  # noqa: E402

@@ -63,14 +63,15 @@ import bench_lib  # noqa: E402
 import corpus  # noqa: E402
 import prepare  # noqa: E402
 import yaml  # noqa: E402
+from ab import AbError, parse_ab, parse_gnuplot  # noqa: E402
 
-from ts_microbatch.tools.ab import AbError, parse_ab, parse_gnuplot, percentile  # noqa: E402
 from ts_microbatch.tools.cpu import (  # noqa: E402
     frontend_pid,
     process_cpu,
     thread_cpu,
     thread_group,
 )
+from ts_microbatch.tools.intervals import percentile  # noqa: E402
 from ts_microbatch.tools.runs import round_order  # noqa: E402
 
 WORKTREE = "worktree"

@@ -45,8 +45,8 @@ sys.path[:0] = [str(HERE.parent), str(ROOT), str(ROOT / "examples" / "image_clas
 import bench_lib  # noqa: E402
 import build_mar  # noqa: E402
 import prepare  # noqa: E402
+from ab import run_ab  # noqa: E402
 
-from ts_microbatch.tools.ab import run_ab  # noqa: E402
 from ts_microbatch.tools.scrape import summarize  # noqa: E402
 from ts_microbatch.tools.server import TorchServe  # noqa: E402
 

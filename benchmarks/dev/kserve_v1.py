@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT / "examples" / "image_classifier"))
 
 import bench_lib  # noqa: E402
 import prepare  # noqa: E402
+from ab import run_ab  # noqa: E402
 from bench_packaging import package  # noqa: E402
 
-from ts_microbatch.tools.ab import run_ab  # noqa: E402
 from ts_microbatch.tools.server import TorchServe  # noqa: E402
 
 JSON = "application/json"

@@ -21,13 +21,15 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers import load_module
 from tests.integration.servers import local_server
 from tests.integration.test_torchserve import parallel, worker_pids
 from ts_microbatch import agent
-from ts_microbatch.tools.ab import ab_problem, parse_ab, start_ab
 from ts_microbatch.tools.bundle import run_archiver
 from ts_microbatch.tools.server import TorchServe
 
+# The frontend is driven by `ab` (benchmarks/ab.py), as the study it pins was measured.
+ab = load_module("benchmarks/ab.py", "ab")
 HANDLER = Path(__file__).parent / "handlers" / "bare_async_handler.py"
 MODEL = "bare-async"
 REQUESTS = 13_000  # past 0.12.0's map resizes at 3,072 and 12,288 jobs
@@ -54,8 +56,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
         pytest.skip(jdk_problem() or "")
     if agent.missing():
         pytest.fail(agent.missing() or "")  # a JDK is here: `make test` builds it first
-    if ab_problem():
-        pytest.fail(ab_problem() or "")
+    if ab.ab_problem():
+        pytest.fail(ab.ab_problem() or "")
     work = tmp_path_factory.mktemp("agent_build")
     store = tmp_path_factory.mktemp("agent_store")
     config = work / "model-config.yaml"
@@ -105,7 +107,9 @@ def test_async_frontend_keeps_its_worker_past_the_job_map_resizes_(
     body = tmp_path / "body"
     body.write_bytes(b"x")
     url = f"{server.inference_url}/predictions/{MODEL}"
-    summary = parse_ab(start_ab(url, body, REQUESTS, CLIENTS, token=server.token("inference"))())
+    summary = ab.parse_ab(
+        ab.start_ab(url, body, REQUESTS, CLIENTS, token=server.token("inference"))()
+    )
 
     assert summary["complete_requests"] == REQUESTS
     assert summary["failed_requests"] == 0 and summary["non_2xx_responses"] == 0, summary

@@ -1,12 +1,12 @@
-"""Reading `ab`'s output (ts_microbatch.tools.ab), shared by tune --confirm and benchmarks/."""
+"""Reading `ab`'s output (benchmarks/ab.py), for the benchmark scripts measured with it."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from ts_microbatch.tools import ab
+from tests.helpers import load_module
+
+ab = load_module("benchmarks/ab.py", "ab")
 
 AB_OUTPUT = """This is ApacheBench, Version 2.3 <$Revision: 1903618 $>
 Benchmarking 127.0.0.1 (be patient)
@@ -50,12 +50,6 @@ def test_parse_percentiles() -> None:
         "p99_ms": 247.5,
         "max_ms": 250.0,
     }
-
-
-def test_percentile_is_nearest_rank() -> None:
-    assert ab.percentile([5, 1, 4, 2, 3], 50) == 3
-    assert ab.percentile(list(range(1, 101)), 99) == 99
-    assert math.isnan(ab.percentile([], 50))
 
 
 def test_a_mix_of_ab_runs_adds_counts_and_takes_percentiles_over_every_request() -> None:

@@ -1,6 +1,6 @@
 """benchmark-ab.py's config and plots (benchmarks/bench_lib.py) and the statistics it shares
 with ts-microbatch-benchmark (ts_microbatch.tools.runs, .measure), never its speed; reading
-`ab`'s output is tested with the package's ts_microbatch.tools.ab in test_ab.py."""
+`ab`'s output is tested with benchmarks/ab.py in test_ab.py."""
 
 from __future__ import annotations
 

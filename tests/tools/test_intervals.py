@@ -86,3 +86,9 @@ def test_rounds_that_agree_are_pooled_and_rounds_that_disagree_must_each_say_so(
 def test_an_empty_sample_is_refused() -> None:
     with pytest.raises(ValueError, match="no values"):
         intervals.percentile_interval([], 99)
+
+
+def test_percentile_is_nearest_rank() -> None:
+    assert intervals.percentile([5, 1, 4, 2, 3], 50) == 3
+    assert intervals.percentile(list(range(1, 101)), 99) == 99
+    assert math.isnan(intervals.percentile([], 50))

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from ts_microbatch.tools import benchmark, confirm, measure
+from ts_microbatch.tools.corpus import read_corpus
 from ts_microbatch.tools.results import OutputError, ResultsLog, output_dir, output_file
 
 LOAD = confirm.Load(
@@ -51,27 +52,32 @@ def test_confirm_keeps_each_run_as_it_comes_and_a_crash_loses_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     workdir = tmp_path / "not" / "yet" / "there"
-    calls: list[tuple[int, Path | None]] = []
+    calls: list[tuple[str, Path | None]] = []
 
-    def fake_measure_one(*args: Any) -> dict[str, Any]:
+    def fake_measure(server_dir: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
         assert workdir.is_dir()  # made before the first run
-        calls.append((args[2]["micro_batch_size"], args[7]))
+        calls.append((server_dir.name, kwargs["base_config"]))
         if len(calls) == 4:
             raise RuntimeError("the last run crashed")
         return {"requests_per_s": 10.0 * len(calls), "p99_ms": 5.0, "errors": 0}
 
-    monkeypatch.setattr(confirm, "measure_one", fake_measure_one)
+    monkeypatch.setattr(benchmark, "measure", fake_measure)
     configs = [{"micro_batch_size": 2}, {"micro_batch_size": 4}]
     user_config = tmp_path / "config.properties"
+    (tmp_path / "body.bin").write_bytes(b"x")
+    body = read_corpus(tmp_path / "body.bin")
+    source = model_dir(tmp_path / "model")
     with pytest.raises(RuntimeError, match="the last run crashed"):
-        confirm.measure_configs(
-            tmp_path, tmp_path, configs, LOAD, 2, workdir, print, base_config=user_config
-        )
+        confirm.measure_configs(source, body, configs, LOAD, 2, workdir, user_config, seed=7)
     kept = ResultsLog(workdir / "results.jsonl").read()
-    assert [(r["round"], r["config"], r["requests_per_s"]) for r in kept] == [
-        (1, 1, 10.0),
-        (1, 2, 20.0),
-        (2, 1, 30.0),
+    # Each round serves every config once (in its shuffled order): round 1 whole, then
+    # round 2's first run, each kept as it came.
+    served = [name for name, _ in calls[:3]]
+    assert {served[0], served[1]} == {"c1-r1", "c2-r1"} and served[2].endswith("-r2")
+    assert [(f"{r['handler']}-r{r['repeat']}", r["requests_per_s"]) for r in kept] == [
+        (served[0], 10.0),
+        (served[1], 20.0),
+        (served[2], 30.0),
     ]
     assert {config for _, config in calls} == {user_config}
 
@@ -91,15 +97,15 @@ def test_confirm_serves_from_the_users_config_whose_settings_win(
     monkeypatch.setattr(measure, "TorchServe", fake_server)
     user_config = tmp_path / "config.properties"
     user_config.write_text("job_queue_size=5\nmax_request_size=1000\n")
-    body = tmp_path / "body.bin"
-    body.write_bytes(b"x" * 10)
+    (tmp_path / "body.bin").write_bytes(b"x" * 10)
+    body = read_corpus(tmp_path / "body.bin")
     source = model_dir(tmp_path / "model")
     with pytest.raises(Stop):
-        confirm.measure_one(source, body, {}, LOAD, tmp_path / "w", "run", print, user_config)
+        confirm.measure_configs(source, body, [{}], LOAD, 1, tmp_path / "w", user_config)
     assert seen["base_config"] == user_config
     assert set(seen["properties"]) == {"default_response_timeout"}
     with pytest.raises(Stop):
-        confirm.measure_one(source, body, {}, LOAD, tmp_path / "w2", "run", print)
+        confirm.measure_configs(source, body, [{}], LOAD, 1, tmp_path / "w2")
     assert seen["base_config"] is None and seen["properties"]["job_queue_size"] == "1000"
 
 

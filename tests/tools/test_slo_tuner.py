@@ -5,6 +5,7 @@ the user's config file (ts_microbatch.tools.slo_plan, slo_confirm, merge)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +13,16 @@ import pytest
 import yaml
 
 from ts_microbatch import MicroBatchingConfig
-from ts_microbatch.tools import slo_confirm
+from ts_microbatch.tools import curves
 from ts_microbatch.tools.batching_model import Tail, service_curve, sustained
 from ts_microbatch.tools.merge import MergeError, backup_path, write_merged
 from ts_microbatch.tools.results import ResultsLog
 from ts_microbatch.tools.slo_confirm import (
-    LadderSender,
     best_confirmed,
     confirm_slots,
     held_on,
     ladder,
+    ladder_sender,
 )
 from ts_microbatch.tools.slo_plan import (
     Candidate,
@@ -184,15 +185,21 @@ class FakeOpenLoop:
         row = {
             "offered_per_s": rate, "realized_per_s": rate, "achieved_per_s": rate,
             "p99_ms": p99, "errors": 0, "timeouts": 0, "queue_growth_ms": 0.0, "requests": count,
+            "p99_low_ms": p99, "p99_high_ms": p99, "late_sends": 0,
+            "other_cpu_cores": math.nan, "busy": False,
         }  # fmt: skip
 
         class Result:
             sends: list[Any] = []
             elapsed_s = count / rate
             cpu_s = 0.0
+            other_cpu_cores = math.nan
 
             def summary(self) -> dict[str, Any]:
                 return row
+
+            def latencies_ms(self) -> list[float]:
+                return []
 
         return Result()
 
@@ -206,8 +213,8 @@ def test_confirm_sweep_started_above_what_the_server_held_(
     assert rates[0] < 0.15 * 1166 and rates[-1] > 1166.0  # an eighth, to 1.4x
     assert all(b / a < 1.5 for a, b in zip(rates, rates[1:]))  # no gap a held rate hides in
     server = FakeOpenLoop(limit=1166.0 / 3, slo_p99_ms=25.0)  # 3x too optimistic
-    monkeypatch.setattr(slo_confirm, "run_open_loop", server)
-    monkeypatch.setattr(slo_confirm, "summarize", lambda every, elapsed, cpu: ({}, {}))
+    monkeypatch.setattr(curves, "run_open_loop", server)
+    monkeypatch.setattr(curves, "summarize", lambda every, elapsed, cpu: ({}, {}))
 
     class Corpus:
         order = [0]
@@ -217,7 +224,7 @@ def test_confirm_sweep_started_above_what_the_server_held_(
             return [0] * n
 
     lines: list[str] = []
-    sender = LadderSender(Corpus(), rates, 25.0, 32, lines.append)  # type: ignore[arg-type]
+    sender = ladder_sender(Corpus(), rates, 25.0, 32, lines.append)  # type: ignore[arg-type]
     summary, _ = sender("http://127.0.0.1:1/predictions/m", None, 1, Path("."), "[confirm 1/1]")
     held = held_on(summary["curve"], 25.0)
     assert 0.25 * 1166 <= held <= 1166 / 3  # found, within one step of the truth

@@ -15,6 +15,8 @@ from ts_microbatch import MicroBatchingConfig, load_config
 from ts_microbatch.tools import tune
 from ts_microbatch.tools.bundle import run_archiver
 from ts_microbatch.tools.confirm import Load, Measured
+from ts_microbatch.tools.corpus import Corpus
+from ts_microbatch.tools.mar import read_entries, settings_of
 from ts_microbatch.tools.tune import main
 
 text_build = load_module("examples/text_classifier/build_mar.py", "ts_microbatch_text_build_mar")
@@ -142,8 +144,8 @@ def test_tuner_refuses_a_handler_without_micro_batching(tmp_path: Path) -> None:
 
 
 def fake_measure_configs(
-    model_dir: Path,
-    body: Path,
+    mar: Path,
+    body: Corpus,
     configs: Sequence[dict[str, Any]],
     load: Load,
     rounds: int,
@@ -152,7 +154,8 @@ def fake_measure_configs(
 ) -> list[Measured]:
     """Measures the configs in the reverse of the tuner's order: the last one sent is
     fastest; the third, when there is one, answers 3 requests with errors."""
-    assert (model_dir / "MAR-INF" / "MANIFEST.json").exists() and body.exists()
+    assert settings_of(read_entries(mar))["manifest"]  # the .mar itself, repackaged per config
+    assert [b.name for b in body.bodies] == ["sample.txt"]  # one --input: a corpus of one
     # --confirm-out's default, beside --out and kept, made before the tuner measured.
     assert workdir.name == "micro_batching-confirm" and workdir.is_dir()
     assert base_config is not None and base_config.name == "config.properties"
@@ -164,7 +167,6 @@ def test_confirm_keeps_what_the_server_measures_fastest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tune, "measure_configs", fake_measure_configs)
-    monkeypatch.setattr(tune, "ab_problem", lambda: None)
     monkeypatch.setattr(tune, "java_problem", lambda: None)
     mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
     out = tmp_path / "micro_batching.json"
@@ -214,8 +216,8 @@ def test_confirm_keeps_what_the_server_measures_fastest(
     assert MicroBatchingConfig.from_mapping(written).micro_batch_size == "auto"
     on_server = capsys.readouterr().out.split("On TorchServe")[1].splitlines()[2].split("|")
     assert on_server[1].strip() == "-" and on_server[2].strip() == "auto"
-    monkeypatch.setattr(tune, "ab_problem", lambda: "`ab` not found")
-    with pytest.raises(SystemExit, match="--confirm needs TorchServe and ab: `ab` not found"):
+    monkeypatch.setattr(tune, "java_problem", lambda: "java not found")
+    with pytest.raises(SystemExit, match="--confirm needs TorchServe: java not found"):
         main(argv)
 
 
@@ -252,10 +254,10 @@ def test_benchmark_serves_a_mar_with_each_micro_batching_config(tmp_path: Path) 
     assert json.loads((model / "micro_batching.json").read_text()) == settings
 
 
-def test_confirm_on_a_corpus_does_not_need_ab(
+def test_confirm_on_a_corpus_sends_the_corpus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A corpus goes through the package's own driver; only one --input goes through ab.
+    # A corpus goes through the package's own driver, as one --input does (a corpus of one).
     sent: list[Any] = []
 
     def measure_corpus(*args: Any, **kwargs: Any) -> list[Measured]:
@@ -263,7 +265,6 @@ def test_confirm_on_a_corpus_does_not_need_ab(
         return [Measured(c, 100.0, 50.0, 0) for c in args[2]]
 
     monkeypatch.setattr(tune, "measure_configs", measure_corpus)
-    monkeypatch.setattr(tune, "ab_problem", lambda: "`ab` not found")
     monkeypatch.setattr(tune, "java_problem", lambda: None)
     mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
     corpus = tmp_path / "texts.jsonl"

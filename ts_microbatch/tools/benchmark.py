@@ -229,11 +229,12 @@ def run_rounds(
     seed: int = 0,
     sender: Send | None = None,
     served: dict[str, dict[str, int]] | None = None,
+    room: dict[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Every variant once per round (runs.round_order), one row per run, each appended to
     ``results`` as it comes and a CPU drift warned about at once. A variant TorchServe
     will not register is reported and left out of the later rounds. ``sender``: the load
-    instead of parallel clients (``--rates``)."""
+    instead of parallel clients (``--rates``); ``room``: ``measure``'s."""
 
     def send(
         url: str, token: str | None, requests: int, work: Path, label: str
@@ -275,6 +276,7 @@ def run_rounds(
                     (first.data, first.content_type),
                     archive=f"{name}.mar",
                     base_config=base_config,
+                    room=room,
                 )
             except RegistrationError as err:
                 refused[name] = str(err)

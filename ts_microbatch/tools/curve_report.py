@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .curves import latencies_of, sustained
+from .curves import latencies_of, sustained, without_latencies
 from .intervals import compare_rounds
 
 Row = dict[str, Any]
@@ -227,7 +227,7 @@ def write_curves(
     comparisons = compare_curves(runs, pairs)
     every = [
         {"handler": r["handler"], "round": r.get("repeat"),
-         "curve": [{k: v for k, v in p.items() if k != "latencies_ms"} for p in r["curve"]]}
+         "curve": without_latencies(r["curve"])}
         for r in runs if r.get("curve")
     ]  # fmt: skip
     (out / "curves.json").write_text(

@@ -8,9 +8,11 @@ machine someone else's slow phase lands on whichever point runs then.
 The stop rule (``behind``): a point is past capacity when its queue grew through the run
 (the last quarter's median latency ``QUEUE_GROWTH_MS`` over the first's), when fewer than
 ``FELL_BEHIND`` of the requests drawn were answered, or when P99 passed
-``GAVE_UP_P99_MS``. The sweep keeps one point past it, then stops: past saturation every
-point says the same and each costs a queue's worth of waiting. ``sustained`` reads a
-latency objective off a curve; the report is ts_microbatch.tools.curve_report.
+``GAVE_UP_P99_MS``. The sweep keeps one point past it, then stops (``one_past_behind``):
+past saturation every point says the same and each costs a queue's worth of waiting. A
+caller may give its own stop rule (the latency tuner's ladder stops on misses of its
+objective, ts_microbatch.tools.slo_confirm). ``sustained`` reads a latency objective off a
+curve; the report is ts_microbatch.tools.curve_report.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from .openloop import BUSY_CORES, OpenLoopResult, run_open_loop
 QUEUE_GROWTH_MS = 100.0
 FELL_BEHIND = 0.9
 GAVE_UP_P99_MS = 10_000.0
+OPEN_LOOP_TIMEOUT_S = 60.0
+
+# A sweep's stop rule: its points so far -> why it ends after the last one ("": go on).
+StopRule = Callable[[list[dict[str, Any]]], str]
 
 
 def machine_busy_s() -> float:
@@ -108,6 +114,11 @@ def behind(row: dict[str, Any]) -> bool:
     )
 
 
+def one_past_behind(rows: list[dict[str, Any]]) -> str:
+    """The module's stop rule: the point after the first one ``behind`` is the last."""
+    return "one rate past capacity, the last" if len(rows) > 1 and behind(rows[-2]) else ""
+
+
 def parse_rates(text: str) -> list[float]:
     """``"20,40,80"`` or ``"20:200:20"`` (start:stop:step, stop included): rising rates.
 
@@ -145,15 +156,18 @@ def sweep(
     requests_per_rate: int | Callable[[float], int],
     headers: dict[str, str] | None = None,
     seed: int = 0,
-    progress: Callable[[dict[str, Any]], None] | None = None,
+    progress: Callable[[dict[str, Any], str], None] | None = None,
     nice: int | None = None,
     meter: Callable[[], OtherCpu] | None = OtherCpu,
+    stop: StopRule = one_past_behind,
+    timeout_s: float = OPEN_LOOP_TIMEOUT_S,
 ) -> list[OpenLoopResult]:
-    """One result per rate, rising, until one past ``behind``. ``requests_per_rate``: a
-    count, or one per rate. A point during which others used more than ``BUSY_CORES``
-    (``meter``) is run once more, its first reading kept as ``busy_retried_cores``."""
+    """One result per rate, rising, until ``stop`` gives a reason (``progress`` gets each
+    point and that reason, "" until the last). ``requests_per_rate``: a count, or one per
+    rate. A point during which others used more than ``BUSY_CORES`` (``meter``) is run
+    once more, its first reading kept as ``busy_retried_cores``."""
     results: list[OpenLoopResult] = []
-    past = False
+    rows: list[dict[str, Any]] = []
     for index, rate in enumerate(rates):
         count = requests_per_rate(rate) if callable(requests_per_rate) else requests_per_rate
         first_cores: float | None = None
@@ -168,6 +182,7 @@ def sweep(
                 max(1, count),
                 seed=seed + index + 1000 * tries,
                 headers=headers,
+                timeout_s=timeout_s,
                 nice=nice,
             )
             if other is not None:
@@ -177,12 +192,12 @@ def sweep(
                 break
             first_cores = result.other_cpu_cores
         results.append(result)
-        row = result.summary()
+        rows.append(result.summary())
+        why = stop(rows)
         if progress is not None:
-            progress(row)
-        if past:
+            progress(rows[-1], why)
+        if why:
             break
-        past = behind(row)
     return results
 
 
@@ -197,9 +212,11 @@ def open_loop_bodies(corpus: Corpus, token: str | None) -> tuple[list[bytes], di
 
 @dataclass
 class CurveSender:
-    """A ``measure.Send`` for ``--rates``: the warm-up from parallel clients, the measured
-    run a ``sweep`` on the same server, its points (``point``) in the summary's ``"curve"``
-    and the summary's figures over every request of the sweep."""
+    """A ``measure.Send`` for ``--rates`` and the latency tuner's ladder: the warm-up from
+    parallel clients, the measured run a ``sweep`` on the same server (``stop``, ``meter``
+    and ``timeout_s`` its own; ``requests_per_rate``, when given, instead of
+    ``requests_for``), its points (``point``) in the summary's ``"curve"`` and the
+    summary's figures over every request of the sweep."""
 
     corpus: Corpus
     rates: Sequence[float]
@@ -209,6 +226,10 @@ class CurveSender:
     seed: int = 0
     min_answers: int = 50
     nice: int | None = None
+    stop: StopRule = one_past_behind
+    requests_per_rate: Callable[[float], int] | None = None
+    meter: Callable[[], OtherCpu] | None = OtherCpu
+    timeout_s: float = OPEN_LOOP_TIMEOUT_S
 
     def __call__(
         self, url: str, token: str | None, requests: int, work: Path, label: str
@@ -216,14 +237,18 @@ class CurveSender:
         if label.endswith("warm-up"):
             return send_corpus(url, self.corpus, requests, self.concurrency, token=token)
         bodies, headers = open_loop_bodies(self.corpus, token)
+        start = time.monotonic()
 
-        def progress(row: dict[str, Any]) -> None:
+        def progress(row: dict[str, Any], why: str) -> None:
+            others = row["other_cpu_cores"]
             self.log(
-                f"  {label}: {row['offered_per_s']:g}/s offered, {row['achieved_per_s']:.1f} "
-                f"answered, P99 {row['p99_ms']:.0f} ms [{row['p99_low_ms']:.0f}, "
-                f"{row['p99_high_ms']:.0f}] of {row['requests']}, {row['late_sends']} late "
-                f"sends, others used {row['other_cpu_cores']:.2f} cores"
+                f"  {label} [{time.monotonic() - start:.0f} s]: {row['offered_per_s']:g}/s "
+                f"offered, {row['achieved_per_s']:.1f} answered, P99 {row['p99_ms']:.0f} ms "
+                f"[{row['p99_low_ms']:.0f}, {row['p99_high_ms']:.0f}] of {row['requests']}, "
+                f"{row['late_sends']} late sends"
+                + ("" if math.isnan(others) else f", others used {others:.2f} cores")
                 + (" (BUSY)" if row["busy"] else "")
+                + (f" ({why})" if why else "")
             )
 
         results = sweep(
@@ -233,8 +258,12 @@ class CurveSender:
             headers=headers,
             seed=self.seed,
             progress=progress,
-            requests_per_rate=lambda r: requests_for(r, self.seconds_per_rate, self.min_answers),
+            requests_per_rate=self.requests_per_rate
+            or (lambda r: requests_for(r, self.seconds_per_rate, self.min_answers)),
             nice=self.nice,
+            meter=self.meter,
+            stop=self.stop,
+            timeout_s=self.timeout_s,
         )
         every = [
             (s.status, math.inf if s.latency_s is None else 1000 * s.latency_s)
@@ -253,6 +282,11 @@ def point(result: OpenLoopResult) -> dict[str, Any]:
     None for no answer: JSON has no infinity)."""
     latencies = [None if math.isinf(ms) else round(ms, 2) for ms in result.latencies_ms()]
     return {**result.summary(), "latencies_ms": latencies}
+
+
+def without_latencies(curve: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A curve's points without their latencies (for summaries and records)."""
+    return [{k: v for k, v in p.items() if k != "latencies_ms"} for p in curve]
 
 
 def latencies_of(point: dict[str, Any]) -> list[float]:

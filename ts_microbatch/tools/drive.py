@@ -1,9 +1,11 @@
 """Sends a corpus to a TorchServe on loopback: parallel clients, bodies in the corpus's order.
 
-`ab` sends one body per process; here each of ``concurrency`` client threads keeps a
-connection open and takes the next body of the corpus's fixed sequence
-(ts_microbatch.tools.corpus), so every run sends the same bodies in the same order. The
-client's own CPU is reported: on a small machine it competes with the server.
+The package's one closed-loop load (the benchmark, tune --confirm; a single body is a
+corpus of one). Each of ``concurrency`` client threads keeps a connection open and takes
+the next body of the corpus's fixed sequence (ts_microbatch.tools.corpus), so every run
+sends the same bodies in the same order; unlike `ab` (which benchmarks/ab.py drives),
+nothing needs installing. The client's own CPU is reported: on a small machine it
+competes with the server.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .ab import latencies
 from .corpus import Corpus
+from .intervals import percentile
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -123,3 +125,13 @@ def summarize(
         "statuses": {str(status or "no answer"): n for status, n in sorted(statuses.items())},
     }
     return summary, latencies(times)
+
+
+def latencies(times_ms: Sequence[float]) -> dict[str, float]:
+    """P50, P90, P99 and the longest of requests' times, as the benchmarks report them."""
+    return {
+        "p50_ms": percentile(times_ms, 50),
+        "p90_ms": percentile(times_ms, 90),
+        "p99_ms": percentile(times_ms, 99),
+        "max_ms": max(times_ms) if times_ms else math.nan,
+    }

@@ -9,11 +9,21 @@ import json
 import os
 import sys
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
 from ..torchserve.micro_batching import MicroBatching
-from .corpus import Body, Corpus, CorpusError, read_corpus, rows_of
+from .corpus import OCTET_STREAM, Body, Corpus, CorpusError, content_type_of, read_corpus, rows_of
+
+
+def model_dir_of(path: Path, scratch: Path) -> Path:
+    """The model directory: ``path`` itself, or the .mar unpacked into ``scratch``."""
+    if path.is_dir():
+        return path
+    with zipfile.ZipFile(path) as mar:
+        mar.extractall(scratch)
+    return scratch
 
 
 def make_context(
@@ -124,11 +134,15 @@ def threads_of(parallelism: dict[str, int]) -> str:
 
 
 def tuning_corpus(args: argparse.Namespace) -> Corpus:
-    """``--corpus``, or ``--input`` as a corpus of one body sent as bytes."""
+    """``--corpus``, or ``--input`` as a corpus of one body sent as bytes, or as an image
+    when it is one (TorchServe decodes text/* and JSON bodies, the in-process runs do not;
+    an image reaches the handler as bytes either way)."""
     if args.corpus is not None:
         try:
             return read_corpus(args.corpus)
         except CorpusError as err:
             raise SystemExit(f"--corpus: {err}") from None
-    body = Body(args.input.name, args.input.read_bytes(), "application/octet-stream")
+    guessed = content_type_of(args.input)
+    content_type = guessed if guessed.startswith("image/") else OCTET_STREAM
+    body = Body(args.input.name, args.input.read_bytes(), content_type)
     return Corpus(str(args.input), (body,))

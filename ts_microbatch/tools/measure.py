@@ -2,8 +2,8 @@
 
 The one runner under ``ts-microbatch-benchmark`` (and benchmarks/), ``tune --confirm`` and
 the latency tuner's confirm step. ``measure`` registers a model on a new TorchServe on
-loopback, warms it up, sends the measured load through a ``Send`` (``corpus_sender``,
-``ab_sender`` or an open-loop sweep such as ``curves.CurveSender``) and returns one row:
+loopback, warms it up, sends the measured load through a ``Send`` (``corpus_sender``
+or an open-loop sweep such as ``curves.CurveSender``) and returns one row:
 throughput and latency, the CPU each request cost the frontend and the worker
 (ts_microbatch.tools.cpu), sample answers, and the pipeline's own numbers from the
 difference of two ``/metrics`` scrapes (or, in log mode, from the metric logs).
@@ -12,7 +12,6 @@ difference of two ``/metrics`` scrapes (or, in log mode, from the metric logs).
 from __future__ import annotations
 
 import json
-import mimetypes
 import re
 import time
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import METRICS_YAML
-from .ab import run_ab
 from .corpus import Corpus
 from .cpu import cpu_per_request, read_cpu
 from .drive import send_corpus
@@ -29,7 +27,7 @@ from .runs import flatten_pipeline, summarize
 from .scrape import summarize as summarize_scrape
 from .server import TorchServe, TorchServeError, read_properties
 
-# (url, token, requests, work directory, label) -> (ab-like summary, latency percentiles)
+# (url, token, requests, work directory, label) -> (drive's summary, latency percentiles)
 Send = Callable[[str, Optional[str], int, Path, str], tuple[dict[str, Any], dict[str, float]]]
 
 # What a server gets without a config.properties of the user's (--ts-config): room for many
@@ -122,7 +120,7 @@ def measure(
         token = server.token("inference")
         server_dir.mkdir(parents=True, exist_ok=True)
         if config["warmup_requests"]:
-            # ab refuses fewer requests than clients
+            # every client sends at least one warm-up request
             warmup = max(config["warmup_requests"], point["concurrency"])
             send(url, token, warmup, server_dir, f"{label} warm-up")
         if mode == "prometheus":
@@ -180,35 +178,12 @@ def corpus_sender(
     return send
 
 
-def ab_sender(body: Path, concurrency: int, progress: Callable[[str], None] | None = None) -> Send:
-    """A ``Send``: one body from `ab`, as bytes unless an image (TorchServe decodes text/*
-    and JSON bodies, the in-process runs do not); its CSV written into the run's folder."""
-    guessed = mimetypes.guess_type(body.name)[0] or ""
-    content_type = guessed if guessed.startswith("image/") else "application/octet-stream"
-
-    def send(url: str, token: str | None, requests: int, work: Path, label: str) -> Any:
-        csv_path = work / ("warmup.csv" if label.endswith("warm-up") else "ab.csv")
-        return run_ab(
-            url,
-            body,
-            requests,
-            concurrency,
-            csv_path,
-            token=token,
-            content_type=content_type,
-            label=label,
-            progress=progress,
-        )
-
-    return send
-
-
 def sample_responses(
     server: TorchServe, model: str, body: bytes, content_type: str
 ) -> list[dict[str, Any]]:
     """Sample answers kept with each run: 2 sent alone (micro-batches of 1) and 8 at once.
     oneDNN chooses kernels by batch size, so JSON answers can differ by a byte or two
-    between the two (which ab counts as length failures); the samples show it."""
+    between the two; the samples show it."""
 
     def one(_: int) -> dict[str, Any]:
         resp = server.predict(model, body, content_type=content_type)

@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .ab import percentile
 from .corpus import Corpus
 from .curve_report import compare_curves, held_lines, write_curves
+from .intervals import percentile
 from .mar import AS_PACKAGED, BASELINE
 
 Row = dict[str, Any]

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import load_config
-from .confirm import model_dir_of
 from .corpus import Corpus
-from .inprocess import load_handler, make_context, threads_of, tuning_corpus
+from .inprocess import load_handler, make_context, model_dir_of, threads_of, tuning_corpus
 from .merge import MergeError, write_merged
 from .results import ResultsLog
 from .slo_confirm import best_confirmed, calibrate_frontend_cpu, confirm, confirm_slots

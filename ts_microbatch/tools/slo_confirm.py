@@ -12,20 +12,15 @@ and the worker's CPU per request (``calibrate_frontend_cpu``) feed the model's C
 
 from __future__ import annotations
 
-import math
 import shutil
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .corpus import Corpus
-from .curves import behind, open_loop_bodies
-from .drive import send_corpus, summarize
+from .curves import CurveSender, behind, without_latencies
 from .mar import override_mar
 from .measure import RegistrationError, Send, corpus_sender, measure
-from .openloop import run_open_loop
 from .results import ResultsLog
 from .slo_plan import Candidate
 
@@ -82,51 +77,27 @@ def confirm_slots(candidates: list[Candidate], count: int) -> list[Candidate]:
     return chosen
 
 
-@dataclass
-class LadderSender:
+def ladder_sender(
+    corpus: Corpus,
+    rates: list[float],
+    slo_p99_ms: float,
+    concurrency: int,
+    log: Callable[[str], None] = print,
+) -> CurveSender:
     """A ``measure.Send``: the warm-up from parallel clients, then the ladder's rates offered
-    open loop, lowest first, until ``MISSES_TO_STOP`` in a row missed the objective; the
-    curve rides in the summary under ``"curve"``."""
+    open loop (``curves.CurveSender``), lowest first, until ``MISSES_TO_STOP`` in a row
+    missed the objective; the curve rides in the summary under ``"curve"``."""
 
-    corpus: Corpus
-    rates: list[float]
-    slo_p99_ms: float
-    concurrency: int
-    log: Callable[[str], None] = print
+    def stop(rows: list[dict[str, Any]]) -> str:
+        last = rows[-MISSES_TO_STOP:]
+        if len(last) == MISSES_TO_STOP and all(missed(row, slo_p99_ms) for row in last):
+            return f"{MISSES_TO_STOP} rates in a row missed {slo_p99_ms:g} ms, the last"
+        return ""
 
-    def __call__(
-        self, url: str, token: str | None, requests: int, work: Path, label: str
-    ) -> tuple[dict[str, Any], dict[str, float]]:
-        if label.endswith("warm-up"):
-            return send_corpus(url, self.corpus, requests, self.concurrency, token=token)
-        bodies, headers = open_loop_bodies(self.corpus, token)
-        results, misses, start = [], 0, time.monotonic()
-        for index, rate in enumerate(self.rates, start=1):
-            result = run_open_loop(
-                url, bodies, rate, rate_requests(rate), seed=index, headers=headers,
-                timeout_s=REQUEST_TIMEOUT_S,
-            )  # fmt: skip
-            results.append(result)
-            row = result.summary()
-            misses = misses + 1 if missed(row, self.slo_p99_ms) else 0
-            self.log(
-                f"  {label} [rate {index}/{len(self.rates)}, {time.monotonic() - start:.0f} s]: "
-                f"{rate:g}/s offered, {row['achieved_per_s']:.1f} answered, P99 "
-                f"{row['p99_ms']:.0f} ms of {row['requests']} requests"
-                f"{'' if misses == 0 else ' (missed)'}"
-            )
-            if misses >= MISSES_TO_STOP:
-                break
-        every = [
-            (s.status, math.inf if s.latency_s is None else 1000 * s.latency_s)
-            for result in results
-            for s in result.sends
-        ]
-        summary, latency = summarize(
-            every, sum(r.elapsed_s for r in results), sum(r.cpu_s for r in results)
-        )
-        summary["curve"] = [result.summary() for result in results]
-        return summary, latency
+    return CurveSender(
+        corpus, rates, SECONDS_PER_RATE, concurrency, log, seed=1, stop=stop,
+        requests_per_rate=rate_requests, meter=None, timeout_s=REQUEST_TIMEOUT_S,
+    )  # fmt: skip
 
 
 def held_on(curve: list[dict[str, Any]], slo_p99_ms: float) -> float:
@@ -237,12 +208,12 @@ def confirm(
             f"{ladder_seconds(rates):.0f} s and a server's start)",
             flush=True,
         )
-        sender = LadderSender(corpus, rates, slo_p99_ms, 2 * candidate.batch_size)
+        sender = ladder_sender(corpus, rates, slo_p99_ms, 2 * candidate.batch_size)
         result = _serve(candidate, f"c{index}", mar, corpus, out, sender, 1, label, base_config)
         candidate.measured_per_s = 0.0
         if result is None:
             continue
-        candidate.curve = list(result["curve"])
+        candidate.curve = without_latencies(result["curve"])
         candidate.measured_per_s = held_on(candidate.curve, slo_p99_ms)
         candidate.frontend_cpu_ms = result.get("frontend_cpu_ms_per_request")
         record.append(

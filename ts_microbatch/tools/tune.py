@@ -28,10 +28,16 @@ from ..core.config import MicroBatchingConfig, load_config
 from ..torchserve.micro_batching import MicroBatching
 from . import slo
 from ._cli import SAFE_BESIDE, prog
-from .ab import ab_problem
-from .confirm import Load, measure_configs, model_dir_of
+from .confirm import Load, measure_configs
 from .corpus import Body, Corpus
-from .inprocess import load_handler, make_context, measure_with_cpu, threads_of, tuning_corpus
+from .inprocess import (
+    load_handler,
+    make_context,
+    measure_with_cpu,
+    model_dir_of,
+    threads_of,
+    tuning_corpus,
+)
 from .merge import MergeError, read_existing, write_merged
 from .results import OutputError, ResultsLog, claimed_dir, output_file
 from .server import java_problem
@@ -138,10 +144,11 @@ def tune(
 
 
 def confirm(
-    ranked: list[Trial], base: MicroBatchingConfig, args: argparse.Namespace, workdir: Path
+    ranked: list[Trial], base: MicroBatchingConfig, args: argparse.Namespace, corpus: Corpus
 ) -> list[Confirmed]:
     """The ``args.confirm`` best trials (and "auto" with ``--with-auto``) measured on a
-    real TorchServe; fastest first, those with errors last."""
+    real TorchServe, sent ``corpus`` (one ``--input`` is a corpus of one); fastest first,
+    those with errors last."""
     top: list[Trial | None] = list(ranked[: args.confirm])
     configs = [t.as_config(base) for t in ranked[: args.confirm]]
     if args.with_auto:  # "auto" with the best threads, measured against the fixed sizes
@@ -157,10 +164,8 @@ def confirm(
     )
     out = args.confirm_out
     print(f"\nConfirming {len(top)} configs on TorchServe (results in {out})", flush=True)
-    model_dir = model_dir_of(args.mar, workdir / "confirm-model")
-    sent: Path | Corpus = args.input.resolve() if args.corpus is None else tuning_corpus(args)
     measured = measure_configs(
-        model_dir, sent, configs, load, args.confirm_repeats, Path(out), base_config=args.ts_config
+        args.mar, corpus, configs, load, args.confirm_repeats, Path(out), args.ts_config
     )
     confirmed = [
         Confirmed(trial, m.config, m.requests_per_s, m.p99_ms, m.errors)
@@ -255,7 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--confirm-repeats",
         type=int,
         default=3,
-        help="runs per config, round-robin; the median counts (default 3)",
+        help="rounds, each serving every config once on a fresh TorchServe in an order "
+        "shuffled from a seed recorded in results.json; a config's median run counts "
+        "(default 3)",
     )
     confirming.add_argument(
         "--with-auto",
@@ -300,19 +307,15 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
     and ``--confirm-out`` made (``<out>-confirm/`` by default; a non-empty one the tuner did
     not make is refused) and the trials file every measurement is appended to."""
     if args.confirm:
-        # ab sends one --input; a --corpus goes through the package's own driver.
-        # A latency objective is confirmed with open-loop load, never through ab.
-        needs_ab = args.corpus is None and not args.slo_p99_ms
-        problem = (ab_problem() if needs_ab else None) or java_problem()
+        problem = java_problem()
         if problem:
-            needs = "TorchServe and ab" if args.corpus is None else "TorchServe"
-            raise SystemExit(f"--confirm needs {needs}: {problem}")
+            raise SystemExit(f"--confirm needs TorchServe: {problem}")
     try:
         output_file(args.out, "--out")
         read_existing(args.out)  # a file that cannot be merged into fails now, not at the end
         if args.confirm:
             default = args.out.with_name(f"{args.out.stem}-confirm")
-            # The confirm runs delete and rewrite store/, servers/, r<i>-c<j>/ and
+            # The confirm runs delete and rewrite store/, servers/, samples/ and
             # results.json in it: never in a folder of the user's (results.claimed_dir).
             args.confirm_out = claimed_dir(
                 args.confirm_out or default, "ts-microbatch-tune", "--confirm-out"
@@ -352,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         print_ranking(ranked)
         best = ranked[0].as_config(base)
         if args.confirm:
-            confirmed = confirm(ranked, base, args, Path(scratch))
+            confirmed = confirm(ranked, base, args, corpus)
             print_confirmed(confirmed, ranked)
             best = confirmed[0].config
     # Into the user's file: the keys tuned set, every other key of theirs kept (merge.py).

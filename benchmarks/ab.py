@@ -1,16 +1,18 @@
-"""Drives apache bench (`ab`) against a TorchServe and reads what it printed (for the tuner
-and benchmarks/, so an installed package needs nothing from the repository)."""
+"""Drives apache bench (`ab`) against a TorchServe and reads what it printed, for the
+benchmark scripts here whose committed results were measured with it (the package sends
+its own load through ts_microbatch.tools.drive)."""
 
 from __future__ import annotations
 
 import csv
-import math
 import re
 import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from ts_microbatch.tools.drive import latencies
 
 AB_MISSING = "`ab` not found: apt-get install apache2-utils (make bench does it)"
 
@@ -156,22 +158,3 @@ def merge_ab(
     summary["time_taken_s"] = max(run["time_taken_s"] for run in runs)
     summary["requests_per_s"] = summary["complete_requests"] / summary["time_taken_s"]
     return summary, latencies(ttimes_ms)
-
-
-def latencies(times_ms: Sequence[float]) -> dict[str, float]:
-    """P50, P90, P99 and the longest of requests' times, as the benchmarks report them."""
-    return {
-        "p50_ms": percentile(times_ms, 50),
-        "p90_ms": percentile(times_ms, 90),
-        "p99_ms": percentile(times_ms, 99),
-        "max_ms": max(times_ms) if times_ms else math.nan,
-    }
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile; NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(pct / 100 * len(ordered)))
-    return ordered[rank - 1]
