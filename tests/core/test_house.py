@@ -3,11 +3,12 @@
 A front page read in five minutes (README.md at most 200 lines), a benchmarks page at most
 300, no package module over 400 lines, the tools wing at most 4,000, and the benchmark
 scripts a user reads at most 3,500 (developers' diagnostics and studies run once live in
-``benchmarks/dev/``). The plain body's way through the package is counted in
+``benchmarks/dev/``); docs/layout.md names every module there is. The plain body's way through the package is counted in
 ``tests/torchserve/test_body_way.py``."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,13 @@ def test_the_benchmark_scripts_a_user_reads_stay_under_3500_lines() -> None:
     scripts = sorted([*bench.glob("*.py"), *bench.glob("*.sh")])
     assert scripts, bench
     assert lines(scripts) <= 3500
+
+
+@pytest.mark.parametrize("wing", ["core", "torchserve", "tools"])
+def test_the_layout_page_names_every_module_of_a_wing_and_no_other(wing: str) -> None:
+    """docs/layout.md draws the house as it is: its row for a wing names each module there."""
+    page = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    (row,) = [line for line in page.splitlines() if line.startswith(f"| `ts_microbatch/{wing}/`")]
+    named = set(re.findall(r"`(\w+\.py)`", row))
+    present = {path.name for path in (PACKAGE / wing).glob("*.py")} - {"__init__.py"}
+    assert named == present, {"not on the page": present - named, "gone": named - present}
