@@ -3,8 +3,8 @@
 A front page read in five minutes (README.md at most 200 lines), a benchmarks page at most
 300, no package module over 400 lines, the tools wing at most 4,000, and the benchmark
 scripts a user reads at most 3,500 (developers' diagnostics and studies run once live in
-``benchmarks/dev/``); docs/layout.md names every module there is. The plain body's way through the package is counted in
-``tests/torchserve/test_body_way.py``."""
+``benchmarks/dev/``); docs/layout.md names every module there is. The plain body's way
+through the package is counted in ``tests/torchserve/test_body_way.py``."""
 
 from __future__ import annotations
 
