@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 from tests.helpers import ROOT, load_module
+from ts_microbatch.tools import measure
 from ts_microbatch.tools.scrape import summarize
 from ts_microbatch.tools.server import TorchServe
 
@@ -36,24 +36,9 @@ def local_server(model_store: Path, workdir: Path) -> TorchServe:
 
 
 def settled_scrape(server: TorchServe, model: str, timeout_s: float = 30) -> str:
-    """``/metrics`` once ``model``'s pipeline lines stopped moving: equal in two scrapes
-    more than an interval apart (``metrics_interval_s``, 1 s by default: the worker writes
-    an interval's lines when it ends, so a scrape made at once may miss the last ones)."""
-
-    def pipeline_lines(text: str) -> list[str]:
-        label = f'ModelName="{model}"'
-        return [
-            line for line in text.splitlines() if line.startswith("MicroBatch") and label in line
-        ]
-
-    deadline = time.monotonic() + timeout_s
-    text = server.scrape_metrics()
-    while True:
-        time.sleep(1.5)  # longer than an interval and the reporter's 20 ms
-        again = server.scrape_metrics()
-        if pipeline_lines(again) == pipeline_lines(text) or time.monotonic() > deadline:
-            return again
-        text = again
+    """``/metrics`` once the worker's lines stopped moving (``measure.settled_scrape``, the
+    tools' rule); ``model`` names whose lines the caller reads."""
+    return measure.settled_scrape(server, timeout_s)
 
 
 def scraped(server: TorchServe, model: str, before: str = "") -> dict[str, Any]:

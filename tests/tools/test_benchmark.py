@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from tests.helpers import load_module
 from ts_microbatch.tools import METRICS_YAML, benchmark, runs
 from ts_microbatch.tools.corpus import read_corpus
 from ts_microbatch.tools.mar import override_mar, read_entries, settings_of
-from ts_microbatch.tools.measure import server_for
+from ts_microbatch.tools.measure import server_for, settled_scrape
 from ts_microbatch.tools.server import read_properties
 
 bench = load_module("benchmarks/bench_lib.py", "bench_lib")
@@ -189,3 +190,23 @@ def test_a_server_without_a_users_config_declares_the_pipelines_metrics(tmp_path
     own.write_text("metrics_config=/etc/ts/metrics.yaml\n")
     written = server_for(tmp_path / "store", tmp_path / "work2", "prometheus", own).write_config()
     assert read_properties(written)["metrics_config"] == "/etc/ts/metrics.yaml"
+
+
+def test_a_settled_scrape_waits_for_the_worker_s_next_interval_of_metric_lines() -> None:
+    # A short run (a new user's 200 requests) was scraped before the worker's interval of
+    # lines was sent (every metrics_interval_s, 1 s): two scrapes 0.25 s apart agreed, and
+    # mean_micro_batch_size read nan. Here the lines arrive 1 s after the first scrape.
+    class Server:
+        def __init__(self) -> None:
+            self.scrapes: list[float] = []
+
+        def scrape_metrics(self) -> str:
+            now = time.monotonic()
+            self.scrapes.append(now)
+            sent = now - self.scrapes[0] >= 1.0
+            return "MicroBatchSize_total 17.0\n" if sent else "MicroBatchSize_total 1.0\n"
+
+    server = Server()
+    text = settled_scrape(server, timeout_s=30)  # type: ignore[arg-type]
+    assert server.scrapes[-1] - server.scrapes[0] >= 1.0  # the scenario: the lines came late
+    assert text == "MicroBatchSize_total 17.0\n"

@@ -31,10 +31,11 @@ from .mar import (
     override_mar,
     parse_handler_variant,
     parse_variant,
-    read_entries,
-    settings_of,
     split_frontend,
     variants_of,
+)
+from .mar import (
+    frontend_of as packaged_frontend,
 )
 from .measure import RegistrationError, Send, measure
 from .results import ResultsLog, claimed_dir
@@ -111,15 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def frontend_of(args: argparse.Namespace, mar: Path) -> dict[str, int]:
-    """batchSize and maxBatchDelay: the flags, else the .mar's model-config.yaml, else 32/50.
+    """batchSize and maxBatchDelay: the flags, else the .mar's (``mar.frontend_of``).
     Each variant is also registered with them: TorchServe 0.12 takes the registration's
     maxBatchDelay over the YAML's."""
-    packaged = settings_of(read_entries(mar))["yaml"] or {}
-    delay = args.max_batch_delay
-    return {
-        "batchSize": args.batch_size or int(packaged.get("batchSize", 32)),
-        "maxBatchDelay": delay if delay is not None else int(packaged.get("maxBatchDelay", 50)),
-    }
+    return packaged_frontend(mar, args.batch_size, args.max_batch_delay)
 
 
 def shown(effective: dict[str, Any]) -> tuple[Any, str]:

@@ -229,3 +229,19 @@ def write_entries(
             if name not in names:
                 out.writestr(name, data, compress_type=zipfile.ZIP_DEFLATED)
     tmp.replace(target)
+
+
+def frontend_of(
+    mar: Path, batch_size: int | None = None, max_batch_delay: int | None = None
+) -> dict[str, int]:
+    """batchSize and maxBatchDelay to register ``mar`` with: those given, else its
+    model-config.yaml's, else 32 and 50 ms."""
+    packaged = settings_of(read_entries(mar))["yaml"] or {}
+    return {
+        "batchSize": batch_size or int(packaged.get("batchSize", 32)),
+        "maxBatchDelay": (
+            max_batch_delay
+            if max_batch_delay is not None
+            else int(packaged.get("maxBatchDelay", 50))
+        ),
+    }

@@ -19,13 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
-from . import METRICS_YAML
 from .corpus import Corpus
 from .cpu import cpu_per_request, read_cpu
 from .drive import send_corpus
 from .runs import flatten_pipeline, summarize
 from .scrape import summarize as summarize_scrape
-from .server import TorchServe, TorchServeError, read_properties
+from .server import DEFAULT_PROPERTIES, TorchServe, TorchServeError, read_properties
 
 # (url, token, requests, work directory, label) -> (drive's summary, latency percentiles)
 Send = Callable[[str, Optional[str], int, Path, str], tuple[dict[str, Any], dict[str, float]]]
@@ -34,13 +33,6 @@ Send = Callable[[str, Optional[str], int, Path, str], tuple[dict[str, Any], dict
 # clients and for camera photos (TorchServe's defaults are 100 queued requests and 6.5 MB),
 # and the metrics config that declares the pipeline's metrics (without it the per-stage
 # columns stay empty).
-DEFAULT_PROPERTIES = {
-    "default_workers_per_model": "1",
-    "job_queue_size": "1000",
-    "max_request_size": "33554432",
-    "install_py_dep_per_model": "false",
-    "metrics_config": str(METRICS_YAML),
-}
 
 
 class RegistrationError(TorchServeError):
@@ -195,9 +187,12 @@ def sample_responses(
     return alone + together
 
 
-def settled_scrape(server: TorchServe, timeout_s: float = 10.0) -> str:
-    """A scrape of /metrics once the backend's metric lines have reached the frontend:
-    two scrapes in a row that agree on every sample but the host gauges."""
+def settled_scrape(server: TorchServe, timeout_s: float = 10.0, apart_s: float = 1.5) -> str:
+    """A scrape of /metrics once the backend's metric lines have reached the frontend: two
+    scrapes ``apart_s`` apart that agree on every sample but the host gauges. The worker
+    sends an interval's lines when it ends (``metrics_interval_s``, 1 s by default), so
+    scrapes closer together agree while the last interval's lines are still unsent: a
+    short run read so had no pipeline metrics at all."""
     previous = None
     deadline = time.monotonic() + timeout_s
     while True:
@@ -206,7 +201,7 @@ def settled_scrape(server: TorchServe, timeout_s: float = 10.0) -> str:
         if counted == previous or time.monotonic() > deadline:
             return text
         previous = counted
-        time.sleep(0.25)  # the frontend has no "metrics flushed" event to wait on
+        time.sleep(apart_s)  # the frontend has no "metrics flushed" event to wait on
 
 
 def cpu_seconds(server: TorchServe) -> dict[str, float]:

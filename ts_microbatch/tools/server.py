@@ -22,8 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import METRICS_YAML
 from .ports import LOOPBACK, free_port, free_worker_ports, socket_dir_for, without_java_tmpdir
 from .processes import remove_pid_file, stop_from_pid_file, stop_process_group, write_pid_file
+
+# What a server started without a config.properties of the user's runs with: one worker,
+# room for a benchmark's clients and camera photos, the package's metrics declared.
+DEFAULT_PROPERTIES = {
+    "default_workers_per_model": "1",
+    "job_queue_size": "1000",
+    "max_request_size": "33554432",
+    "install_py_dep_per_model": "false",
+    "metrics_config": str(METRICS_YAML),
+}
 
 # LOOPBACK, free_port and stop_process_group are also imported from here (tests, benchmarks).
 logger = logging.getLogger(__name__)
