@@ -17,9 +17,20 @@ from ts_microbatch.tools import ports
 from ts_microbatch.tools import server as server_module
 from ts_microbatch.tools.server import TorchServe, TorchServeError, read_properties
 
-# Far from TorchServe's 9000 and from the ephemeral range, so that no server on this
-# machine is likely to hold one of these blocks while the tests run.
+# Far from TorchServe's 9000. It is inside Linux's ephemeral range (32768-60999): a
+# connection the suite made a moment ago can linger on any of these ports (TIME_WAIT), and
+# CI failed on it once the integration tests ran first. So the tests below see only the
+# TCP ports they bind themselves (``own_tcp_ports``), never the machine's.
 START = 41000
+
+
+@pytest.fixture
+def own_tcp_ports(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """The TCP ports a test binds; ``ports.tcp_port_bound`` really checks those alone."""
+    owned: set[int] = set()
+    real = ports.tcp_port_bound
+    monkeypatch.setattr(ports, "tcp_port_bound", lambda port: port in owned and real(port))
+    return owned
 
 
 def no_unix_sockets(tmp_path: Path) -> str:
@@ -28,7 +39,7 @@ def no_unix_sockets(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_a_worker_socket_file_moves_the_block(tmp_path: Path) -> None:
+def test_a_worker_socket_file_moves_the_block(tmp_path: Path, own_tcp_ports: set[int]) -> None:
     # The reported incident: /tmp/.ts.sock.9000 of a running server, and a tool's server
     # left at initial_worker_port=9000 whose worker removed it and bound the path.
     (tmp_path / f"{ports.SOCKET_PREFIX}{START + 3}").touch()
@@ -37,7 +48,9 @@ def test_a_worker_socket_file_moves_the_block(tmp_path: Path) -> None:
     assert first == START + 10
 
 
-def test_a_listening_unix_socket_whose_file_is_gone_still_counts(tmp_path: Path) -> None:
+def test_a_listening_unix_socket_whose_file_is_gone_still_counts(
+    tmp_path: Path, own_tcp_ports: set[int]
+) -> None:
     proc = tmp_path / "proc_net_unix"
     proc.write_text(
         "Num       RefCount Protocol Flags    Type St Inode Path\n"
@@ -50,14 +63,16 @@ def test_a_listening_unix_socket_whose_file_is_gone_still_counts(tmp_path: Path)
     assert first == START + 10
 
 
-def test_a_bound_tcp_port_moves_the_block(tmp_path: Path) -> None:
+def test_a_bound_tcp_port_moves_the_block(tmp_path: Path, own_tcp_ports: set[int]) -> None:
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", START + 27))
+        taken.bind(("127.0.0.1", 0))  # a port the OS says is free, not one that may linger
         taken.listen()
-        assert ports.tcp_port_bound(START + 27)
+        port = taken.getsockname()[1]
+        own_tcp_ports.add(port)
+        assert ports.tcp_port_bound(port)
         proc = no_unix_sockets(tmp_path)
-        first = ports.free_worker_ports([], block=10, start=START + 20, proc_net_unix=proc)
-    assert first == START + 30
+        first = ports.free_worker_ports([], block=10, start=port - 7, proc_net_unix=proc)
+    assert first == port + 3  # the next block
 
 
 def test_no_free_block_is_a_clear_error(tmp_path: Path) -> None:
