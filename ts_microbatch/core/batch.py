@@ -64,6 +64,8 @@ class Batch:
         self._results = Results(size, self._all_answered)
         self.context = context
         self.quiet = quiet
+        # The known-good input this private batch replays alone (``breaker.KnownGood``).
+        self.replays: Any = None
         self.order = order if order is not None else Order(size, owners=owners)
         self.created_at = time.monotonic()
         self._on_timeout = on_timeout

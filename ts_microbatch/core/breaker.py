@@ -87,7 +87,11 @@ class KnownGood(NamedTuple):
 
     @classmethod
     def of(cls, mb: _MicroBatch) -> KnownGood:
-        """The first item of ``mb``, which got through a stage."""
+        """The first item of ``mb``, which got through a stage; a replay stays the input it
+        replays (served or warm-up's), in every stage it passes: its private batch is quiet,
+        yet not warm-up's."""
+        if mb.batch.replays is not None:
+            return mb.batch.replays  # type: ignore[no-any-return]
         batch, at = mb.batch, range(mb.offset, mb.offset + 1)
         order = batch.order
         (request,) = order.requests_at(at)
@@ -106,6 +110,7 @@ class KnownGood(NamedTuple):
         metrics), as a probe: its one row is request 0 of its private context."""
         own = Order(1, lengths=self.lengths, pad_length=self.pad_length, shapes=self.shapes)
         batch = Batch(1, self.context, quiet=True, order=own)
+        batch.replays = self
         return _MicroBatch(batch, 0, 0, [self.item])
 
 

@@ -143,11 +143,7 @@ class Isolator:
 
     def passed(self, mb: _MicroBatch, stage: int) -> Outcome:
         """``mb`` got through ``stage``."""
-        # A replayed input stays what it was (served or warm-up's) in every stage it passes
-        # on its way to the one on trial: its private batch is quiet, yet not warm-up's.
-        # Otherwise the first item, kept outside the lock (it copies its context row).
-        replay = mb.probe
-        good = replay.good if isinstance(replay, KnownGoodProbe) else KnownGood.of(mb)
+        good = KnownGood.of(mb)  # outside the lock: it copies its request's context row
         with self._lock:
             if self._breakers[stage].success(good):
                 logger.warning("stage %s served again: no longer judged broken", self._names[stage])
