@@ -45,7 +45,7 @@ help:
 	@echo "make bench-compiled  eager vs torch.compile under the pipeline (~12 min)"
 	@echo "make bench-text  BERT: ours vs upstream vs plain on text of variable length (~30 min)"
 	@echo "make soak    100,000 requests at concurrency 200, the worker's memory sampled (~8 min)"
-	@echo "make tune    find the best micro_batching.json for the example in-process"
+	@echo "make tune [SLO_P99_MS=100] [CONFIRM=2]  the settings that hold the most load with P99 within the objective, for the example (a few minutes)"
 	@echo "make kserve-bundle  a KServe storage layout in $(KSERVE_OUT) (deploy/kserve/)"
 	@echo "make lint    ruff and mypy"
 
@@ -268,14 +268,24 @@ kserve-bundle: $(STAMP)
 	  --batch-size $(BATCH_SIZE) --max-batch-delay $(MAX_BATCH_DELAY)
 	rm -rf $(KSERVE_STAGING)
 
-# CONFIRM=3 also benchmarks the 3 best on a real TorchServe and keeps the fastest there.
+# The latency tuner on the example (docs/tuning.md): the settings that hold the most load
+# with P99 within SLO_P99_MS, merged into TUNED_CONFIG (a copy of MODEL_CONFIG the first
+# time). Small grids, a few minutes; CONFIRM=2 also serves the 2 best on a real TorchServe
+# and writes the one that held the most there. make serve registers the .mar with BATCH_SIZE
+# and MAX_BATCH_DELAY, so the line printed at the end passes the tuned ones.
+SLO_P99_MS ?= 100
 CONFIRM ?= 0
 TUNE_ARGS ?=
+TUNED_CONFIG := $(BUILD)/model-config.tuned.yaml
 tune: $(MAR)
-	$(PY) -m ts_microbatch.tools.tune --mar $(MAR) --input $(BUILD)/kitten.jpg --batch-size $(BATCH_SIZE) \
-	  --max-batch-delay $(MAX_BATCH_DELAY) --confirm $(CONFIRM) --confirm-out $(BUILD)/tune-confirm \
-	  --out $(BUILD)/micro_batching.tuned.json $(TUNE_ARGS)
-	@echo "Serve it with: make serve MB_CONFIG=$(BUILD)/micro_batching.tuned.json"
+	test -f $(TUNED_CONFIG) || cp $(MODEL_CONFIG) $(TUNED_CONFIG)
+	$(PY) -m ts_microbatch.tools.tune --mar $(MAR) --input $(BUILD)/kitten.jpg \
+	  --slo-p99-ms $(SLO_P99_MS) --micro-batch-sizes 1,2,4 --threads 1,2 --batch-sizes 1,2,4,8,16 \
+	  --windows 1,2,5,10 --repeats 2 --confirm $(CONFIRM) --confirm-out $(BUILD)/tune-confirm \
+	  --out $(TUNED_CONFIG) $(TUNE_ARGS)
+	@$(PY) -c 'import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); \
+	  print("Serve it with: make serve MODEL_CONFIG=%s BATCH_SIZE=%s MAX_BATCH_DELAY=%s" \
+	  % (sys.argv[1], c["batchSize"], c["maxBatchDelay"]))' $(TUNED_CONFIG)
 
 lint: venv
 	$(VENV)/bin/ruff check setup.py ts_microbatch handlers tests benchmarks examples deploy

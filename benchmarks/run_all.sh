@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates benchmarks/results/: the default comparison, the sweeps, and auto against the
-# tuner's best. Long: each step also runs alone.
+# Regenerates benchmarks/results/: the default comparison and the sweeps. Long: each step
+# also runs alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -9,4 +9,3 @@ for sweep in batch_sweep concurrency_sweep delay_sweep real_batch_sweep real_bat
              auto_sweep workers_sweep; do
   $PY benchmarks/benchmark-ab.py --config "benchmarks/configs/$sweep.json" --out "benchmarks/results/$sweep"
 done
-benchmarks/dev/auto_vs_tuned.sh

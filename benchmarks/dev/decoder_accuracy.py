@@ -33,14 +33,14 @@ sys.path.insert(0, str(ROOT / "examples" / "image_classifier"))
 import bench_lib  # noqa: E402
 import corpus  # noqa: E402
 
-from ts_microbatch.tools import inprocess, tune  # noqa: E402
+from ts_microbatch.tools import inprocess  # noqa: E402
 
 DECODERS = ("pil", "torchvision", "pil-draft")
 
 
 def load(mar: Path, decoder: str) -> tuple[Any, Any]:
     scratch = bench_lib.scratch_dir(f"decoder_{decoder}_")
-    model_dir = tune.model_dir_of(mar, scratch)
+    model_dir = inprocess.model_dir_of(mar, scratch)
     context = inprocess.make_context(model_dir, 1, None, {"handler": {"decoder": decoder}})
     return inprocess.load_handler(model_dir, context)
 

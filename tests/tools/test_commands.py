@@ -77,3 +77,12 @@ def test_the_benchmark_needs_a_mar(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--corpus", "texts/"])
     assert exited.value.code == 2
     assert "--mar is required" in capsys.readouterr().err
+
+
+def test_the_tuner_needs_an_objective(capsys: pytest.CaptureFixture[str]) -> None:
+    from ts_microbatch.tools.tune import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--mar", "m.mar", "--input", "body.txt"])
+    assert exited.value.code == 2
+    assert "the following arguments are required: --slo-p99-ms" in capsys.readouterr().err

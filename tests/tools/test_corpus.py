@@ -99,24 +99,29 @@ def test_labels_say_what_the_bodies_are(tmp_path: Path) -> None:
 
 def test_tune_takes_a_corpus_or_one_input(tmp_path: Path) -> None:
     parser = tune.build_parser()
-    args = parser.parse_args(["--mar", "m.mar", "--corpus", str(tmp_path)])
+    objective = ["--slo-p99-ms", "100"]
+    args = parser.parse_args(["--mar", "m.mar", "--corpus", str(tmp_path), *objective])
     assert args.corpus == tmp_path and args.input is None
     for argv in (["--mar", "m.mar"], ["--mar", "m.mar", "--input", "x", "--corpus", "y"]):
         with pytest.raises(SystemExit):
-            parser.parse_args(argv)
+            parser.parse_args([*argv, *objective])
     sample = tmp_path / "sample.txt"
     sample.write_text("one body")
-    one = tune.tuning_corpus(parser.parse_args(["--mar", "m", "--input", str(sample)]))
+    one = tune.tuning_corpus(parser.parse_args(["--mar", "m", "--input", str(sample), *objective]))
     # --input is sent as bytes, in-process and by ab, as before
     assert one.bodies == (Body("sample.txt", b"one body", "application/octet-stream"),)
     with pytest.raises(SystemExit, match="--corpus: .*no such file"):
-        tune.tuning_corpus(parser.parse_args(["--mar", "m", "--corpus", str(tmp_path / "no")]))
+        tune.tuning_corpus(
+            parser.parse_args(["--mar", "m", "--corpus", str(tmp_path / "no"), *objective])
+        )
 
 
 def test_tune_measures_batches_drawn_from_the_corpus_in_order(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     path.write_text("".join(f'"text {n}"\n' for n in range(7)))
-    args = tune.build_parser().parse_args(["--mar", "m", "--corpus", str(path)])
+    args = tune.build_parser().parse_args(
+        ["--mar", "m", "--corpus", str(path), "--slo-p99-ms", "1"]
+    )
     corpus = tune.tuning_corpus(args)
     batches = corpus.batches(batch_size=4, count=3)
     assert [len(b) for b in batches] == [4, 4, 4]

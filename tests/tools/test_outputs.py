@@ -1,7 +1,7 @@
 """Long tools keep what they measured (ts_microbatch.tools.results): output folders made
 before the first run, each run appended to a .jsonl as it comes, so that a crash at the
-end loses nothing. The benchmark and the tuner's --confirm here, with their servers
-replaced by fakes; the tuner's in-process runs in tests/torchserve/test_tune.py."""
+end loses nothing. The benchmark here, with its servers replaced by fakes; the tuner in
+tests/torchserve/test_tune.py."""
 
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from ts_microbatch.tools import benchmark, confirm, measure
-from ts_microbatch.tools.corpus import read_corpus
+from ts_microbatch.tools import benchmark, measure
 from ts_microbatch.tools.results import OutputError, ResultsLog, output_dir, output_file
 
-LOAD = confirm.Load(
-    batch_size=4, max_batch_delay_ms=10, concurrency=8, requests=16, warmup_requests=8
-)
+# The room a run with 8 clients and small bodies asks for (``measure.server_for``).
+ROOM = {
+    "job_queue_size": "1000",
+    "max_request_size": "6553500",
+    "default_response_timeout": "120",
+}
 
 
 def test_output_paths_are_made_at_once_or_refused_naming_the_path(tmp_path: Path) -> None:
@@ -41,71 +43,17 @@ def test_output_paths_are_made_at_once_or_refused_naming_the_path(tmp_path: Path
     assert len(ResultsLog(log.path).read()) == 2  # reopening keeps what is there
 
 
-def model_dir(path: Path) -> Path:
-    (path / "MAR-INF").mkdir(parents=True)
-    manifest = {"model": {"modelName": "m", "handler": "h.py"}}
-    (path / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
-    return path
-
-
-def test_confirm_keeps_each_run_as_it_comes_and_a_crash_loses_none(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    workdir = tmp_path / "not" / "yet" / "there"
-    calls: list[tuple[str, Path | None]] = []
-
-    def fake_measure(server_dir: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        assert workdir.is_dir()  # made before the first run
-        calls.append((server_dir.name, kwargs["base_config"]))
-        if len(calls) == 4:
-            raise RuntimeError("the last run crashed")
-        return {"requests_per_s": 10.0 * len(calls), "p99_ms": 5.0, "errors": 0}
-
-    monkeypatch.setattr(benchmark, "measure", fake_measure)
-    configs = [{"micro_batch_size": 2}, {"micro_batch_size": 4}]
-    user_config = tmp_path / "config.properties"
-    (tmp_path / "body.bin").write_bytes(b"x")
-    body = read_corpus(tmp_path / "body.bin")
-    source = model_dir(tmp_path / "model")
-    with pytest.raises(RuntimeError, match="the last run crashed"):
-        confirm.measure_configs(source, body, configs, LOAD, 2, workdir, user_config, seed=7)
-    kept = ResultsLog(workdir / "results.jsonl").read()
-    # Each round serves every config once (in its shuffled order): round 1 whole, then
-    # round 2's first run, each kept as it came.
-    served = [name for name, _ in calls[:3]]
-    assert {served[0], served[1]} == {"c1-r1", "c2-r1"} and served[2].endswith("-r2")
-    assert [(f"{r['handler']}-r{r['repeat']}", r["requests_per_s"]) for r in kept] == [
-        (served[0], 10.0),
-        (served[1], 20.0),
-        (served[2], 30.0),
-    ]
-    assert {config for _, config in calls} == {user_config}
-
-
-def test_confirm_serves_from_the_users_config_whose_settings_win(
+def test_a_server_starts_from_the_users_config_whose_settings_win(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: dict[str, Any] = {}
-
-    class Stop(Exception):
-        pass
-
-    def fake_server(**kwargs: Any) -> Any:
-        seen.update(kwargs)
-        raise Stop
-
-    monkeypatch.setattr(measure, "TorchServe", fake_server)
+    monkeypatch.setattr(measure, "TorchServe", lambda **kwargs: seen.update(kwargs))
     user_config = tmp_path / "config.properties"
     user_config.write_text("job_queue_size=5\nmax_request_size=1000\n")
-    (tmp_path / "body.bin").write_bytes(b"x" * 10)
-    body = read_corpus(tmp_path / "body.bin")
-    source = model_dir(tmp_path / "model")
-    with pytest.raises(Stop):
-        confirm.measure_configs(source, body, [{}], LOAD, 1, tmp_path / "w", user_config)
+    measure.server_for(tmp_path / "store", tmp_path / "w", None, user_config, room=ROOM)
     assert seen["base_config"] == user_config
     assert set(seen["properties"]) == {"default_response_timeout"}
-    with pytest.raises(Stop):
-        confirm.measure_configs(source, body, [{}], LOAD, 1, tmp_path / "w2")
+    measure.server_for(tmp_path / "store", tmp_path / "w2", None, room=ROOM)
     assert seen["base_config"] is None and seen["properties"]["job_queue_size"] == "1000"
 
 

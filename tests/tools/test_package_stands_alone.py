@@ -4,7 +4,7 @@ reach into benchmarks/ or tests/, nor climb from its own files above ts_microbat
 The defect this pins: tune --confirm ran ``Path(__file__).resolve().parents[1] /
 "benchmarks" / "benchmark-ab.py"``, which an installed package does not have (and which,
 after the split into wings, pointed inside the package). What the tuner and the benchmarks
-share now lives in ts_microbatch.tools (measure.py, drive.py, confirm.py).
+share now lives in ts_microbatch.tools (measure.py, drive.py).
 """
 
 from __future__ import annotations

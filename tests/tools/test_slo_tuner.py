@@ -4,7 +4,6 @@ the user's config file (ts_microbatch.tools.slo_plan, slo_confirm, merge)."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -266,23 +265,11 @@ def test_merge_refuses_a_file_it_cannot_parse(tmp_path: Path) -> None:
         write_merged(out, {"batchSize": 4})
     assert out.read_text() == "responseTimeout: 30\nmicro_batching: [unclosed\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model-config.yaml"]
-    listed = tmp_path / "micro_batching.json"
+    listed = tmp_path / "listed.yaml"
     listed.write_text("[1, 2]")
     with pytest.raises(MergeError, match="holds list, expected a mapping"):
         write_merged(listed, {"micro_batch_size": 4})
     assert listed.read_text() == "[1, 2]"
-
-
-def test_merge_into_micro_batching_json_keeps_its_other_keys(tmp_path: Path) -> None:
-    out = tmp_path / "micro_batching.json"
-    out.write_text(json.dumps({"timeout_s": 9, "micro_batch_size": 1}))
-    write_merged(out, {"micro_batch_size": 8}, {"micro_batch_size": 8, "order": "arrival"})
-    assert json.loads(out.read_text()) == {
-        "timeout_s": 9,
-        "micro_batch_size": 8,
-        "order": "arrival",
-    }
-    assert json.loads((tmp_path / "micro_batching.json.bak").read_text())["timeout_s"] == 9
 
 
 def test_merge_backup_spun_forever_on_a_dangling_bak_symlink_(tmp_path: Path) -> None:

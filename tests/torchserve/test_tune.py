@@ -1,9 +1,9 @@
-"""The tuner on a real .mar (the text example), in-process."""
+"""The tuner on a real .mar (the text example): stage costs in-process, its servers faked
+(tests/torchserve/test_slo_tune.py: the same without confirming)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,109 +11,12 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT, load_module
-from ts_microbatch import MicroBatchingConfig, load_config
-from ts_microbatch.tools import tune
+from ts_microbatch import load_config
+from ts_microbatch.tools import slo_confirm, tune
 from ts_microbatch.tools.bundle import run_archiver
-from ts_microbatch.tools.confirm import Load, Measured
-from ts_microbatch.tools.corpus import Corpus
-from ts_microbatch.tools.mar import read_entries, settings_of
 from ts_microbatch.tools.tune import main
 
 text_build = load_module("examples/text_classifier/build_mar.py", "ts_microbatch_text_build_mar")
-
-
-def test_tuner_ranks_the_grid_and_writes_a_valid_config(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
-    out = tmp_path / "micro_batching.json"
-    code = main(
-        [
-            "--mar",
-            str(mar),
-            "--input",
-            str(Path(ROOT, "examples/text_classifier/sample.txt")),
-            "--batch-size",
-            "16",
-            "--micro-batch-sizes",
-            "1,4,16,64",
-            "--threads",
-            "1,2",
-            "--repeats",
-            "2",
-            "--out",
-            str(out),
-        ]
-    )
-    assert code == 0
-    printed = capsys.readouterr().out
-    assert printed.count("requests/s,") == 6  # sizes above the batch size are dropped: 3 x 2
-    table = [line for line in printed.splitlines() if line[:4].strip().isdigit() and " | " in line]
-    rates = [float(line.split("|")[4]) for line in table]
-    assert len(rates) == 6 and rates == sorted(rates, reverse=True)
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "micro_batching.json").write_text(out.read_text())
-    config = load_config(tmp_path / "model")
-    best = table[0].split("|")
-    assert config.micro_batch_size == int(best[1]) and config.micro_batch_size in (1, 4, 16)
-    assert json.loads(out.read_text())["parallelism"]["inference"] == 1
-
-
-def test_tuner_tries_token_budgets_on_a_corpus_of_mixed_lengths(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
-    corpus = tmp_path / "texts.jsonl"
-    texts = ["great movie " * (1 + i % 7) * (1 + 10 * (i % 5 == 0)) for i in range(24)]
-    corpus.write_text("".join(json.dumps(t) + "\n" for t in texts))
-    out = tmp_path / "micro_batching.json"
-    argv = ["--mar", str(mar), "--corpus", str(corpus), "--batch-size", "8"]
-    argv += ["--micro-batch-sizes", "8", "--threads", "1", "--budgets", "120,none"]
-    assert main([*argv, "--repeats", "2", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "tokens<=120" in printed and printed.count("requests/s,") == 2
-    table = [line for line in printed.splitlines() if line[:4].strip().isdigit() and " | " in line]
-    best_budget = table[0].split("|")[2].strip()
-    written = json.loads(out.read_text())["max_micro_batch_tokens"]
-    assert str(written) == best_budget and written in (120, None)
-
-
-def test_hang_tuner_lost_every_measurement_to_a_missing_output_folder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The incident: every configuration ran (75 s), then writing the winner crashed
-    # because --out's folder did not exist, and nothing was written.
-    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
-    out = tmp_path / "not" / "yet" / "micro_batching.json"
-    argv = ["--mar", str(mar), "--input", str(Path(ROOT, "examples/text_classifier/sample.txt"))]
-    argv += ["--batch-size", "4", "--micro-batch-sizes", "1,4", "--threads", "1", "--repeats", "1"]
-    assert main([*argv, "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["micro_batch_size"] in (1, 4)
-    trials = [json.loads(line) for line in out.with_name("micro_batching.trials.jsonl").open()]
-    assert [t["kind"] for t in trials] == ["in-process", "in-process", "best"]
-    assert {t["micro_batch_size"] for t in trials[:2]} == {1, 4}
-    # A crash after the last measurement loses none of them.
-    again = tmp_path / "again" / "micro_batching.json"
-
-    def crash(ranked: list[Any]) -> None:
-        raise RuntimeError("crashed at the end")
-
-    monkeypatch.setattr(tune, "print_ranking", crash)
-    with pytest.raises(RuntimeError, match="crashed at the end"):
-        main([*argv, "--out", str(again)])
-    trials = [json.loads(line) for line in again.with_name("micro_batching.trials.jsonl").open()]
-    assert [t["kind"] for t in trials] == ["in-process", "in-process"]
-    assert all(t["requests_per_s"] > 0 for t in trials)
-    assert not again.exists()
-
-
-def test_budgets_argument_and_defaults() -> None:
-    assert tune.budgets("512,none,2048") == [512, None, 2048]
-    with pytest.raises(Exception, match="integers"):
-        tune.budgets("0")
-    assert tune.default_budgets(MicroBatchingConfig()) == [None]
-    by_length = MicroBatchingConfig(order="length", max_micro_batch_tokens=2048)
-    assert tune.default_budgets(by_length) == [2048, 1024, 4096]
 
 
 def test_tuner_refuses_a_handler_without_micro_batching(tmp_path: Path) -> None:
@@ -140,85 +43,7 @@ def test_tuner_refuses_a_handler_without_micro_batching(tmp_path: Path) -> None:
         ]
     )
     with pytest.raises(SystemExit, match="does not use ts_microbatch"):
-        main(["--mar", str(work / "plain"), "--input", str(handler), "--batch-size", "2"])
-
-
-def fake_measure_configs(
-    mar: Path,
-    body: Corpus,
-    configs: Sequence[dict[str, Any]],
-    load: Load,
-    rounds: int,
-    workdir: Path,
-    base_config: Path | None = None,
-) -> list[Measured]:
-    """Measures the configs in the reverse of the tuner's order: the last one sent is
-    fastest; the third, when there is one, answers 3 requests with errors."""
-    assert settings_of(read_entries(mar))["manifest"]  # the .mar itself, repackaged per config
-    assert [b.name for b in body.bodies] == ["sample.txt"]  # one --input: a corpus of one
-    # --confirm-out's default, beside --out and kept, made before the tuner measured.
-    assert workdir.name == "micro_batching-confirm" and workdir.is_dir()
-    assert base_config is not None and base_config.name == "config.properties"
-    assert (load.batch_size, load.concurrency, rounds) == (8, 16, 3)
-    return [Measured(c, 100.0 + i, 50.0, 3 * (i == 2)) for i, c in enumerate(configs)]
-
-
-def test_confirm_keeps_what_the_server_measures_fastest(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(tune, "measure_configs", fake_measure_configs)
-    monkeypatch.setattr(tune, "java_problem", lambda: None)
-    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
-    out = tmp_path / "micro_batching.json"
-    argv = [
-        "--mar",
-        str(mar),
-        "--input",
-        str(Path(ROOT, "examples/text_classifier/sample.txt")),
-        "--batch-size",
-        "8",
-        "--micro-batch-sizes",
-        "1,2,8",
-        "--threads",
-        "1",
-        "--repeats",
-        "1",
-        "--out",
-        str(out),
-        "--ts-config",
-        str(tmp_path / "config.properties"),
-        "--confirm",
-        "2",
-    ]
-
-    def run(confirm: int) -> tuple[int, list[list[str]]]:
-        """The in-process rank-2 size, and the rows of the on-TorchServe table."""
-        assert main(argv[:-1] + [str(confirm)]) == 0
-        in_process, on_server = capsys.readouterr().out.split("On TorchServe")
-        ranked = [
-            line.split("|")
-            for line in in_process.splitlines()
-            if line[:4].strip().isdigit() and " | " in line
-        ]
-        rows = [line.split("|") for line in on_server.splitlines()[2 : 2 + confirm]]
-        return int(ranked[1][1]), rows
-
-    second_in_process, rows = run(2)
-    assert json.loads(out.read_text())["micro_batch_size"] == second_in_process
-    assert int(rows[0][1]) == 2 and float(rows[0][4]) == 101.0  # in-process rank 2 won
-    # With three, the third is fastest but answered with errors: rank 2 still wins.
-    second_in_process, rows = run(3)
-    assert json.loads(out.read_text())["micro_batch_size"] == second_in_process
-    assert int(rows[0][1]) == 2 and (int(rows[-1][1]), int(rows[-1][6])) == (3, 3)
-    # --with-auto adds "auto" with the best threads; here it measures fastest and is written.
-    assert main(argv[:-1] + ["1", "--with-auto"]) == 0
-    written = json.loads(out.read_text())
-    assert MicroBatchingConfig.from_mapping(written).micro_batch_size == "auto"
-    on_server = capsys.readouterr().out.split("On TorchServe")[1].splitlines()[2].split("|")
-    assert on_server[1].strip() == "-" and on_server[2].strip() == "auto"
-    monkeypatch.setattr(tune, "java_problem", lambda: "java not found")
-    with pytest.raises(SystemExit, match="--confirm needs TorchServe: java not found"):
-        main(argv)
+        main(["--mar", str(work / "plain"), "--input", str(handler), "--slo-p99-ms", "100"])
 
 
 def test_benchmark_serves_a_mar_with_each_micro_batching_config(tmp_path: Path) -> None:
@@ -254,30 +79,6 @@ def test_benchmark_serves_a_mar_with_each_micro_batching_config(tmp_path: Path) 
     assert json.loads((model / "micro_batching.json").read_text()) == settings
 
 
-def test_confirm_on_a_corpus_sends_the_corpus(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A corpus goes through the package's own driver, as one --input does (a corpus of one).
-    sent: list[Any] = []
-
-    def measure_corpus(*args: Any, **kwargs: Any) -> list[Measured]:
-        sent.append(args[1])
-        return [Measured(c, 100.0, 50.0, 0) for c in args[2]]
-
-    monkeypatch.setattr(tune, "measure_configs", measure_corpus)
-    monkeypatch.setattr(tune, "java_problem", lambda: None)
-    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
-    corpus = tmp_path / "texts.jsonl"
-    corpus.write_text('"a fine film"\n"a dull one"\n')
-    argv = ["--mar", str(mar), "--corpus", str(corpus), "--batch-size", "2", "--repeats", "1"]
-    argv += ["--micro-batch-sizes", "1,2", "--threads", "1", "--confirm", "1"]
-    assert main([*argv, "--out", str(tmp_path / "mb.json")]) == 0
-    assert [type(body).__name__ for body in sent] == ["Corpus"]
-    monkeypatch.setattr(tune, "java_problem", lambda: "java not found")
-    with pytest.raises(SystemExit, match="--confirm needs TorchServe: java not found"):
-        main([*argv, "--out", str(tmp_path / "mb.json")])
-
-
 class FakeServer:
     """``slo_confirm.measure`` for servers that hold the objective up to ``limits[name]``
     req/s (0: nothing held): each rate of the confirm's ladder answered within the objective
@@ -287,12 +88,14 @@ class FakeServer:
         self.limits = limits
         self.slo_p99_ms = slo_p99_ms
         self.served: dict[str, dict[str, Any]] = {}  # name -> point and rates offered
+        self.base_configs: set[Path | None] = set()
 
     def __call__(
         self, server_dir: Path, store: Path, model: str, config: Any, point: dict[str, Any],
         label: str, *args: Any, **kwargs: Any,
     ) -> dict[str, Any]:  # fmt: skip
         assert (store / f"{model}.mar").is_file()  # repackaged with its settings
+        self.base_configs.add(kwargs["base_config"])
         if model == "cpu":
             self.served[model] = {"point": point}
             return {"frontend_cpu_ms_per_request": 2.0, "complete_requests": point["requests"]}
@@ -334,8 +137,6 @@ def test_slo_tuner_wrote_its_rank_1_although_every_confirm_held_nothing_(
 ) -> None:
     # The incident: predicted 1,166 req/s, both confirms held nothing, rank 1 written over
     # the user's model-config.yaml.
-    from ts_microbatch.tools import slo_confirm
-
     server = FakeServer({"c1": 0.0, "c2": 0.0}, 1000.0)
     monkeypatch.setattr(slo_confirm, "measure", server)
     monkeypatch.setattr(tune, "java_problem", lambda: None)
@@ -369,7 +170,6 @@ def test_slo_tuner_wrote_its_rank_1_although_every_confirm_held_nothing_(
 def test_slo_tuner_writes_the_best_confirmed_when_rank_1_was_rejected(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ts_microbatch.tools import slo_confirm
     from ts_microbatch.torchserve.timeouts import default_timeout_s
 
     server = FakeServer({"c1": 0.0, "c2": 1e9}, 1000.0)  # rank 1 holds nothing, rank 2 all
@@ -399,7 +199,6 @@ def test_confirm_out_deleted_the_store_and_servers_of_a_users_folder_(
 ) -> None:
     # `--confirm-out .` in a project folder: the confirm runs and the frontend's CPU run
     # removed ./store and ./servers when they were done.
-    from ts_microbatch.tools import slo_confirm
     from ts_microbatch.tools.results import MARKER
 
     server = FakeServer({"c1": 1e9, "c2": 1e9}, 1000.0)
@@ -431,8 +230,6 @@ def test_slo_tuner_merged_frontend_keys_into_a_micro_batching_json_(
     # Only the exact default `micro_batching.json` went to model-config.yaml: with
     # `--out conf/micro_batching.json`, batchSize, maxBatchDelay, minWorkers and a nested
     # micro_batching were merged into the pipeline's JSON, which the package then refuses.
-    from ts_microbatch.tools import slo_confirm
-
     server = FakeServer({"c1": 1e9, "c2": 1e9}, 1000.0)
     monkeypatch.setattr(slo_confirm, "measure", server)
     monkeypatch.setattr(tune, "java_problem", lambda: None)
@@ -458,22 +255,109 @@ def test_slo_tuner_merged_frontend_keys_into_a_micro_batching_json_(
     assert (conf / "micro_batching.json").read_text() == users
 
 
-def test_tuner_wrote_micro_batching_json_over_the_users_file_(tmp_path: Path) -> None:
+SAMPLE = str(Path(ROOT, "examples/text_classifier/sample.txt"))
+
+
+def test_hang_tuner_lost_every_measurement_to_a_missing_output_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The incident: every configuration ran (75 s), then writing the winner crashed
+    # because --out's folder did not exist, and nothing was written.
     mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
-    out = tmp_path / "micro_batching.json"
-    users = json.dumps({"timeout_s": 9, "max_queued_micro_batches": 7, "micro_batch_size": 2})
-    out.write_text(users)
-    argv = ["--mar", str(mar), "--input", str(Path(ROOT, "examples/text_classifier/sample.txt"))]
-    argv += ["--batch-size", "4", "--micro-batch-sizes", "4", "--threads", "1", "--repeats", "1"]
+    out = tmp_path / "not" / "yet" / "model-config.yaml"
+    argv = ["--mar", str(mar), "--input", SAMPLE, "--slo-p99-ms", "1000", "--repeats", "1"]
+    argv += ["--micro-batch-sizes", "1,4", "--threads", "1", "--batch-sizes", "4"]
+    argv += ["--windows", "1"]
     assert main([*argv, "--out", str(out)]) == 0
-    written = json.loads(out.read_text())
+    assert yaml.safe_load(out.read_text())["micro_batching"]["micro_batch_size"] in (1, 4)
+    trials = [json.loads(line) for line in out.with_name("model-config.trials.jsonl").open()]
+    assert [t["kind"] for t in trials] == ["stage-costs"] * 2 + ["modelled"] * 2 + ["best"]
+    assert {t["settings"]["micro_batch_size"] for t in trials[:2]} == {1, 4}
+    # A crash after the last measurement loses none of them.
+    again = tmp_path / "again" / "model-config.yaml"
+
+    def crash(*args: Any) -> None:
+        raise RuntimeError("crashed at the end")
+
+    monkeypatch.setattr(tune, "print_plan", crash)
+    with pytest.raises(RuntimeError, match="crashed at the end"):
+        main([*argv, "--out", str(again)])
+    trials = [json.loads(line) for line in again.with_name("model-config.trials.jsonl").open()]
+    assert [t["kind"] for t in trials] == ["stage-costs"] * 2 + ["modelled"] * 2
+    assert all(t["batch_ms"]["4"] > 0 for t in trials[:2])
+    assert not again.exists()
+
+
+def test_confirm_on_a_corpus_sends_the_corpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A corpus goes through the package's own driver, as one --input does (a corpus of one),
+    # to servers started from the user's config.properties.
+    sent: list[Any] = []
+
+    def confirm_corpus(*args: Any) -> None:
+        sent.append(args[2])
+        real_confirm(*args)
+
+    real_confirm = tune.confirm
+    server = FakeServer({"c1": 1e9, "c2": 1e9}, 1000.0)
+    monkeypatch.setattr(slo_confirm, "measure", server)
+    monkeypatch.setattr(tune, "confirm", confirm_corpus)
+    monkeypatch.setattr(tune, "java_problem", lambda: None)
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    corpus = tmp_path / "texts.jsonl"
+    corpus.write_text('"a fine film"\n"a dull one"\n')
+    argv = slo_argv(mar, tmp_path / "model-config.yaml", tmp_path)
+    argv[argv.index("--input") : argv.index("--input") + 2] = ["--corpus", str(corpus)]
+    argv += ["--ts-config", str(tmp_path / "config.properties")]
+    assert main(argv) == 0
+    assert [type(body).__name__ for body in sent] == ["Corpus"]
+    assert server.base_configs == {tmp_path / "config.properties"}
+    monkeypatch.setattr(tune, "java_problem", lambda: "java not found")
+    with pytest.raises(SystemExit, match="--confirm needs TorchServe: java not found"):
+        main(argv)
+
+
+def test_confirm_keeps_each_run_as_it_comes_and_a_crash_loses_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = FakeServer({"c1": 1e9, "c2": 1e9}, 1000.0)
+
+    def crash_on_the_second(server_dir: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        assert (tmp_path / "confirm").is_dir()  # made before the first run
+        if server_dir.name == "c2":
+            raise RuntimeError("the last run crashed")
+        return server(server_dir, *args, **kwargs)
+
+    monkeypatch.setattr(slo_confirm, "measure", crash_on_the_second)
+    monkeypatch.setattr(tune, "java_problem", lambda: None)
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    out = tmp_path / "model-config.yaml"
+    with pytest.raises(RuntimeError, match="the last run crashed"):
+        main(slo_argv(mar, out, tmp_path))
+    assert sorted(server.served) == ["c1", "cpu"]  # the scenario: c1 ran, c2 crashed
+    assert [c["measured_per_s"] > 0 for c in confirmed_lines(out)] == [True]
+    assert not out.exists()
+
+
+def test_tuner_wrote_over_the_users_file_(tmp_path: Path) -> None:
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    out = tmp_path / "model-config.yaml"
+    users = (
+        "micro_batching:\n  timeout_s: 9\n  max_queued_micro_batches: 7\n  micro_batch_size: 2\n"
+    )
+    out.write_text(users)
+    argv = ["--mar", str(mar), "--input", SAMPLE, "--slo-p99-ms", "1000", "--repeats", "1"]
+    argv += ["--micro-batch-sizes", "4", "--threads", "1", "--batch-sizes", "4", "--windows", "1"]
+    assert main([*argv, "--out", str(out)]) == 0
+    written = yaml.safe_load(out.read_text())["micro_batching"]
     assert written["micro_batch_size"] == 4  # the scenario: the tuner wrote its choice
     assert (written["timeout_s"], written["max_queued_micro_batches"]) == (9, 7)
-    assert (tmp_path / "micro_batching.json.bak").read_text() == users
+    assert (tmp_path / "model-config.yaml.bak").read_text() == users
     # A file it cannot parse is refused before anything is measured, and left as it was.
-    out.write_text('{"timeout_s": 9,}')
+    out.write_text("micro_batching: [unclosed\n")
     with pytest.raises(SystemExit, match="cannot parse the existing file"):
         main([*argv, "--out", str(out)])
-    assert out.read_text() == '{"timeout_s": 9,}'
-    trials = out.with_name("micro_batching.trials.jsonl").read_text().splitlines()
-    assert len(trials) == 2  # the first run's in-process trial and best: nothing measured
+    assert out.read_text() == "micro_batching: [unclosed\n"
+    trials = out.with_name("model-config.trials.jsonl").read_text().splitlines()
+    assert len(trials) == 3  # the first run's stage costs, model and best: nothing measured

@@ -1,5 +1,5 @@
 """A .mar's handler loaded with a TorchServe context built here, and batches of a corpus run
-through it: the in-process measurements of ``tune`` and ``slo``."""
+through it: the latency tuner's in-process stage costs (``tune``, ``slo_plan``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One measured run: a fresh TorchServe, one model, warm-up, the load, what the server spent.
 
-The one runner under ``ts-microbatch-benchmark`` (and benchmarks/), ``tune --confirm`` and
-the latency tuner's confirm step. ``measure`` registers a model on a new TorchServe on
+The one runner under ``ts-microbatch-benchmark`` (and benchmarks/) and the latency tuner's
+``tune --confirm``. ``measure`` registers a model on a new TorchServe on
 loopback, warms it up, sends the measured load through a ``Send`` (``corpus_sender``
 or an open-loop sweep such as ``curves.CurveSender``) and returns one row:
 throughput and latency, the CPU each request cost the frontend and the worker

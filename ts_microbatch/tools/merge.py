@@ -11,7 +11,6 @@ stays a link, its target rewritten with its mode. YAML comments stay in the back
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
@@ -28,13 +27,8 @@ class MergeError(ValueError):
     """An existing config file the tuner cannot merge into: not parsed, or not a mapping."""
 
 
-def _is_json(path: Path) -> bool:
-    return path.suffix.lower() == ".json"
-
-
 def read_existing(path: Path) -> dict[str, Any] | None:
-    """The mapping in ``path`` (YAML, or JSON for a ``.json`` name); None when there is no
-    file.
+    """The mapping in the YAML file ``path``; None when there is no file.
 
     Raises:
         MergeError: it cannot be read or parsed, or holds something other than a mapping.
@@ -42,15 +36,14 @@ def read_existing(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if _is_json(path) and text.strip() else yaml.safe_load(text)
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
         raise MergeError(
             f"{path}: cannot parse the existing file, so nothing was written over it "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc}); fix it "
             "or give another --out"
         ) from exc
-    if data is None and not _is_json(path) or not text.strip():
+    if data is None:
         return {}  # an empty file
     if not isinstance(data, dict):
         raise MergeError(
@@ -108,19 +101,16 @@ def write_merged(
     defaults: Mapping[str, Any] | None = None,
     header: str = "",
 ) -> tuple[dict[str, Any], Path | None]:
-    """``values`` written into the config file ``path`` (``merged``; YAML, or JSON for a
-    ``.json`` name) after a backup of the existing file; returns what was written and the
-    backup (None when there was no file). ``header``: a comment line for a YAML file.
+    """``values`` written into the YAML config file ``path`` (``merged``) after a backup of
+    the existing file; returns what was written and the backup (None when there was no
+    file). ``header``: a comment line on top.
 
     Raises:
         MergeError: the existing file cannot be parsed; nothing written.
     """
     existing = read_existing(path)
     data = merged(existing, values, defaults or {})
-    if _is_json(path):
-        text = json.dumps(data, indent=4) + "\n"
-    else:
-        text = (f"# {header}\n" if header else "") + yaml.safe_dump(data, sort_keys=False)
+    text = (f"# {header}\n" if header else "") + yaml.safe_dump(data, sort_keys=False)
     backup = _backup(path) if existing is not None else None
     target = path.resolve()  # a symlinked config: its file rewritten, the link kept
     scratch = target.with_name(f".{target.name}.tmp-{os.getpid()}")

@@ -1,4 +1,4 @@
-"""The latency tuner's third step (``ts_microbatch.tools.slo``): the model's best
+"""The latency tuner's third step (``ts_microbatch.tools.tune``): the model's best
 configurations on a real TorchServe (``measure.measure``), and the frontend's CPU read
 from one.
 

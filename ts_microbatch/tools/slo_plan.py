@@ -1,4 +1,4 @@
-"""The latency tuner's first two steps (``ts_microbatch.tools.slo``): stage costs measured
+"""The latency tuner's first two steps (``ts_microbatch.tools.tune``): stage costs measured
 in-process, and every configuration through the batching model.
 
 A batch of more requests is never cheaper than a smaller one through the same pipeline, so a

@@ -1,177 +1,243 @@
-"""Finds the micro-batching config that serves a model fastest, in-process.
+"""``ts-microbatch-tune --slo-p99-ms 100``: the settings that hold the most load within a
+latency objective, merged into a model-config.yaml.
 
-    python -m ts_microbatch.tools.tune --mar model_store/resnet-18_mb.mar --input kitten.jpg \\
-        --batch-size 32 --micro-batch-sizes 1,2,4,8,16 --threads 1,2 --out micro_batching.json
+    ts-microbatch-tune --mar model_store/resnet-18_mb.mar --input kitten.jpg \\
+        --slo-p99-ms 100 --confirm 3 --out model-config.yaml
 
-The .mar's handler (it must use ts_microbatch) is loaded in-process (ts_microbatch.tools.
-inprocess) and full batches of ``--input``, or of ``--corpus`` in its fixed order, run
-through every combination of micro_batch_size, stage threads and, with ``order: length``,
-token budgets (``--budgets``). The ranking is printed and the best merged into ``--out``
-(ts_microbatch.tools.merge: other keys kept, a backup first). ``--confirm K`` serves the
-K best on a real TorchServe (ts_microbatch.tools.confirm) and writes the one it measures
-fastest: in-process runs leave out the frontend, which shares the cores. ``--slo-p99-ms``
-tunes for a latency objective instead (ts_microbatch.tools.slo).
+Below saturation the frontend's window and batch size set most of a request's latency, so
+the frontend's batchSize and maxBatchDelay are searched with the pipeline's settings, in
+three steps that take minutes: stage costs in-process (ts_microbatch.tools.inprocess) and
+every configuration through a model of TorchServe's batching (slo_plan, batching_model),
+then with ``--confirm K`` the best few on a real server (slo_confirm). With ``--confirm``,
+what is written is the best the server confirmed, or nothing (exit 1). The result is merged
+into ``--out`` (ts_microbatch.tools.merge). One worker: on two cores one worker's pipeline
+keeps both busy.
+
+There is no throughput tuner: at saturation ``"micro_batch_size": "auto"`` served as much as
+the best an in-process grid found, and the grid's ranking disagreed with the server's
+(docs/tuning.md). A generous objective makes this tuner's answer the configuration that held
+the highest rate.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import tempfile
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
-from ..core.config import MicroBatchingConfig, load_config
-from ..torchserve.micro_batching import MicroBatching
-from . import slo
+from ..core.config import load_config
 from ._cli import SAFE_BESIDE, prog
-from .confirm import Load, measure_configs
-from .corpus import Body, Corpus
-from .inprocess import (
-    load_handler,
-    make_context,
-    measure_with_cpu,
-    model_dir_of,
-    threads_of,
-    tuning_corpus,
-)
+from .corpus import Corpus
+from .inprocess import load_handler, make_context, model_dir_of, threads_of, tuning_corpus
 from .merge import MergeError, read_existing, write_merged
 from .results import OutputError, ResultsLog, claimed_dir, output_file
 from .server import java_problem
+from .slo_confirm import best_confirmed, calibrate_frontend_cpu, confirm, confirm_slots
+from .slo_plan import Candidate, StageCosts, plan, stage_costs, worker_cpu_scale
 
-# The micro_batching keys this tuner chooses; merged into an existing --out, the others stay.
-TUNED_KEYS = ("micro_batch_size", "parallelism", "max_micro_batch_tokens")
+BOUNDS = {
+    "window": "maxBatchDelay: the slowest requests waited most for their batch to fill",
+    "service": "batchSize and the pipeline: the slowest requests waited most for their batch "
+    "to run",
+    "queue": "the worker's capacity: the slowest requests waited most for the worker",
+    "cpu": "the CPU: the cores cannot do more for the frontend and the worker together",
+}
 
-
-@dataclass(frozen=True)
-class Trial:
-    """One combination measured in-process."""
-
-    micro_batch_size: int
-    parallelism: dict[str, int]
-    requests_per_s: float
-    batch_ms: float
-    max_micro_batch_tokens: int | None = None
-
-    def as_config(self, base: MicroBatchingConfig) -> dict[str, Any]:
-        settings = base.as_dict()
-        settings.update(
-            micro_batch_size=self.micro_batch_size,
-            parallelism=self.parallelism,
-            max_micro_batch_tokens=self.max_micro_batch_tokens,
-        )
-        return settings
+# The micro_batching keys the tuner chooses; the others of a section it merges into stay.
+TUNED_KEYS = ("micro_batch_size", "parallelism")
 
 
-@dataclass(frozen=True)
-class Confirmed:
-    """A config as a real TorchServe measured it; ``trial`` is None for ``"auto"``."""
-
-    trial: Trial | None
-    config: dict[str, Any]
-    requests_per_s: float
-    p99_ms: float
-    errors: int
+def available_cores() -> int:
+    """The cores this process may run on (the server the tuner starts gets the same)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
-def print_ranking(ranked: list[Trial]) -> None:
+def print_plan(candidates: list[Candidate], slo_p99_ms: float, frontend: str) -> None:
+    print(f"\nModelled, P99 within {slo_p99_ms:g} ms (one worker; {frontend}):")
     print(
-        "\nrank | micro_batch_size | max_micro_batch_tokens | threads pre/inf/post |"
-        " requests/s | ms per batch"
+        "rank | micro_batch_size | threads | batchSize | maxBatchDelay | held req/s | P99 ms"
+        " | bound"
     )
-    for rank, t in enumerate(ranked, start=1):
+    for rank, c in enumerate(candidates[:10], start=1):
+        tail = c.tail
         print(
-            f"{rank:4} | {t.micro_batch_size:16} | {t.max_micro_batch_tokens!s:>22} |"
-            f" {threads_of(t.parallelism):>20} | {t.requests_per_s:10.1f} | {t.batch_ms:.1f}"
+            f"{rank:3}{'!' if c.flagged else ' '} | {c.settings['micro_batch_size']!s:>16} | "
+            f"{threads_of(c.settings['parallelism']):>7} | {c.batch_size:9} | "
+            f"{c.window_ms:13} | {c.held_per_s:10.1f} | "
+            f"{tail.p99_ms if tail else float('nan'):6.1f} | {tail.bound if tail else '-'}"
+        )
+    if any(c.flagged for c in candidates[:10]):
+        print("  ! stage costs not monotone in the batch size (the warnings above)")
+
+
+def print_confirmed(top: list[Candidate], ranked: list[Candidate], slo_p99_ms: float) -> None:
+    print(f"\nOn TorchServe, within P99 {slo_p99_ms:g} ms:")
+    print("model rank | configuration | predicted req/s | held req/s | frontend CPU ms/req")
+    for c in top:
+        cpu = f"{c.frontend_cpu_ms:.2f}" if c.frontend_cpu_ms is not None else "-"
+        print(
+            f"{ranked.index(c) + 1:10} | {c.describe()} | {c.held_per_s:.0f} | "
+            f"{c.measured_per_s or 0.0:g} | {cpu}"
         )
 
 
-def print_confirmed(confirmed: list[Confirmed], ranked: list[Trial]) -> None:
-    print(
-        "\nOn TorchServe:\nrank | in-process rank | micro_batch_size | threads pre/inf/post |"
-        " requests/s | p99 ms | errors"
-    )
-    for rank, c in enumerate(confirmed, start=1):
-        in_process = "-" if c.trial is None else str(ranked.index(c.trial) + 1)
+def write_winner(winner: Candidate, out: Path, slo_p99_ms: float, how: str) -> None:
+    """``winner`` merged into ``out``: batchSize, maxBatchDelay and the tuned
+    micro_batching keys set; one worker and the whole section where the file has none."""
+    section = {key: winner.settings[key] for key in TUNED_KEYS}
+    values = {
+        "batchSize": winner.batch_size,
+        "maxBatchDelay": winner.window_ms,
+        "micro_batching": section,
+    }
+    defaults = {"minWorkers": 1, "maxWorkers": 1, "micro_batching": winner.settings}
+    header = f"ts-microbatch-tune --slo-p99-ms {slo_p99_ms:g} ({how})"
+    written, backup = write_merged(out, values, defaults, header)
+    print(f"\nWrote {out} ({how}): {winner.describe()}")
+    if backup is not None:
+        kept = ", ".join(sorted(set(written) - set(values))) or "nothing else"
+        print(f"merged into your file (kept: {kept}); it was copied to {backup} first")
+    if written.get("maxWorkers", 1) != 1 or written.get("minWorkers", 1) != 1:
         print(
-            f"{rank:4} | {in_process:>15} | {c.config['micro_batch_size']!s:>16} |"
-            f" {threads_of(c.config['parallelism']):>20} | {c.requests_per_s:10.1f} |"
-            f" {c.p99_ms:6.0f} | {c.errors}"
+            f"note: your file asks for {written.get('minWorkers')}-{written.get('maxWorkers')} "
+            "workers, kept; the tuner modelled and measured one"
+        )
+    tail = winner.tail
+    if tail is not None:
+        print(
+            f"bound by {BOUNDS[tail.bound]} (at {tail.rate_per_s:.0f} req/s, modelled: "
+            f"queue {tail.queue_ms:.0f} + window {tail.window_ms:.0f} + run "
+            f"{tail.service_ms:.0f} ms)"
         )
 
 
-def tune(
-    mb: MicroBatching,
-    context: Any,
-    batches: list[list[Body]],
-    sizes: list[int],
-    threads: list[int],
-    inference_threads: list[int],
-    budgets: list[int | None] | None = None,
-    record: Callable[[dict[str, Any]], None] | None = None,
-) -> list[Trial]:
-    """Every combination measured on the same ``batches`` (the first a warm-up); fastest
-    first. ``budgets``: the max_micro_batch_tokens values to try; None: the config's own.
-    ``record`` gets each trial as it is measured."""
-    base = mb.config
-    tried = budgets or [base.max_micro_batch_tokens]
-    grid = list(itertools.product(sizes, tried, threads, inference_threads))
-    trials = []
-    for i, (size, budget, pre_post, infer) in enumerate(grid, start=1):
-        parallelism = {"preprocess": pre_post, "inference": infer, "postprocess": pre_post}
-        settings = {
-            "micro_batch_size": size,
-            "parallelism": parallelism,
-            "max_micro_batch_tokens": budget,
-        }
-        mb.configure(MicroBatchingConfig.from_mapping(settings, base))
-        seconds = measure_with_cpu(mb, context, batches)[0]
-        trial = Trial(size, parallelism, len(batches[0]) / seconds, seconds * 1000, budget)
-        trials.append(trial)
-        if record is not None:
-            record({"kind": "in-process", **asdict(trial)})
-        tokens = "" if budget is None else f" tokens<={budget:<5}"
-        print(
-            f"[{i}/{len(grid)}] micro_batch_size={size:<3}{tokens} threads "
-            f"{threads_of(parallelism)}: {trial.requests_per_s:8.1f} requests/s, "
-            f"{trial.batch_ms:8.1f} ms per batch",
-            flush=True,
+def measure_costs(args: argparse.Namespace, corpus: Corpus, trials: ResultsLog) -> list[StageCosts]:
+    """Step 1: every combination of the grid at each of ``--batch-sizes``, in-process."""
+    batch_sizes = sorted(set(args.batch_sizes))
+    combos = [
+        {"micro_batch_size": m, "parallelism": {"preprocess": t, "inference": i, "postprocess": t}}
+        for m, t, i in itertools.product(
+            args.micro_batch_sizes, args.threads, args.inference_threads
         )
-    return sorted(trials, key=lambda t: -t.requests_per_s)
-
-
-def confirm(
-    ranked: list[Trial], base: MicroBatchingConfig, args: argparse.Namespace, corpus: Corpus
-) -> list[Confirmed]:
-    """The ``args.confirm`` best trials (and "auto" with ``--with-auto``) measured on a
-    real TorchServe, sent ``corpus`` (one ``--input`` is a corpus of one); fastest first,
-    those with errors last."""
-    top: list[Trial | None] = list(ranked[: args.confirm])
-    configs = [t.as_config(base) for t in ranked[: args.confirm]]
-    if args.with_auto:  # "auto" with the best threads, measured against the fixed sizes
-        top.append(None)
-        configs.append(dict(configs[0], micro_batch_size="auto"))
-    concurrency = args.concurrency or 2 * args.batch_size
-    load = Load(
-        batch_size=args.batch_size,
-        max_batch_delay_ms=args.max_batch_delay,
-        concurrency=concurrency,
-        requests=max(args.requests, concurrency),
-        warmup_requests=max(100, concurrency),
-    )
-    out = args.confirm_out
-    print(f"\nConfirming {len(top)} configs on TorchServe (results in {out})", flush=True)
-    measured = measure_configs(
-        args.mar, corpus, configs, load, args.confirm_repeats, Path(out), args.ts_config
-    )
-    confirmed = [
-        Confirmed(trial, m.config, m.requests_per_s, m.p99_ms, m.errors)
-        for trial, m in zip(top, measured)
     ]
-    return sorted(confirmed, key=lambda c: (c.errors > 0, -c.requests_per_s))
+    print(
+        f"Stage costs of {len(combos)} combinations at batch sizes {batch_sizes}, in-process, "
+        f"on {corpus.label}",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="ts-microbatch-slo-") as scratch:
+        model_dir = model_dir_of(args.mar, Path(scratch) / "model")
+        context = make_context(model_dir, max(batch_sizes))
+        base = load_config(model_dir, context.model_yaml_config)
+        _, mb = load_handler(model_dir, context)
+        try:
+            return stage_costs(mb, context, corpus, base, combos, batch_sizes, args.repeats, trials)
+        finally:
+            mb.shutdown()
+
+
+def run(args: argparse.Namespace, trials: ResultsLog) -> int:
+    """``ts-microbatch-tune --slo-p99-ms``: the three steps, the winner merged into --out."""
+    corpus = tuning_corpus(args)
+    costs = measure_costs(args, corpus, trials)
+    cores, frontend_ms, scale = available_cores(), args.frontend_cpu_ms or None, 1.0
+    sizes, slo_ms = sorted(set(args.batch_sizes)), args.slo_p99_ms
+    candidates = plan(costs, sizes, args.windows, slo_ms, args.rate, frontend_ms, cores, scale)
+    if args.confirm and args.frontend_cpu_ms is None and candidates[0].tail is not None:
+        calibrated = calibrate_frontend_cpu(
+            candidates[0], args.mar, corpus, args.confirm_out, trials, args.ts_config
+        )
+        if calibrated:  # the worker's CPU on a real server against in-process
+            frontend_ms, worker_ms = calibrated
+            scale = worker_cpu_scale(costs, candidates[0], worker_ms)
+            candidates = plan(
+                costs, sizes, args.windows, slo_ms, args.rate, frontend_ms, cores, scale
+            )
+    for c in candidates:
+        trials.append(
+            {
+                "kind": "modelled",
+                **c.model_config(),
+                "held_per_s": c.held_per_s,
+                "p99_ms": c.tail.p99_ms if c.tail else None,
+                "bound": c.tail.bound if c.tail else None,
+                "frontend_cpu_ms": frontend_ms,
+                "worker_cpu_scale": scale,
+                "not_monotone": c.flagged,
+            }
+        )
+    frontend = (
+        f"the frontend's CPU {frontend_ms:.2f} ms a request, the worker's {scale:.2f}x its "
+        f"in-process CPU, {cores} cores"
+        if frontend_ms
+        else "the frontend's CPU left out"
+    )
+    print_plan(candidates, slo_ms, frontend)
+    at = f" at {args.rate:g} req/s" if args.rate else ""
+    if candidates[0].tail is None:
+        print(
+            f"\nNo configuration holds P99 {slo_ms:g} ms{at} in the model; "
+            "nothing written (try longer objectives, smaller batches or windows)"
+        )
+        return 1
+    winner, how = candidates[0], "modelled, not confirmed"
+    if args.confirm:
+        confirmed = confirm_best(candidates, args, corpus, trials)
+        if confirmed is None:
+            return 1
+        winner = confirmed
+        how = (
+            f"held {winner.measured_per_s:g} req/s on TorchServe, predicted {winner.held_per_s:.0f}"
+        )
+    try:
+        write_winner(winner, args.out, slo_ms, how)
+    except MergeError as err:
+        print(f"\nerror: {err}")
+        return 1
+    trials.append({"kind": "best", **winner.model_config(), "out": str(args.out)})
+    return 0
+
+
+def confirm_best(
+    candidates: list[Candidate], args: argparse.Namespace, corpus: Corpus, trials: ResultsLog
+) -> Candidate | None:
+    """Step 3: the best that differ in more than the window on a real server; the one that
+    held the most, or None (recorded as refused, and said)."""
+    top = confirm_slots(candidates, args.confirm)
+    skipped = [c for c in candidates[: candidates.index(top[-1])] if c not in top]
+    if skipped:
+        ranks = ", ".join(str(candidates.index(c) + 1) for c in skipped)
+        print(
+            "\nNot confirmed, as each differs from one confirmed in maxBatchDelay alone: "
+            f"model ranks {ranks}"
+        )
+    confirm(top, args.mar, corpus, args.slo_p99_ms, args.confirm_out, trials, args.ts_config)
+    print_confirmed(top, candidates, args.slo_p99_ms)
+    confirmed = best_confirmed(top, args.rate)
+    if confirmed is None:
+        tried = [
+            {
+                **c.model_config(),
+                "predicted_per_s": c.held_per_s,
+                "measured_per_s": c.measured_per_s,
+            }
+            for c in top
+        ]
+        trials.append({"kind": "refused", "tried": tried})
+        at = f" at {args.rate:g} req/s or more" if args.rate else ""
+        print(
+            f"\nNothing written to {args.out}: the server held nothing within P99 "
+            f"{args.slo_p99_ms:g} ms{at} for any of the {len(top)} configurations confirmed "
+            "(above: what each was predicted and held). Try a longer objective, smaller batches "
+            "or windows, or measure at the loads you run with ts-microbatch-benchmark --rates."
+        )
+    return confirmed
 
 
 def ints(text: str) -> list[int]:
@@ -186,26 +252,6 @@ def ints(text: str) -> list[int]:
     return values
 
 
-def budgets(text: str) -> list[int | None]:
-    """``--budgets``: integers >= 1 or "none" (no budget), separated by commas."""
-    values: list[int | None] = []
-    for part in text.split(","):
-        if part.strip().lower() == "none":
-            values.append(None)
-            continue
-        values.extend(ints(part))
-    return values
-
-
-def default_budgets(base: MicroBatchingConfig) -> list[int | None]:
-    """With ``order: length`` the budget decides the cut, so a few are tried around the
-    config's own; otherwise the config's own alone."""
-    own = base.max_micro_batch_tokens
-    if base.order != "length":
-        return [own]
-    return list(dict.fromkeys([own, 1024, 2048, 4096]))
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog("ts_microbatch.tools.tune"),
@@ -215,6 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--mar", required=True, type=Path, help=".mar file or unpacked model directory"
     )
+    parser.add_argument(
+        "--slo-p99-ms",
+        required=True,
+        type=float,
+        help="the objective: the settings (the frontend's batchSize and maxBatchDelay too) "
+        "that hold the most load with P99 within this. For throughput at saturation the "
+        'answer is "micro_batch_size": "auto", or give a generous objective',
+    )
+    parser.add_argument("--rate", type=float, help="the lowest P99 at this rate instead")
     bodies = parser.add_mutually_exclusive_group(required=True)
     bodies.add_argument("--input", type=Path, help="a sample request body (sent as bytes)")
     bodies.add_argument(
@@ -223,58 +278,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="a directory of request bodies or a .jsonl file (one string or object a line); "
         "batches are drawn from it in a fixed order, and --confirm sends it",
     )
-    parser.add_argument(
-        "--batch-size", type=int, default=32, help="frontend batch size to tune for"
-    )
     parser.add_argument("--micro-batch-sizes", type=ints, default=[1, 2, 4, 8, 16])
     parser.add_argument(
         "--threads", type=ints, default=[1, 2], help="preprocess and postprocess threads"
     )
     parser.add_argument("--inference-threads", type=ints, default=[1])
+    parser.add_argument("--batch-sizes", type=ints, default=[1, 2, 4, 8, 16, 32])
     parser.add_argument(
-        "--budgets",
-        type=budgets,
-        default=None,
-        help="max_micro_batch_tokens values to try, e.g. 1024,2048,none (in the handler's "
-        "item_length unit); default: the config's own, and with order: length also "
-        "1024,2048,4096",
+        "--windows", type=ints, default=[1, 2, 5, 10, 20, 50], help="maxBatchDelay values, ms"
     )
     parser.add_argument("--repeats", type=int, default=3, help="batches measured per combination")
     parser.add_argument(
+        "--frontend-cpu-ms",
+        type=float,
+        help="the frontend's CPU per request, ms, for the model's CPU cap (default: with "
+        "--confirm, read from a short run on a real server; without, left out; 0: left out)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
-        default=None,
-        help="the file the best is merged into: micro_batching.json by default, "
-        "model-config.yaml with --slo-p99-ms (which refuses a .json: see out_file)",
+        default=Path("model-config.yaml"),
+        help="the model-config.yaml the best is merged into (a backup of an existing one "
+        "beside it; a .json is refused: see out_file)",
     )
     confirming = parser.add_argument_group("confirming on a real TorchServe")
     confirming.add_argument(
-        "--confirm", type=int, default=0, metavar="K", help="benchmark the K best (default 0: no)"
-    )
-    confirming.add_argument("--requests", type=int, default=1000, help="measured per config")
-    confirming.add_argument(
-        "--concurrency", type=int, default=0, help="parallel clients (default 2 x batch size)"
-    )
-    confirming.add_argument("--max-batch-delay", type=int, default=50, help="milliseconds")
-    confirming.add_argument(
-        "--confirm-repeats",
-        type=int,
-        default=3,
-        help="rounds, each serving every config once on a fresh TorchServe in an order "
-        "shuffled from a seed recorded in results.json; a config's median run counts "
-        "(default 3)",
-    )
-    confirming.add_argument(
-        "--with-auto",
-        action="store_true",
-        help='also benchmark "auto" with the best threads; written if it measures fastest',
+        "--confirm", type=int, default=0, metavar="K", help="run the K best (default 0: no)"
     )
     confirming.add_argument(
         "--confirm-out",
         type=Path,
         default=None,
-        help="the benchmark's results (results.jsonl as runs come, results.json at the end); "
-        "default: <out>-confirm/ beside --out",
+        help="the servers' scratch folders and logs; default: <out>-confirm/ beside --out",
     )
     confirming.add_argument(
         "--ts-config",
@@ -282,24 +317,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="a config.properties every server starts from; it keeps its settings but the "
         "addresses, worker ports and model store",
     )
-    slo.add_arguments(parser, ints)
     return parser
 
 
-def out_file(args: argparse.Namespace) -> Path:
-    """``--out``, or its default: micro_batching.json, or model-config.yaml with
-    ``--slo-p99-ms``, whose frontend keys only model-config.yaml holds (a ``.json`` is
-    refused: the package's config check refuses those keys there)."""
-    if args.out is None:
-        return Path("model-config.yaml" if args.slo_p99_ms else "micro_batching.json")
-    if args.slo_p99_ms and args.out.suffix.lower() == ".json":
+def out_file(out: Path) -> Path:
+    """``--out``, refused when a ``.json``: the frontend's keys only a model-config.yaml
+    holds (the package's config check refuses them in a micro_batching.json)."""
+    if out.suffix.lower() == ".json":
         raise SystemExit(
-            f"error: --out {args.out}: --slo-p99-ms tunes the frontend's batchSize and "
+            f"error: --out {out}: --slo-p99-ms tunes the frontend's batchSize and "
             "maxBatchDelay with a micro_batching section, which only a model-config.yaml "
             "holds, not a micro_batching.json; give --out "
-            f"{args.out.with_name('model-config.yaml')}"
+            f"{out.with_name('model-config.yaml')}"
         )
-    return Path(args.out)
+    return out
 
 
 def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
@@ -315,8 +346,8 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
         read_existing(args.out)  # a file that cannot be merged into fails now, not at the end
         if args.confirm:
             default = args.out.with_name(f"{args.out.stem}-confirm")
-            # The confirm runs delete and rewrite store/, servers/, samples/ and
-            # results.json in it: never in a folder of the user's (results.claimed_dir).
+            # The confirm runs delete and rewrite store/ and servers/ in it: never in a
+            # folder of the user's (results.claimed_dir).
             args.confirm_out = claimed_dir(
                 args.confirm_out or default, "ts-microbatch-tune", "--confirm-out"
             )
@@ -327,49 +358,10 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.out = out_file(args)
+    args.out = out_file(args.out)
     trials = prepare_outputs(args)
     print(f"Each measurement is appended to {trials.path} as it comes", flush=True)
-    if args.slo_p99_ms:
-        return slo.run(args, trials)
-    sizes = [s for s in args.micro_batch_sizes if s <= args.batch_size] or [args.batch_size]
-    corpus = tuning_corpus(args)
-    batches = corpus.batches(args.batch_size, args.repeats + 1)
-    with tempfile.TemporaryDirectory(prefix="ts-microbatch-tune-") as scratch:
-        model_dir = model_dir_of(args.mar, Path(scratch) / "model")
-        context = make_context(model_dir, args.batch_size)
-        base = load_config(model_dir, context.model_yaml_config)
-        _, mb = load_handler(model_dir, context)
-        tried = args.budgets or default_budgets(base)
-        print(
-            f"Tuning {args.mar} at batch size {args.batch_size} on {corpus.label}: "
-            f"{len(sizes)} sizes x {len(tried)} token budgets x {len(args.threads)} x "
-            f"{len(args.inference_threads)} thread counts",
-            flush=True,
-        )
-        try:
-            grid = (sizes, args.threads, args.inference_threads, tried)
-            ranked = tune(mb, context, batches, *grid, record=trials.append)
-        finally:
-            mb.shutdown()
-        print_ranking(ranked)
-        best = ranked[0].as_config(base)
-        if args.confirm:
-            confirmed = confirm(ranked, base, args, corpus)
-            print_confirmed(confirmed, ranked)
-            best = confirmed[0].config
-    # Into the user's file: the keys tuned set, every other key of theirs kept (merge.py).
-    tuned = {key: best[key] for key in TUNED_KEYS if key in best}
-    try:
-        _, backup = write_merged(args.out, tuned, best)
-    except MergeError as err:
-        print(f"\nerror: {err}")
-        return 1
-    trials.append({"kind": "best", "micro_batching": best, "out": str(args.out)})
-    print(f"\nWrote the best config to {args.out}")
-    if backup is not None:
-        print(f"merged into your file, which was copied to {backup} first")
-    return 0
+    return run(args, trials)
 
 
 if __name__ == "__main__":
