@@ -22,7 +22,6 @@ from typing import Any
 from ._cli import SAFE_BESIDE, prog
 from .corpus import Corpus, CorpusError, read_corpus
 from .curves import CurveSender, parse_rates
-from .drive import send_corpus
 from .intervals import MIN_ANSWERS
 from .mar import (
     BASELINE,
@@ -37,7 +36,7 @@ from .mar import (
 from .mar import (
     frontend_of as packaged_frontend,
 )
-from .measure import RegistrationError, Send, measure
+from .measure import RegistrationError, Send, corpus_sender, measure
 from .results import ResultsLog, claimed_dir
 from .runs import CPU_SIDES, cpu_drift, new_seed, report, round_order
 
@@ -137,55 +136,27 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
     server from ``base_config`` (None: built-in settings); results in ``args.out``, else a
     new directory under ``runs``. Returns the exit status."""
     try:
-        corpus = read_corpus(args.corpus or args.body) if args.corpus or args.body else None
-        if corpus is None:
+        if not (args.corpus or args.body):
             raise CorpusError("--mar needs --corpus DIR|FILE.jsonl or --body FILE")
+        corpus = read_corpus(args.corpus or args.body)
         frontend = frontend_of(args, args.mar)
         out = Path(args.out or runs / time.strftime("%Y%m%d-%H%M%S")).resolve()
         results = ResultsLog(claimed_dir(out, "ts-microbatch-benchmark") / "results.jsonl")
+        variants, handlers = variants_of(args), handlers_of(args)
+        effective, served = package(args.mar, out / "store", frontend, variants, handlers)
     except (CorpusError, MarError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    variants, handlers = variants_of(args), handlers_of(args)
-    effective, served = {}, {}  # each variant's section, batchSize and maxBatchDelay
-    try:
-        for name, override in variants:
-            section, own_frontend = split_frontend(override)
-            served[name] = sizes = {**frontend, **own_frontend}
-            handler = handlers.get(name)
-            target = out / "store" / f"{name}.mar"
-            effective[name] = override_mar(args.mar, target, section, sizes, handler)
-            log(
-                f"variant {name}: batchSize {sizes['batchSize']}, maxBatchDelay "
-                f"{sizes['maxBatchDelay']}, micro_batching {json.dumps(effective[name])}"
-                + (f", handler {handler}" if handler else "")
-            )
-    except MarError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     log(f"body {corpus.label} ({corpus.source}); results in {out}")
-    config = {
-        "metrics_mode": "prometheus",
-        "warmup_requests": args.warmup_requests,
-        "response_timeout": args.response_timeout,
-    }
-    concurrency = args.concurrency or 2 * frontend["batchSize"]
-    point = {
-        "body": corpus.label,
-        "batch_size": frontend["batchSize"],
-        "max_batch_delay": frontend["maxBatchDelay"],
-        "concurrency": concurrency,
-        "requests": max(args.requests, concurrency),
-        "workers": 1,
-    }
+    config, point = run_settings(args, corpus, frontend)
     log(f"each run is appended to {results.path} as it is measured")
     if args.seed is None:
         args.seed = new_seed()
     log(f"each round serves the variants in an order shuffled with seed {args.seed} (--seed)")
     sender = None
-    if getattr(args, "rates", None):  # an open-loop sweep instead of parallel clients
+    if args.rates:  # an open-loop sweep instead of parallel clients
         sender = CurveSender(
-            corpus, args.rates, args.rate_seconds, concurrency, log, args.seed or 0,
+            corpus, args.rates, args.rate_seconds, point["concurrency"], log, args.seed,
             min_answers=args.min_answers, nice=args.nice,
         )  # fmt: skip
     try:
@@ -212,6 +183,50 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
     return 0
 
 
+def package(
+    mar: Path,
+    store: Path,
+    frontend: dict[str, int],
+    variants: list[tuple[str, dict[str, Any] | None]],
+    handlers: dict[str, Path],
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, int]]]:
+    """Each variant's .mar written to ``store``: its effective micro_batching section, and
+    the batchSize and maxBatchDelay it is served with (``frontend``, then its own)."""
+    effective, served = {}, {}
+    for name, override in variants:
+        section, own_frontend = split_frontend(override)
+        served[name] = sizes = {**frontend, **own_frontend}
+        handler = handlers.get(name)
+        effective[name] = override_mar(mar, store / f"{name}.mar", section, sizes, handler)
+        log(
+            f"variant {name}: batchSize {sizes['batchSize']}, maxBatchDelay "
+            f"{sizes['maxBatchDelay']}, micro_batching {json.dumps(effective[name])}"
+            + (f", handler {handler}" if handler else "")
+        )
+    return effective, served
+
+
+def run_settings(
+    args: argparse.Namespace, corpus: Corpus, frontend: dict[str, int]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``measure``'s config and point (the load every variant gets) for ``args``."""
+    config = {
+        "metrics_mode": "prometheus",
+        "warmup_requests": args.warmup_requests,
+        "response_timeout": args.response_timeout,
+    }
+    concurrency = args.concurrency or 2 * frontend["batchSize"]
+    point = {
+        "body": corpus.label,
+        "batch_size": frontend["batchSize"],
+        "max_batch_delay": frontend["maxBatchDelay"],
+        "concurrency": concurrency,
+        "requests": max(args.requests, concurrency),
+        "workers": 1,
+    }
+    return config, point
+
+
 def run_rounds(
     rounds: int,
     variants: list[tuple[str, dict[str, Any] | None]],
@@ -231,16 +246,7 @@ def run_rounds(
     ``results`` as it comes and a CPU drift warned about at once. A variant TorchServe
     will not register is reported and left out of the later rounds. ``sender``: the load
     instead of parallel clients (``--rates``); ``room``: ``measure``'s."""
-
-    def send(
-        url: str, token: str | None, requests: int, work: Path, label: str
-    ) -> tuple[dict[str, Any], dict[str, float]]:
-        if sender is not None:
-            return sender(url, token, requests, work, label)
-        return send_corpus(
-            url, corpus, requests, point["concurrency"], token=token, label=label, progress=log
-        )
-
+    send = sender or corpus_sender(corpus, point["concurrency"], log)
     first = corpus.bodies[corpus.order[0]]
     rows: list[dict[str, Any]] = []
     refused: dict[str, str] = {}
