@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
@@ -24,21 +25,77 @@ from .corpus import Corpus, CorpusError, read_corpus
 from .curves import CurveSender, parse_rates
 from .intervals import MIN_ANSWERS
 from .mar import (
+    AS_PACKAGED,
     BASELINE,
+    FRONTEND_KEYS,
+    PLAIN_OVERRIDE,
     MarError,
-    handlers_of,
     override_mar,
-    parse_handler_variant,
-    parse_variant,
     split_frontend,
-    variants_of,
 )
-from .mar import (
-    frontend_of as packaged_frontend,
-)
+from .mar import frontend_of as packaged_frontend
 from .measure import RegistrationError, Send, corpus_sender, measure
 from .results import ResultsLog, claimed_dir
 from .runs import CPU_SIDES, cpu_drift, new_seed, report, round_order
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``NAME=JSON``: a variant's name and its override of the micro_batching section."""
+    name, sep, raw = text.partition("=")
+    if not sep or not _NAME.match(name) or name in (BASELINE, AS_PACKAGED):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected NAME=JSON with NAME of letters, digits, - and _ "
+            f"(not {BASELINE!r} or {AS_PACKAGED!r})"
+        )
+    try:
+        override = json.loads(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: not JSON: {exc}") from None
+    if not isinstance(override, dict):
+        raise argparse.ArgumentTypeError(f"{name}: got {raw!r}, expected a JSON object")
+    for key, least in FRONTEND_KEYS.items():
+        value = override.get(key, least)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise argparse.ArgumentTypeError(
+                f"{name}: {key}: got {value!r}, expected an integer >= {least}"
+            )
+    return name, override
+
+
+def parse_handler_variant(text: str) -> tuple[str, dict[str, Any], Path]:
+    """``NAME=HANDLER.py[:JSON]``: a variant's name, its override ({} without one) and the
+    handler file it swaps in."""
+    name, sep, rest = text.partition("=")
+    path, dot_py, raw = rest.partition(".py")
+    if not sep or not dot_py or (raw and not raw.startswith(":")):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected NAME=HANDLER.py or NAME=HANDLER.py:JSON"
+        )
+    name, override = parse_variant(f"{name}={raw[1:] or '{}'}")
+    return name, override, Path(path + dot_py)
+
+
+def variants_of(args: argparse.Namespace) -> list[tuple[str, dict[str, Any] | None]]:
+    """(name, override) in the order each round serves them; None: as packaged."""
+    variants: list[tuple[str, dict[str, Any] | None]] = []
+    if not args.no_baseline:
+        variants.append((BASELINE, PLAIN_OVERRIDE))
+    variants.append((AS_PACKAGED, None))
+    for name, override, *_ in [*args.variant, *args.handler_variant]:
+        if name in dict(variants):
+            raise SystemExit(f"error: --variant {name} given twice")
+        variants.append((name, override))
+    return variants
+
+
+def handlers_of(args: argparse.Namespace) -> dict[str, Path]:
+    """The handler file each variant swaps in; a variant not named keeps the .mar's."""
+    handlers = {name: path for name, _, path in args.handler_variant}
+    if args.baseline_handler is not None:
+        handlers[BASELINE] = args.baseline_handler
+    return handlers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
