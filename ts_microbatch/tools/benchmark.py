@@ -36,7 +36,7 @@ from .mar import (
 from .mar import frontend_of as packaged_frontend
 from .measure import RegistrationError, Send, corpus_sender, measure
 from .results import ResultsLog, claimed_dir
-from .runs import CPU_SIDES, cpu_drift, new_seed, report, round_order
+from .runs import CPU_SIDES, cpu_drift, new_seed, report, round_order, shown
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
@@ -174,17 +174,7 @@ def frontend_of(args: argparse.Namespace, mar: Path) -> dict[str, int]:
     return packaged_frontend(mar, args.batch_size, args.max_batch_delay)
 
 
-def shown(effective: dict[str, Any]) -> tuple[Any, str]:
-    """micro_batch_size and threads (pre/inf/post) for the table; "off" when disabled."""
-    if effective.get("enabled", True) is False:
-        return "off", "-"
-    threads = effective.get("parallelism") or {}
-    stages = ("preprocess", "inference", "postprocess")
-    return effective.get("micro_batch_size", 1), "/".join(str(threads.get(s, 1)) for s in stages)
-
-
 def log(message: str) -> None:
-    """A progress line with the time, for the command's output."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 

@@ -93,7 +93,6 @@ def server_pids(server: Any) -> tuple[int | None, list[int]]:
 
 
 def frontend_pid(server: Any) -> int:
-    """The Java process: the torchserve launcher's child, or itself."""
     frontend, _ = server_pids(server)
     return frontend if frontend is not None else int(server.process.pid)
 

@@ -42,10 +42,8 @@ def server_for(
     env: dict[str, str] | None = None,
     room: dict[str, str] | None = None,
 ) -> TorchServe:
-    """A TorchServe on free loopback ports: ``base_config`` (a config.properties) when
-    given, else DEFAULT_PROPERTIES; ``room`` over either where ``base_config`` does not set
-    the key; in ``metrics_mode`` when given; ``env`` added to its and its workers'
-    environment."""
+    """A TorchServe on free loopback ports from ``base_config`` (a config.properties), else
+    DEFAULT_PROPERTIES; ``room``'s keys where ``base_config`` does not set them."""
     properties = {} if base_config else dict(DEFAULT_PROPERTIES)
     own = read_properties(base_config) if base_config and room else {}
     properties.update({k: v for k, v in (room or {}).items() if k not in own})
@@ -215,7 +213,6 @@ def settled_scrape(server: TorchServe, timeout_s: float = 10.0, apart_s: float =
 
 
 def cpu_seconds(server: TorchServe) -> dict[str, float]:
-    """CPU seconds used so far by the server's frontend and its worker processes."""
     reading = read_cpu(server)
     return {"frontend": reading.frontend_s, "workers": reading.workers_s}
 

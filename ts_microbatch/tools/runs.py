@@ -234,6 +234,15 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def shown(effective: dict[str, Any]) -> tuple[Any, str]:
+    """micro_batch_size and threads (pre/inf/post) for the table; "off" when disabled."""
+    if effective.get("enabled", True) is False:
+        return "off", "-"
+    threads = effective.get("parallelism") or {}
+    stages = ("preprocess", "inference", "postprocess")
+    return effective.get("micro_batch_size", 1), "/".join(str(threads.get(s, 1)) for s in stages)
+
+
 def load_tag(row: Row) -> str:
     """What every variant of a run shares: the load, not the micro-batching settings."""
     return f"{row['body']}|{row['batch_size']}|{row['max_batch_delay']}|{row['concurrency']}"
