@@ -253,6 +253,11 @@ def package(
     return effective, served
 
 
+def registration(frontend: dict[str, int]) -> dict[str, int]:
+    """model-config.yaml's batchSize and maxBatchDelay as ``measure``'s point has them."""
+    return {"batch_size": frontend["batchSize"], "max_batch_delay": frontend["maxBatchDelay"]}
+
+
 def run_settings(
     args: argparse.Namespace, corpus: Corpus, frontend: dict[str, int]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -265,8 +270,7 @@ def run_settings(
     concurrency = args.concurrency or 2 * frontend["batchSize"]
     point = {
         "body": corpus.label,
-        "batch_size": frontend["batchSize"],
-        "max_batch_delay": frontend["maxBatchDelay"],
+        **registration(frontend),
         "concurrency": concurrency,
         "requests": max(args.requests, concurrency),
         "workers": 1,
@@ -307,11 +311,8 @@ def run_rounds(
                 continue
             label = f"[round {repeat}/{rounds}, {step}/{len(variants)}] {name}"
             log(f"{label}: starting TorchServe")
-            own = (served or {}).get(name)
-            registered = point
-            if own:  # registered with its own batch size and window
-                batching = {"batch_size": own["batchSize"], "max_batch_delay": own["maxBatchDelay"]}
-                registered = {**point, **batching}
+            own = (served or {}).get(name)  # its own batch size and window, if any
+            registered = {**point, **registration(own)} if own else point
             try:
                 result = measure(
                     out / "servers" / f"{name}-r{repeat}",

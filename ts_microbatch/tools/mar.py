@@ -89,8 +89,13 @@ def settings_of(entries: list[tuple[zipfile.ZipInfo, bytes]]) -> dict[str, Any]:
     section_json = json.loads(files[CONFIG_FILE_NAME]) if CONFIG_FILE_NAME in files else None
     section_yaml = (model_yaml or {}).get(YAML_SECTION)
     effective = merge(section_json or {}, section_yaml or {})
-    found = {"manifest": manifest, "yaml_name": yaml_name, "yaml": model_yaml, "json": section_json}
-    return {**found, "effective": effective}
+    return {
+        "manifest": manifest,
+        "yaml_name": yaml_name,
+        "yaml": model_yaml,
+        "json": section_json,
+        "effective": effective,
+    }
 
 
 def override_mar(
