@@ -63,20 +63,7 @@ def shuffled_rounds(
         name: override_mar(args.mar, store / f"{name}.mar", override, frontend, handlers.get(name))
         for name, override in variants
     }
-    concurrency = args.concurrency or 2 * frontend["batchSize"]
-    point = {
-        "body": corpus.label,
-        "batch_size": frontend["batchSize"],
-        "max_batch_delay": frontend["maxBatchDelay"],
-        "concurrency": concurrency,
-        "requests": max(args.requests, concurrency),
-        "workers": 1,
-    }
-    config = {
-        "metrics_mode": "prometheus",
-        "warmup_requests": args.warmup_requests,
-        "response_timeout": args.response_timeout,
-    }
+    config, point = benchmark.run_settings(args, corpus, frontend)
     rows, refused, orders = [], {}, []
     for repeat in range(1, args.rounds + 1):
         left = [v for v in variants if v[0] not in refused]

@@ -7,7 +7,8 @@ import argparse
 
 import pytest
 
-from ts_microbatch.tools.mar import parse_variant, split_frontend
+from ts_microbatch.tools.benchmark import parse_variant
+from ts_microbatch.tools.mar import split_frontend
 
 
 def test_frontend_keys_go_to_the_frontend_and_the_rest_to_the_section() -> None:

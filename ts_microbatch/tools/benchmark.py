@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
@@ -22,24 +23,79 @@ from typing import Any
 from ._cli import SAFE_BESIDE, prog
 from .corpus import Corpus, CorpusError, read_corpus
 from .curves import CurveSender, parse_rates
-from .drive import send_corpus
 from .intervals import MIN_ANSWERS
 from .mar import (
+    AS_PACKAGED,
     BASELINE,
+    FRONTEND_KEYS,
+    PLAIN_OVERRIDE,
     MarError,
-    handlers_of,
     override_mar,
-    parse_handler_variant,
-    parse_variant,
     split_frontend,
-    variants_of,
 )
-from .mar import (
-    frontend_of as packaged_frontend,
-)
-from .measure import RegistrationError, Send, measure
+from .mar import frontend_of as packaged_frontend
+from .measure import RegistrationError, Send, corpus_sender, measure
 from .results import ResultsLog, claimed_dir
-from .runs import CPU_SIDES, cpu_drift, new_seed, report, round_order
+from .runs import CPU_SIDES, cpu_drift, new_seed, report, round_order, shown
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``NAME=JSON``: a variant's name and its override of the micro_batching section."""
+    name, sep, raw = text.partition("=")
+    if not sep or not _NAME.match(name) or name in (BASELINE, AS_PACKAGED):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected NAME=JSON with NAME of letters, digits, - and _ "
+            f"(not {BASELINE!r} or {AS_PACKAGED!r})"
+        )
+    try:
+        override = json.loads(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: not JSON: {exc}") from None
+    if not isinstance(override, dict):
+        raise argparse.ArgumentTypeError(f"{name}: got {raw!r}, expected a JSON object")
+    for key, least in FRONTEND_KEYS.items():
+        value = override.get(key, least)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise argparse.ArgumentTypeError(
+                f"{name}: {key}: got {value!r}, expected an integer >= {least}"
+            )
+    return name, override
+
+
+def parse_handler_variant(text: str) -> tuple[str, dict[str, Any], Path]:
+    """``NAME=HANDLER.py[:JSON]``: a variant's name, its override ({} without one) and the
+    handler file it swaps in."""
+    name, sep, rest = text.partition("=")
+    path, dot_py, raw = rest.partition(".py")
+    if not sep or not dot_py or (raw and not raw.startswith(":")):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected NAME=HANDLER.py or NAME=HANDLER.py:JSON"
+        )
+    name, override = parse_variant(f"{name}={raw[1:] or '{}'}")
+    return name, override, Path(path + dot_py)
+
+
+def variants_of(args: argparse.Namespace) -> list[tuple[str, dict[str, Any] | None]]:
+    """(name, override) in the order each round serves them; None: as packaged."""
+    variants: list[tuple[str, dict[str, Any] | None]] = []
+    if not args.no_baseline:
+        variants.append((BASELINE, PLAIN_OVERRIDE))
+    variants.append((AS_PACKAGED, None))
+    for name, override, *_ in [*args.variant, *args.handler_variant]:
+        if name in dict(variants):
+            raise SystemExit(f"error: --variant {name} given twice")
+        variants.append((name, override))
+    return variants
+
+
+def handlers_of(args: argparse.Namespace) -> dict[str, Path]:
+    """The handler file each variant swaps in; a variant not named keeps the .mar's."""
+    handlers = {name: path for name, _, path in args.handler_variant}
+    if args.baseline_handler is not None:
+        handlers[BASELINE] = args.baseline_handler
+    return handlers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,17 +174,7 @@ def frontend_of(args: argparse.Namespace, mar: Path) -> dict[str, int]:
     return packaged_frontend(mar, args.batch_size, args.max_batch_delay)
 
 
-def shown(effective: dict[str, Any]) -> tuple[Any, str]:
-    """micro_batch_size and threads (pre/inf/post) for the table; "off" when disabled."""
-    if effective.get("enabled", True) is False:
-        return "off", "-"
-    threads = effective.get("parallelism") or {}
-    stages = ("preprocess", "inference", "postprocess")
-    return effective.get("micro_batch_size", 1), "/".join(str(threads.get(s, 1)) for s in stages)
-
-
 def log(message: str) -> None:
-    """A progress line with the time, for the command's output."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
@@ -137,55 +183,27 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
     server from ``base_config`` (None: built-in settings); results in ``args.out``, else a
     new directory under ``runs``. Returns the exit status."""
     try:
-        corpus = read_corpus(args.corpus or args.body) if args.corpus or args.body else None
-        if corpus is None:
+        if not (args.corpus or args.body):
             raise CorpusError("--mar needs --corpus DIR|FILE.jsonl or --body FILE")
+        corpus = read_corpus(args.corpus or args.body)
         frontend = frontend_of(args, args.mar)
         out = Path(args.out or runs / time.strftime("%Y%m%d-%H%M%S")).resolve()
         results = ResultsLog(claimed_dir(out, "ts-microbatch-benchmark") / "results.jsonl")
+        variants, handlers = variants_of(args), handlers_of(args)
+        effective, served = package(args.mar, out / "store", frontend, variants, handlers)
     except (CorpusError, MarError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    variants, handlers = variants_of(args), handlers_of(args)
-    effective, served = {}, {}  # each variant's section, batchSize and maxBatchDelay
-    try:
-        for name, override in variants:
-            section, own_frontend = split_frontend(override)
-            served[name] = sizes = {**frontend, **own_frontend}
-            handler = handlers.get(name)
-            target = out / "store" / f"{name}.mar"
-            effective[name] = override_mar(args.mar, target, section, sizes, handler)
-            log(
-                f"variant {name}: batchSize {sizes['batchSize']}, maxBatchDelay "
-                f"{sizes['maxBatchDelay']}, micro_batching {json.dumps(effective[name])}"
-                + (f", handler {handler}" if handler else "")
-            )
-    except MarError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     log(f"body {corpus.label} ({corpus.source}); results in {out}")
-    config = {
-        "metrics_mode": "prometheus",
-        "warmup_requests": args.warmup_requests,
-        "response_timeout": args.response_timeout,
-    }
-    concurrency = args.concurrency or 2 * frontend["batchSize"]
-    point = {
-        "body": corpus.label,
-        "batch_size": frontend["batchSize"],
-        "max_batch_delay": frontend["maxBatchDelay"],
-        "concurrency": concurrency,
-        "requests": max(args.requests, concurrency),
-        "workers": 1,
-    }
+    config, point = run_settings(args, corpus, frontend)
     log(f"each run is appended to {results.path} as it is measured")
     if args.seed is None:
         args.seed = new_seed()
     log(f"each round serves the variants in an order shuffled with seed {args.seed} (--seed)")
     sender = None
-    if getattr(args, "rates", None):  # an open-loop sweep instead of parallel clients
+    if args.rates:  # an open-loop sweep instead of parallel clients
         sender = CurveSender(
-            corpus, args.rates, args.rate_seconds, concurrency, log, args.seed or 0,
+            corpus, args.rates, args.rate_seconds, point["concurrency"], log, args.seed,
             min_answers=args.min_answers, nice=args.nice,
         )  # fmt: skip
     try:
@@ -212,6 +230,54 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
     return 0
 
 
+def package(
+    mar: Path,
+    store: Path,
+    frontend: dict[str, int],
+    variants: list[tuple[str, dict[str, Any] | None]],
+    handlers: dict[str, Path],
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, int]]]:
+    """Each variant's .mar written to ``store``: its effective micro_batching section, and
+    the batchSize and maxBatchDelay it is served with (``frontend``, then its own)."""
+    effective, served = {}, {}
+    for name, override in variants:
+        section, own_frontend = split_frontend(override)
+        served[name] = sizes = {**frontend, **own_frontend}
+        handler = handlers.get(name)
+        effective[name] = override_mar(mar, store / f"{name}.mar", section, sizes, handler)
+        log(
+            f"variant {name}: batchSize {sizes['batchSize']}, maxBatchDelay "
+            f"{sizes['maxBatchDelay']}, micro_batching {json.dumps(effective[name])}"
+            + (f", handler {handler}" if handler else "")
+        )
+    return effective, served
+
+
+def registration(frontend: dict[str, int]) -> dict[str, int]:
+    """model-config.yaml's batchSize and maxBatchDelay as ``measure``'s point has them."""
+    return {"batch_size": frontend["batchSize"], "max_batch_delay": frontend["maxBatchDelay"]}
+
+
+def run_settings(
+    args: argparse.Namespace, corpus: Corpus, frontend: dict[str, int]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``measure``'s config and point (the load every variant gets) for ``args``."""
+    config = {
+        "metrics_mode": "prometheus",
+        "warmup_requests": args.warmup_requests,
+        "response_timeout": args.response_timeout,
+    }
+    concurrency = args.concurrency or 2 * frontend["batchSize"]
+    point = {
+        "body": corpus.label,
+        **registration(frontend),
+        "concurrency": concurrency,
+        "requests": max(args.requests, concurrency),
+        "workers": 1,
+    }
+    return config, point
+
+
 def run_rounds(
     rounds: int,
     variants: list[tuple[str, dict[str, Any] | None]],
@@ -231,16 +297,7 @@ def run_rounds(
     ``results`` as it comes and a CPU drift warned about at once. A variant TorchServe
     will not register is reported and left out of the later rounds. ``sender``: the load
     instead of parallel clients (``--rates``); ``room``: ``measure``'s."""
-
-    def send(
-        url: str, token: str | None, requests: int, work: Path, label: str
-    ) -> tuple[dict[str, Any], dict[str, float]]:
-        if sender is not None:
-            return sender(url, token, requests, work, label)
-        return send_corpus(
-            url, corpus, requests, point["concurrency"], token=token, label=label, progress=log
-        )
-
+    send = sender or corpus_sender(corpus, point["concurrency"], log)
     first = corpus.bodies[corpus.order[0]]
     rows: list[dict[str, Any]] = []
     refused: dict[str, str] = {}
@@ -254,11 +311,8 @@ def run_rounds(
                 continue
             label = f"[round {repeat}/{rounds}, {step}/{len(variants)}] {name}"
             log(f"{label}: starting TorchServe")
-            own = (served or {}).get(name)
-            registered = point
-            if own:  # registered with its own batch size and window
-                batching = {"batch_size": own["batchSize"], "max_batch_delay": own["maxBatchDelay"]}
-                registered = {**point, **batching}
+            own = (served or {}).get(name)  # its own batch size and window, if any
+            registered = {**point, **registration(own)} if own else point
             try:
                 result = measure(
                     out / "servers" / f"{name}-r{repeat}",

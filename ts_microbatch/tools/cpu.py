@@ -17,6 +17,12 @@ from typing import Any
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def _stat_seconds(stat: str) -> float:
+    """User + system CPU seconds from a /proc stat line (fields 14 and 15, after the name)."""
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
 def thread_cpu(pid: int) -> dict[str, tuple[float, int]]:
     """For each thread name of process ``pid``: CPU seconds (user + system) and the times
     its threads went to sleep (voluntary context switches: each is a wake-up later), summed
@@ -33,8 +39,7 @@ def thread_cpu(pid: int) -> dict[str, tuple[float, int]]:
         except OSError:
             continue  # the thread ended in between
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        seconds = (int(fields[11]) + int(fields[12])) / _TICKS
+        seconds = _stat_seconds(stat)
         sleeps = next(
             (int(line.split()[1]) for line in status.splitlines() if line.startswith("voluntary_")),
             0,
@@ -47,8 +52,7 @@ def thread_cpu(pid: int) -> dict[str, tuple[float, int]]:
 def process_cpu(pid: int) -> float:
     """CPU seconds (user + system) process ``pid`` has used; 0.0 once it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS
+        return _stat_seconds(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
         pass
     import psutil
@@ -89,7 +93,6 @@ def server_pids(server: Any) -> tuple[int | None, list[int]]:
 
 
 def frontend_pid(server: Any) -> int:
-    """The Java process: the torchserve launcher's child, or itself."""
     frontend, _ = server_pids(server)
     return frontend if frontend is not None else int(server.process.pid)
 
@@ -121,14 +124,11 @@ def cpu_per_request(before: CpuReading, after: CpuReading, requests: float) -> d
     """Milliseconds of CPU per request between two readings: the frontend's, the
     workers', and each thread group's (with its wake-ups per request)."""
     n = max(1.0, requests)
-    threads = {
-        group: 1000 * (seconds - before.threads.get(group, (0.0, 0))[0]) / n
-        for group, (seconds, _) in sorted(after.threads.items())
-    }
-    wakeups = {
-        group: (sleeps - before.threads.get(group, (0.0, 0))[1]) / n
-        for group, (_, sleeps) in sorted(after.threads.items())
-    }
+    threads, wakeups = {}, {}
+    for group, (seconds, sleeps) in sorted(after.threads.items()):
+        seconds_before, sleeps_before = before.threads.get(group, (0.0, 0))
+        threads[group] = 1000 * (seconds - seconds_before) / n
+        wakeups[group] = (sleeps - sleeps_before) / n
     return {
         "frontend_cpu_ms_per_request": 1000 * (after.frontend_s - before.frontend_s) / n,
         "workers_cpu_ms_per_request": 1000 * (after.workers_s - before.workers_s) / n,

@@ -22,17 +22,12 @@ from typing import Any, Optional
 from .corpus import Corpus
 from .cpu import cpu_per_request, read_cpu
 from .drive import send_corpus
-from .runs import flatten_pipeline, summarize
+from .runs import summarize
 from .scrape import summarize as summarize_scrape
 from .server import DEFAULT_PROPERTIES, TorchServe, TorchServeError, read_properties
 
 # (url, token, requests, work directory, label) -> (drive's summary, latency percentiles)
 Send = Callable[[str, Optional[str], int, Path, str], tuple[dict[str, Any], dict[str, float]]]
-
-# What a server gets without a config.properties of the user's (--ts-config): room for many
-# clients and for camera photos (TorchServe's defaults are 100 queued requests and 6.5 MB),
-# and the metrics config that declares the pipeline's metrics (without it the per-stage
-# columns stay empty).
 
 
 class RegistrationError(TorchServeError):
@@ -47,10 +42,8 @@ def server_for(
     env: dict[str, str] | None = None,
     room: dict[str, str] | None = None,
 ) -> TorchServe:
-    """A TorchServe on free loopback ports: ``base_config`` (a config.properties) when
-    given, else DEFAULT_PROPERTIES; ``room`` over either where ``base_config`` does not set
-    the key; in ``metrics_mode`` when given; ``env`` added to its and its workers'
-    environment."""
+    """A TorchServe on free loopback ports from ``base_config`` (a config.properties), else
+    DEFAULT_PROPERTIES; ``room``'s keys where ``base_config`` does not set them."""
     properties = {} if base_config else dict(DEFAULT_PROPERTIES)
     own = read_properties(base_config) if base_config and room else {}
     properties.update({k: v for k, v in (room or {}).items() if k not in own})
@@ -122,8 +115,9 @@ def measure(
         cpu_before = read_cpu(server)
         summary, latency = send(url, token, point["requests"], server_dir, label)
         cpu_ms = cpu_per_request(cpu_before, read_cpu(server), summary["complete_requests"])
-        samples = [] if sample is None else sample_responses(server, model, *sample)
+        samples: list[dict[str, Any]] = []
         if sample is not None:
+            samples = sample_responses(server, model, *sample)
             samples_path = scrape_path.parent.parent / "samples" / f"{scrape_path.stem}.json"
             samples_path.parent.mkdir(parents=True, exist_ok=True)
             samples_path.write_text(json.dumps(samples, indent=2) + "\n")
@@ -155,6 +149,20 @@ def measure(
     if pipeline is not None:
         result.update(flatten_pipeline(pipeline))
     return result
+
+
+def flatten_pipeline(pipeline: dict[str, Any]) -> dict[str, Any]:
+    """ts_microbatch.tools.scrape.summarize's result as result-row columns (and kept whole);
+    the token counts are None when nothing counted them."""
+    row: dict[str, Any] = {"pipeline": pipeline}
+    for key in ("mean_batch_size", "mean_micro_batch_size", "micro_batches_per_batch"):
+        row[key] = pipeline[key]
+    for key in ("tokens", "padded_tokens", "useful_token_share"):
+        row[key] = pipeline.get(key)
+    for stage, ms in pipeline["stage_ms"].items():
+        row[f"{stage}_ms"] = ms
+        row[f"{stage}_wait_ms"] = pipeline["stage_wait_ms"][stage]
+    return row
 
 
 def corpus_sender(
@@ -205,7 +213,6 @@ def settled_scrape(server: TorchServe, timeout_s: float = 10.0, apart_s: float =
 
 
 def cpu_seconds(server: TorchServe) -> dict[str, float]:
-    """CPU seconds used so far by the server's frontend and its worker processes."""
     reading = read_cpu(server)
     return {"frontend": reading.frontend_s, "workers": reading.workers_s}
 

@@ -208,24 +208,6 @@ def write_csv(rows: list[Row], path: Path) -> None:
         writer.writerows(rows)
 
 
-def flatten_pipeline(pipeline: dict[str, Any]) -> Row:
-    """ts_microbatch.tools.scrape.summarize's result as result-row columns (and kept whole)."""
-    row: Row = {
-        "pipeline": pipeline,
-        "mean_batch_size": pipeline["mean_batch_size"],
-        "mean_micro_batch_size": pipeline["mean_micro_batch_size"],
-        "micro_batches_per_batch": pipeline["micro_batches_per_batch"],
-        # Real tokens over what they were padded to (NaN when nothing counted them).
-        "tokens": pipeline.get("tokens"),
-        "padded_tokens": pipeline.get("padded_tokens"),
-        "useful_token_share": pipeline.get("useful_token_share"),
-    }
-    for stage, ms in pipeline["stage_ms"].items():
-        row[f"{stage}_ms"] = ms
-        row[f"{stage}_wait_ms"] = pipeline["stage_wait_ms"][stage]
-    return row
-
-
 def summarize(values: Sequence[float]) -> dict[str, float]:
     """Mean, P50 and P99 (NaN for no values)."""
     mean = sum(values) / len(values) if values else math.nan
@@ -250,6 +232,15 @@ def machine_info() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
     }
+
+
+def shown(effective: dict[str, Any]) -> tuple[Any, str]:
+    """micro_batch_size and threads (pre/inf/post) for the table; "off" when disabled."""
+    if effective.get("enabled", True) is False:
+        return "off", "-"
+    threads = effective.get("parallelism") or {}
+    stages = ("preprocess", "inference", "postprocess")
+    return effective.get("micro_batch_size", 1), "/".join(str(threads.get(s, 1)) for s in stages)
 
 
 def load_tag(row: Row) -> str:
