@@ -17,13 +17,6 @@ import yaml
 from ts_microbatch.tools import benchmark, measure
 from ts_microbatch.tools.results import OutputError, ResultsLog, output_dir, output_file
 
-# The room a run with 8 clients and small bodies asks for (``measure.server_for``).
-ROOM = {
-    "job_queue_size": "1000",
-    "max_request_size": "6553500",
-    "default_response_timeout": "120",
-}
-
 
 def test_output_paths_are_made_at_once_or_refused_naming_the_path(tmp_path: Path) -> None:
     nested = tmp_path / "a" / "b"
@@ -50,10 +43,10 @@ def test_a_server_starts_from_the_users_config_whose_settings_win(
     monkeypatch.setattr(measure, "TorchServe", lambda **kwargs: seen.update(kwargs))
     user_config = tmp_path / "config.properties"
     user_config.write_text("job_queue_size=5\nmax_request_size=1000\n")
-    measure.server_for(tmp_path / "store", tmp_path / "w", None, user_config, room=ROOM)
+    measure.server_for(tmp_path / "store", tmp_path / "w", None, user_config)
     assert seen["base_config"] == user_config
-    assert set(seen["properties"]) == {"default_response_timeout"}
-    measure.server_for(tmp_path / "store", tmp_path / "w2", None, room=ROOM)
+    assert seen["properties"] == {}  # nothing of the tool's over the user's settings
+    measure.server_for(tmp_path / "store", tmp_path / "w2", None)
     assert seen["base_config"] is None and seen["properties"]["job_queue_size"] == "1000"
 
 

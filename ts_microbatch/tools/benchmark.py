@@ -291,12 +291,11 @@ def run_rounds(
     seed: int = 0,
     sender: Send | None = None,
     served: dict[str, dict[str, int]] | None = None,
-    room: dict[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Every variant once per round (runs.round_order), one row per run, each appended to
     ``results`` as it comes and a CPU drift warned about at once. A variant TorchServe
     will not register is reported and left out of the later rounds. ``sender``: the load
-    instead of parallel clients (``--rates``); ``room``: ``measure``'s."""
+    instead of parallel clients (``--rates``)."""
     send = sender or corpus_sender(corpus, point["concurrency"], log)
     first = corpus.bodies[corpus.order[0]]
     rows: list[dict[str, Any]] = []
@@ -326,7 +325,6 @@ def run_rounds(
                     (first.data, first.content_type),
                     archive=f"{name}.mar",
                     base_config=base_config,
-                    room=room,
                 )
             except RegistrationError as err:
                 refused[name] = str(err)

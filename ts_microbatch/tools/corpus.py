@@ -117,10 +117,6 @@ class Corpus:
             f"{self.unit}, median {median:g}"
         )
 
-    @property
-    def largest(self) -> int:
-        return max(len(b.data) for b in self.bodies)
-
     def describe(self, requests: int) -> dict[str, Any]:
         """What ``requests`` requests send, each body with its share: for results files."""
         sent = Counter(self.sequence(requests))

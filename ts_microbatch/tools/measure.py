@@ -24,7 +24,7 @@ from .cpu import cpu_per_request, read_cpu
 from .drive import send_corpus
 from .runs import summarize
 from .scrape import summarize as summarize_scrape
-from .server import DEFAULT_PROPERTIES, TorchServe, TorchServeError, read_properties
+from .server import DEFAULT_PROPERTIES, TorchServe, TorchServeError
 
 # (url, token, requests, work directory, label) -> (drive's summary, latency percentiles)
 Send = Callable[[str, Optional[str], int, Path, str], tuple[dict[str, Any], dict[str, float]]]
@@ -40,13 +40,10 @@ def server_for(
     metrics_mode: str | None,
     base_config: Path | None = None,
     env: dict[str, str] | None = None,
-    room: dict[str, str] | None = None,
 ) -> TorchServe:
-    """A TorchServe on free loopback ports from ``base_config`` (a config.properties), else
-    DEFAULT_PROPERTIES; ``room``'s keys where ``base_config`` does not set them."""
+    """A TorchServe on free loopback ports from ``base_config`` (a config.properties, whose
+    settings all stand), else DEFAULT_PROPERTIES."""
     properties = {} if base_config else dict(DEFAULT_PROPERTIES)
-    own = read_properties(base_config) if base_config and room else {}
-    properties.update({k: v for k, v in (room or {}).items() if k not in own})
     if metrics_mode is not None:
         properties["metrics_mode"] = metrics_mode
     return TorchServe(
@@ -71,7 +68,6 @@ def measure(
     archive: str | None = None,
     base_config: Path | None = None,
     env: dict[str, str] | None = None,
-    room: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One server (``server_for``), one model (the store's ``archive``, a .mar, when given;
     else its directory ``model``), warm-up then the measured run through ``send``.
@@ -84,7 +80,7 @@ def measure(
         RegistrationError: TorchServe refused the model.
     """
     mode = config["metrics_mode"]
-    with server_for(store, server_dir, mode, base_config, env, room) as server:
+    with server_for(store, server_dir, mode, base_config, env) as server:
         resp = server.register(
             archive or model,
             model_name=model if archive else None,
