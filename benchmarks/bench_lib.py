@@ -77,7 +77,7 @@ DEFAULTS: dict[str, Any] = {
 HANDLERS = ("plain", "upstream", "ours-same", "ours")
 BODY_KEYS = ("body", "concurrency", "requests")
 SCENARIOS = ("real", "accelerator", "mar")
-METRICS_MODES = ("prometheus", "log")
+METRICS_MODES = ("prometheus",)  # the runner reads the pipeline from /metrics
 
 if TYPE_CHECKING:
     from ts_microbatch.tools.server import TorchServe

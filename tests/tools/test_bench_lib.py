@@ -10,27 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import load_module
-from ts_microbatch.tools import measure, runs
+from ts_microbatch.tools import runs
 
 bench = load_module("benchmarks/bench_lib.py", "bench_lib")
-
-MODEL_METRICS = (
-    "2026-11-22T07:35:15,063 - HandlerTime.ms:265.81|#ModelName:m,Level:Model|#hostname:vm,"
-    "requestID:a,b,c,timestamp:1795332915\n"
-    "2026-11-22T07:35:15,415 - HandlerTime.ms:100.5|#ModelName:m,Level:Model|#hostname:vm,"
-    "requestID:d,timestamp:1795332915\n"
-)
-TS_METRICS = (
-    "2026-11-22T07:20:02,420 - QueueTime.Milliseconds:51.0|#Level:Host|#hostname:vm,timestamp:1\n"
-    "2026-11-22T07:20:02,421 - WorkerThreadTime.Milliseconds:5.0|#Level:Host|#hostname:vm,"
-    "timestamp:1\n"
-    "2026-11-22T07:20:05,265 - QueueTime.Milliseconds:49.0|#Level:Host|#hostname:vm,timestamp:1\n"
-)
-
-
-def test_parse_server_metrics() -> None:
-    assert measure.parse_handler_times(MODEL_METRICS) == [(265.81, 3), (100.5, 1)]
-    assert measure.parse_queue_times(TS_METRICS) == [51.0, 49.0]
 
 
 def test_statistics() -> None:

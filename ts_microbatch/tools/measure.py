@@ -6,13 +6,12 @@ loopback, warms it up, sends the measured load through a ``Send`` (``corpus_send
 or an open-loop sweep such as ``curves.CurveSender``) and returns one row:
 throughput and latency, the CPU each request cost the frontend and the worker
 (ts_microbatch.tools.cpu), sample answers, and the pipeline's own numbers from the
-difference of two ``/metrics`` scrapes (or, in log mode, from the metric logs).
+difference of two ``/metrics`` scrapes.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -71,16 +70,15 @@ def measure(
 ) -> dict[str, Any]:
     """One server (``server_for``), one model (the store's ``archive``, a .mar, when given;
     else its directory ``model``), warm-up then the measured run through ``send``.
-    ``config``: ``metrics_mode`` (None: the server's own), ``warmup_requests``,
-    ``response_timeout``; ``point``: ``batch_size``, ``max_batch_delay``, ``workers``,
-    ``concurrency``, ``requests``; ``sample`` (body, content type): answers saved beside
-    the scrape (``scrape_path``, prometheus mode; log mode reads the metric logs).
+    ``config``: ``warmup_requests``, ``response_timeout``; ``point``: ``batch_size``,
+    ``max_batch_delay``, ``workers``, ``concurrency``, ``requests``; ``sample`` (body,
+    content type): answers saved beside the scrape (``scrape_path``). The server reports
+    in prometheus mode whatever ``base_config`` says: the pipeline's numbers are scraped.
 
     Raises:
         RegistrationError: TorchServe refused the model.
     """
-    mode = config["metrics_mode"]
-    with server_for(store, server_dir, mode, base_config, env) as server:
+    with server_for(store, server_dir, "prometheus", base_config, env) as server:
         resp = server.register(
             archive or model,
             model_name=model if archive else None,
@@ -104,10 +102,7 @@ def measure(
             # every client sends at least one warm-up request
             warmup = max(config["warmup_requests"], point["concurrency"])
             send(url, token, warmup, server_dir, f"{label} warm-up")
-        if mode == "prometheus":
-            before = settled_scrape(server)
-        else:  # where the measured run's lines will start
-            logs = {name: len(server.log(name)) for name in ("model_metrics.log", "ts_metrics.log")}
+        before = settled_scrape(server)
         cpu_before = read_cpu(server)
         summary, latency = send(url, token, point["requests"], server_dir, label)
         cpu_ms = cpu_per_request(cpu_before, read_cpu(server), summary["complete_requests"])
@@ -117,29 +112,19 @@ def measure(
             samples_path = scrape_path.parent.parent / "samples" / f"{scrape_path.stem}.json"
             samples_path.parent.mkdir(parents=True, exist_ok=True)
             samples_path.write_text(json.dumps(samples, indent=2) + "\n")
-        pipeline: dict[str, Any] | None = None
-        if mode == "prometheus":
-            after = settled_scrape(server)
-            scrape_path.parent.mkdir(parents=True, exist_ok=True)
-            scrape_path.write_text(after)
-            pipeline = summarize_scrape(after, before, model)
-            handler_times: list[tuple[float, int]] = []
-            queue_times = [pipeline["frontend_queue_ms"]] if pipeline else []
-        else:
-            handler_times = parse_handler_times(
-                server.log("model_metrics.log")[logs["model_metrics.log"] :]
-            )
-            queue_times = parse_queue_times(server.log("ts_metrics.log")[logs["ts_metrics.log"] :])
-    batch_sizes = [n for _, n in handler_times]
+        after = settled_scrape(server)
+        scrape_path.parent.mkdir(parents=True, exist_ok=True)
+        scrape_path.write_text(after)
+        pipeline = summarize_scrape(after, before, model)
+    queue_times = [pipeline["frontend_queue_ms"]] if pipeline else []
     result = {
         **summary,
         **latency,
         **cpu_ms,
         "served_frontend": frontend,
         "errors": int(summary["failed_requests"] + summary["non_2xx_responses"]),
-        "server_handler_ms": summarize([ms for ms, _ in handler_times]),
         "server_queue_ms": summarize(queue_times),
-        "mean_batch_size": sum(batch_sizes) / len(batch_sizes) if batch_sizes else float("nan"),
+        "mean_batch_size": float("nan"),  # the pipeline's, when it has one
         "sample_lengths": sorted({s["length"] for s in samples}),
     }
     if pipeline is not None:
@@ -211,20 +196,3 @@ def settled_scrape(server: TorchServe, timeout_s: float = 10.0, apart_s: float =
 def cpu_seconds(server: TorchServe) -> dict[str, float]:
     reading = read_cpu(server)
     return {"frontend": reading.frontend_s, "workers": reading.workers_s}
-
-
-_HANDLER_TIME = re.compile(
-    r"HandlerTime\.ms:([\d.]+)\|#ModelName:[^|]*\|#[^,]*,requestID:([^|]*?),timestamp"
-)
-_QUEUE_TIME = re.compile(r"QueueTime\.Milliseconds:([\d.]+)\|")
-
-
-def parse_handler_times(model_metrics_log: str) -> list[tuple[float, int]]:
-    """(HandlerTime ms, requests in the batch) for each batch in a model_metrics.log."""
-    return [
-        (float(ms), len(ids.split(","))) for ms, ids in _HANDLER_TIME.findall(model_metrics_log)
-    ]
-
-
-def parse_queue_times(ts_metrics_log: str) -> list[float]:
-    return [float(ms) for ms in _QUEUE_TIME.findall(ts_metrics_log)]
