@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.helpers import ROOT, load_module
@@ -52,7 +53,14 @@ def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> Non
     assert "holds" in (out / "curves.md").read_text()
 
 
-def test_the_slo_tuner_confirms_its_choice_on_a_real_torchserve(tmp_path: Path) -> None:
+def test_the_slo_tuner_confirms_its_choice_on_a_real_torchserve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Short rungs: what is proved is which measurement decides, not a P99 worth quoting
+    # (at the shipped 4 s and 50 requests a rung, the two ladders took about 2 minutes).
+    monkeypatch.setattr(slo_confirm, "SECONDS_PER_RATE", 1.0)
+    monkeypatch.setattr(slo_confirm, "MIN_REQUESTS_PER_RATE", 10)
+    monkeypatch.setattr(slo_confirm, "MAX_SECONDS_PER_RATE", 3.0)
     mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
     out = tmp_path / "tuned" / "model-config.yaml"
     argv = ["--mar", str(mar), "--input", str(SAMPLE), "--micro-batch-sizes", "1,4"]
@@ -71,6 +79,9 @@ def test_the_slo_tuner_confirms_its_choice_on_a_real_torchserve(tmp_path: Path) 
     for line in confirmed:
         offered = [p["offered_per_s"] for p in line["curve"]]
         assert offered == slo_confirm.ladder(line["predicted_per_s"])[: len(offered)]
+        assert [p["requests"] for p in line["curve"]] == [
+            slo_confirm.rate_requests(rate) for rate in offered
+        ]  # the short rungs were the ones run
         assert all(p["errors"] == 0 for p in line["curve"])
     # The one the server held most with is written (the model's first when none held: no
     # latency is asserted here, only which measurement decides).
