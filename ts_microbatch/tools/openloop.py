@@ -122,23 +122,15 @@ class OpenLoopResult:
 
         return 1000 * (median(self.sends[-quarter:]) - median(self.sends[:quarter]))
 
-    @property
-    def late(self) -> int:
-        """Sends made more than ``LATE_AFTER_S`` after their time."""
-        return sum(1 for s in self.sends if s.late_s > LATE_AFTER_S)
-
-    def late_percentile_ms(self, q: float) -> float:
-        """The ``q``-th percentile of how late the generator sent (0 when on time)."""
-        return percentile([1000 * max(0.0, s.late_s) for s in self.sends], q)
-
     def percentile_ms(self, q: float) -> float:
-        """The ``q``-th percentile (nearest rank) of ``latencies_ms``; 0 with no request."""
-        return percentile(self.latencies_ms(), q) if self.sends else 0.0
+        """The ``q``-th percentile (nearest rank) of ``latencies_ms``."""
+        return percentile(self.latencies_ms(), q)
 
     def summary(self) -> dict[str, Any]:
         """The point's figures; P99 with its bootstrap 95% interval and ``answers``, the
         samples that carry it."""
-        p99 = percentile_interval(self.latencies_ms(), 99) if self.sends else None
+        p99 = percentile_interval(self.latencies_ms(), 99)
+        late_ms = [1000 * max(0.0, s.late_s) for s in self.sends]  # 0 when on time
         return {
             "offered_per_s": round(self.offered_per_s, 2),
             "realized_per_s": round(self.realized_per_s, 2),
@@ -146,14 +138,14 @@ class OpenLoopResult:
             "requests": len(self.sends),
             "p50_ms": round(self.percentile_ms(50), 2),
             "p90_ms": round(self.percentile_ms(90), 2),
-            "p99_ms": round(self.percentile_ms(99), 2),
-            "p99_low_ms": round(p99.low, 2) if p99 else 0.0,
-            "p99_high_ms": round(p99.high, 2) if p99 else 0.0,
+            "p99_ms": round(p99.value, 2),
+            "p99_low_ms": round(p99.low, 2),
+            "p99_high_ms": round(p99.high, 2),
             "answers": len(self.answered),
             "errors": sum(n for status, n in self.errors.items() if status != 0),
             "timeouts": self.errors.get(0, 0),
-            "late_sends": self.late,
-            "late_p99_ms": round(self.late_percentile_ms(99), 2),
+            "late_sends": sum(1 for s in self.sends if s.late_s > LATE_AFTER_S),
+            "late_p99_ms": round(percentile(late_ms, 99), 2),
             "queue_growth_ms": round(min(self.queue_growth_ms, 1e9), 2),
             "generator_cpu_ms_per_request": round(1000 * self.cpu_s / max(1, len(self.sends)), 3),
             "generator_nice": self.nice,
