@@ -23,6 +23,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,7 @@ def sweep(
     point and that reason, "" until the last). ``requests_per_rate``: a count, or one per
     rate. A point during which others used more than ``BUSY_CORES`` (``meter``) is run
     once more, its first reading kept as ``busy_retried_cores``."""
+    run = partial(run_open_loop, url, bodies, headers=headers, timeout_s=timeout_s, nice=nice)
     results: list[OpenLoopResult] = []
     rows: list[dict[str, Any]] = []
     for index, rate in enumerate(rates):
@@ -170,16 +172,7 @@ def sweep(
             other = meter() if meter is not None else None
             if other is not None:
                 other.start()
-            result = run_open_loop(
-                url,
-                bodies,
-                rate,
-                max(1, count),
-                seed=seed + index + 1000 * tries,
-                headers=headers,
-                timeout_s=timeout_s,
-                nice=nice,
-            )
+            result = run(rate, max(1, count), seed=seed + index + 1000 * tries)
             if other is not None:
                 result.other_cpu_cores = other.stop()
             result.busy_retried_cores = first_cores

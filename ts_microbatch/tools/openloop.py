@@ -155,13 +155,10 @@ class OpenLoopResult:
         }
 
 
-SendFn = Callable[[bytes], Awaitable[int]]
-
-
 async def drive(
     schedule: Sequence[float],
     bodies: Sequence[bytes],
-    send: SendFn,
+    send: Callable[[bytes], Awaitable[int]],
     *,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
@@ -174,7 +171,7 @@ async def drive(
         raise ValueError("bodies: got none")
     start = clock()
     slots = asyncio.Semaphore(max_in_flight)
-    sends = [Sent(start + offset) for offset in schedule]
+    sends = [Sent(offset) for offset in schedule]  # times from the start, as the schedule
     tasks = []
 
     async def one(index: int, record: Sent) -> None:
@@ -183,22 +180,17 @@ async def drive(
         except Exception:  # a refused or dropped connection: no answer
             record.status = 0
         finally:
-            record.done_s = clock()
+            record.done_s = clock() - start
             slots.release()
 
     for index, record in enumerate(sends):
-        wait = record.due_s - clock()
+        wait = start + record.due_s - clock()
         if wait > 0:
             await sleep(wait)
         await slots.acquire()
-        record.sent_s = clock()
+        record.sent_s = clock() - start
         tasks.append(asyncio.ensure_future(one(index, record)))
     await asyncio.gather(*tasks)
-    for record in sends:  # times relative to the start, as the schedule
-        record.due_s -= start
-        record.sent_s -= start
-        if record.done_s is not None:
-            record.done_s -= start
     return sends
 
 
