@@ -6,9 +6,10 @@ from setuptools import find_packages, setup
 # image examples (torchvision's models and transforms, PIL's decoding)
 IMAGES = ["torchvision>=0.16", "pillow>=10"]
 # ts_microbatch.tools: server/serve watch processes (psutil), scrape parses /metrics
-# (prometheus_client), curves draws its PNG (matplotlib); a worker imports none of them
-# (TorchServe brings its own psutil)
-TOOLS = ["psutil>=5.9", "prometheus_client>=0.17", "matplotlib>=3.7"]
+# (prometheus_client); a worker imports neither (TorchServe brings its own psutil)
+TOOLS = ["psutil>=5.9", "prometheus_client>=0.17"]
+# benchmarks/: the studies draw their plots (matplotlib)
+BENCH = ["matplotlib>=3.7", "requests>=2.31"]
 # examples/bert_classifier: the model, and the tokenizer trained at build time
 TEXT = ["transformers>=4.40", "tokenizers>=0.19"]
 
@@ -46,14 +47,14 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
-            "requests>=2.31",
             # generative tests at the request and output boundaries
             "hypothesis>=6.100",
             *IMAGES,
             *TOOLS,
             *TEXT,
+            *BENCH,  # tests/tools draws the benchmarks' plots
         ],
-        "bench": ["matplotlib>=3.7", "requests>=2.31"],
+        "bench": BENCH,
         "dev": ["ruff>=0.6", "mypy>=1.10"],
     },
     # The tools as commands after `pip install ts_microbatch[tools]`; each is also

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -69,8 +70,10 @@ from tabular_workload import tabular_models  # noqa: E402
 
 from ts_microbatch.tools.corpus import Corpus, read_corpus  # noqa: E402
 from ts_microbatch.tools.curve_report import (  # noqa: E402
+    by_round,
     compare_curves,
     format_comparisons,
+    rounds_of,
     write_curves,
 )
 from ts_microbatch.tools.curves import CurveSender, parse_rates, sustained  # noqa: E402
@@ -399,10 +402,49 @@ def _median_held(rows: list[dict[str, Any]], name: str, slo: float) -> float:
     return held[len(held) // 2] if held else 0.0
 
 
+def plot(rows: list[dict[str, Any]], path: Path, title: str, slo_p99_ms: float) -> None:
+    """P99 against offered load on a log scale, each round of each variant its own line
+    (one colour a variant), with its 95% interval as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    styles = ["-", "--", ":", "-."]
+    for index, (name, rates) in enumerate(by_round(rows).items()):
+        for k, n in enumerate(rounds_of(rows, name)):
+            points = [rates[r][n] for r in sorted(rates) if n in rates[r]]
+            finite = [p for p in points if math.isfinite(p["p99_ms"])]
+            if not finite:  # lost past its P99 at every rate: nothing to draw
+                continue
+            ys = [p["p99_ms"] for p in finite]
+            low = [y - min(y, p.get("p99_low_ms", y)) for y, p in zip(ys, finite)]
+            high = [
+                (p.get("p99_high_ms", y) - y) if math.isfinite(p.get("p99_high_ms", y)) else 0.0
+                for y, p in zip(ys, finite)
+            ]
+            ax.errorbar(
+                [p["offered_per_s"] for p in finite], ys, yerr=[low, high],
+                color=f"C{index % 10}", linestyle=styles[k % len(styles)], marker="o",
+                markersize=3, capsize=2, label=f"{name}, round {n}",
+            )  # fmt: skip
+    ax.axhline(slo_p99_ms, color="grey", linestyle="--", label=f"P99 {slo_p99_ms:g} ms")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load (requests/s, Poisson, open loop)")
+    ax.set_ylabel("P99 latency from the scheduled send (ms), 95% interval")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="x-small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_report(
     args: argparse.Namespace, rows: list[dict[str, Any]], served: dict[str, Any] | None = None
 ) -> None:
-    """curves (json, md, png), report.md and, after a run (``served``), plan.json."""
+    """curves (json, md), p99.png, report.md and, after a run (``served``), plan.json."""
     info = {
         "workload": args.workload,
         "label": WORKLOADS[args.workload]["label"],
@@ -422,7 +464,8 @@ def write_report(
     text = report(rows, names, args.slos, info)
     held = {(n, args.slos[0]): _median_held(rows, n, args.slos[0]) for n in names}
     pairs = equal_load_pairs(names, held, args.slos[0])
-    write_curves(args.out, rows, args.slo_p99_ms, info["label"], pairs)
+    write_curves(args.out, rows, args.slo_p99_ms, pairs=pairs)
+    plot(rows, args.out / "p99.png", info["label"], args.slo_p99_ms)
     (args.out / "report.md").write_text(text)
     if served is not None:
         (args.out / "plan.json").write_text(json.dumps(info, indent=2, default=str) + "\n")

@@ -49,7 +49,7 @@ def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> Non
     variants = json.loads((out / "results.json").read_text())["variants"]
     assert variants["w5"]["frontend"] == {"batchSize": 4, "maxBatchDelay": 5}
     assert variants["ours"]["frontend"]["maxBatchDelay"] != 5
-    assert (out / "p99.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (out / "p99.png").exists()  # benchmarks/latency_load.py draws it
     assert "holds" in (out / "curves.md").read_text()
 
 

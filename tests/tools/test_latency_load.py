@@ -57,6 +57,13 @@ def test_report_gives_the_rate_held_within_each_objective_and_the_ratios_per_obj
     assert "Within P99 250 ms, ours at its best against upstream at its best window: 1.50x" in text
 
 
+def test_the_plot_draws_every_round_of_every_variant(tmp_path: Path) -> None:
+    rows = [run("plain-w5", 1, [300, float("inf")]), run("ours-w5", 1, [60, 70])]
+    rows.append(run("ours-w5", 2, [65]))
+    study.plot(rows, tmp_path / "p99.png", "x", 100.0)
+    assert (tmp_path / "p99.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_each_workload_has_rates_and_an_objective_and_text_is_250_ms() -> None:
     for spec in study.WORKLOADS.values():
         assert spec["rates"] and spec["slo_p99_ms"] > 0

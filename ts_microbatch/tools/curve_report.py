@@ -1,10 +1,10 @@
-"""The sweeps' report: every round's points, P99 compared at equal offered load, the plot.
+"""The sweeps' report: every round's points, P99 compared at equal offered load.
 
 Rounds of a sweep can stop at different rates, so nothing here takes a median over rounds:
-a cell gives each round's figure, a rate only some rounds reached says which, and the plot
-draws each round as its own line. Two variants are compared at the rates both reached by
-the ratio of their P99s with its bootstrap interval (intervals.compare_rounds): a win or a
-loss only when the interval excludes 1.
+a cell gives each round's figure and a rate only some rounds reached says which. Two
+variants are compared at the rates both reached by the ratio of their P99s with its
+bootstrap interval (intervals.compare_rounds): a win or a loss only when the interval
+excludes 1.
 """
 
 from __future__ import annotations
@@ -163,67 +163,15 @@ def format_curves(runs: Sequence[Row], slo_p99_ms: float | None) -> str:
     return "\n".join(lines)
 
 
-def plot(
-    runs: Sequence[Row],
-    path: Path,
-    *,
-    title: str = "",
-    slo_p99_ms: float | None = None,
-) -> Path | None:
-    """P99 against offered load on a log scale, each round of each variant its own line
-    (one colour a variant), with its 95% interval as error bars; None (and nothing written)
-    when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(8, 5))
-    styles = ["-", "--", ":", "-."]
-    for index, (name, rates) in enumerate(by_round(runs).items()):
-        colour = f"C{index % 10}"
-        for k, n in enumerate(rounds_of(runs, name)):
-            rows = [rates[r][n] for r in sorted(rates) if n in rates[r]]
-            finite = [r for r in rows if math.isfinite(r["p99_ms"])]
-            if not finite:
-                continue
-            ys = [r["p99_ms"] for r in finite]
-            low = [y - min(y, r.get("p99_low_ms", y)) for y, r in zip(ys, finite)]
-            high = [
-                (r.get("p99_high_ms", y) - y) if math.isfinite(r.get("p99_high_ms", y)) else 0.0
-                for y, r in zip(ys, finite)
-            ]
-            ax.errorbar(
-                [r["offered_per_s"] for r in finite], ys, yerr=[low, high], color=colour,
-                linestyle=styles[k % len(styles)], marker="o", markersize=3, capsize=2,
-                label=f"{name}, round {n}",
-            )  # fmt: skip
-    if slo_p99_ms is not None:
-        ax.axhline(slo_p99_ms, color="grey", linestyle="--", label=f"P99 {slo_p99_ms:g} ms")
-    ax.set_yscale("log")
-    ax.set_xlabel("offered load (requests/s, Poisson, open loop)")
-    ax.set_ylabel("P99 latency from the scheduled send (ms), 95% interval")
-    ax.set_title(title or "latency against offered load, one line per round")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="x-small", ncol=2)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def write_curves(
     out: Path,
     runs: Sequence[Row],
     slo_p99_ms: float | None,
-    title: str = "",
+    title: str = "",  # unused since the plot left for benchmarks/latency_load.py
     pairs: Sequence[tuple[str, str]] = (),
 ) -> str:
     """curves.json (every round's points, without their latencies, and the comparisons of
-    ``pairs``), curves.md and p99.png in ``out``; returns the markdown."""
+    ``pairs``) and curves.md in ``out``; returns the markdown."""
     comparisons = compare_curves(runs, pairs)
     every = [
         {"handler": r["handler"], "round": r.get("repeat"),
@@ -237,6 +185,4 @@ def write_curves(
     if comparisons:
         table += "\nP99 at equal offered load:\n\n" + format_comparisons(comparisons) + "\n"
     (out / "curves.md").write_text(table + "\n")
-    if plot(runs, out / "p99.png", title=title, slo_p99_ms=slo_p99_ms) is None:
-        table += "\n(no p99.png: matplotlib is not installed)"
     return table

@@ -23,10 +23,12 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from .corpus import Corpus
+from .cpu import process_cpu
 from .drive import send_corpus, summarize
 from .intervals import MIN_ANSWERS
 from .openloop import BUSY_CORES, OpenLoopResult, run_open_loop
@@ -60,23 +62,17 @@ def own_tree_s() -> float:
     import psutil
 
     me = psutil.Process()
-    procs = {p.pid: p for p in [me, *me.children(recursive=True)]}
+    pids = {me.pid, *(child.pid for child in me.children(recursive=True))}
     sessions = set()
-    for pid in procs:
+    for pid in pids:
         with contextlib.suppress(OSError):  # exited in between
             sessions.add(os.getsid(pid))
     sessions.discard(os.getsid(0))  # our own session may hold the shell that started us
-    if sessions:
-        for proc in psutil.process_iter():
-            with contextlib.suppress(OSError):
-                if proc.pid not in procs and os.getsid(proc.pid) in sessions:
-                    procs[proc.pid] = proc
-    total = 0.0
-    for proc in procs.values():
-        with contextlib.suppress(psutil.Error):  # exited in between
-            times = proc.cpu_times()
-            total += times.user + times.system
-    return total
+    for pid in psutil.pids() if sessions else ():
+        with contextlib.suppress(OSError):
+            if os.getsid(pid) in sessions:
+                pids.add(pid)
+    return sum(process_cpu(pid) for pid in pids)  # 0 for one that exited in between
 
 
 class OtherCpu:
@@ -166,6 +162,7 @@ def sweep(
     point and that reason, "" until the last). ``requests_per_rate``: a count, or one per
     rate. A point during which others used more than ``BUSY_CORES`` (``meter``) is run
     once more, its first reading kept as ``busy_retried_cores``."""
+    run = partial(run_open_loop, url, bodies, headers=headers, timeout_s=timeout_s, nice=nice)
     results: list[OpenLoopResult] = []
     rows: list[dict[str, Any]] = []
     for index, rate in enumerate(rates):
@@ -175,16 +172,7 @@ def sweep(
             other = meter() if meter is not None else None
             if other is not None:
                 other.start()
-            result = run_open_loop(
-                url,
-                bodies,
-                rate,
-                max(1, count),
-                seed=seed + index + 1000 * tries,
-                headers=headers,
-                timeout_s=timeout_s,
-                nice=nice,
-            )
+            result = run(rate, max(1, count), seed=seed + index + 1000 * tries)
             if other is not None:
                 result.other_cpu_cores = other.stop()
             result.busy_retried_cores = first_cores
@@ -201,22 +189,12 @@ def sweep(
     return results
 
 
-def open_loop_bodies(corpus: Corpus, token: str | None) -> tuple[list[bytes], dict[str, str]]:
-    """A corpus's bodies in its order, and the headers to send them with."""
-    bodies = [corpus.bodies[i].data for i in corpus.sequence(len(corpus.order))]
-    headers = {"Content-Type": corpus.bodies[corpus.order[0]].content_type}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    return bodies, headers
-
-
 @dataclass
 class CurveSender:
     """A ``measure.Send`` for ``--rates`` and the latency tuner's ladder: the warm-up from
-    parallel clients, the measured run a ``sweep`` on the same server (``stop``, ``meter``
-    and ``timeout_s`` its own; ``requests_per_rate``, when given, instead of
-    ``requests_for``), its points (``point``) in the summary's ``"curve"`` and the
-    summary's figures over every request of the sweep."""
+    parallel clients, the measured run a ``sweep`` on the same server (``requests_per_rate``,
+    when given, instead of ``requests_for``), its points with their latencies in the
+    summary's ``"curve"`` and the summary's figures over every request of the sweep."""
 
     corpus: Corpus
     rates: Sequence[float]
@@ -236,10 +214,16 @@ class CurveSender:
     ) -> tuple[dict[str, Any], dict[str, float]]:
         if label.endswith("warm-up"):
             return send_corpus(url, self.corpus, requests, self.concurrency, token=token)
-        bodies, headers = open_loop_bodies(self.corpus, token)
+        corpus = self.corpus
+        bodies = [corpus.bodies[i].data for i in corpus.sequence(len(corpus.order))]
+        headers = {"Content-Type": corpus.bodies[corpus.order[0]].content_type}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         start = time.monotonic()
+        rows: list[dict[str, Any]] = []
 
         def progress(row: dict[str, Any], why: str) -> None:
+            rows.append(row)
             others = row["other_cpu_cores"]
             self.log(
                 f"  {label} [{time.monotonic() - start:.0f} s]: {row['offered_per_s']:g}/s "
@@ -273,15 +257,12 @@ class CurveSender:
         summary, latency = summarize(
             every, sum(r.elapsed_s for r in results), sum(r.cpu_s for r in results)
         )
-        summary["curve"] = [point(result) for result in results]
+        for row, result in zip(rows, results):  # ms to 0.01, None: no answer (JSON has no inf)
+            row["latencies_ms"] = [
+                None if math.isinf(ms) else round(ms, 2) for ms in result.latencies_ms()
+            ]
+        summary["curve"] = rows
         return summary, latency
-
-
-def point(result: OpenLoopResult) -> dict[str, Any]:
-    """A curve's point as stored: the result's summary and its latencies (ms to 0.01,
-    None for no answer: JSON has no infinity)."""
-    latencies = [None if math.isinf(ms) else round(ms, 2) for ms in result.latencies_ms()]
-    return {**result.summary(), "latencies_ms": latencies}
 
 
 def without_latencies(curve: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -122,23 +122,15 @@ class OpenLoopResult:
 
         return 1000 * (median(self.sends[-quarter:]) - median(self.sends[:quarter]))
 
-    @property
-    def late(self) -> int:
-        """Sends made more than ``LATE_AFTER_S`` after their time."""
-        return sum(1 for s in self.sends if s.late_s > LATE_AFTER_S)
-
-    def late_percentile_ms(self, q: float) -> float:
-        """The ``q``-th percentile of how late the generator sent (0 when on time)."""
-        return percentile([1000 * max(0.0, s.late_s) for s in self.sends], q)
-
     def percentile_ms(self, q: float) -> float:
-        """The ``q``-th percentile (nearest rank) of ``latencies_ms``; 0 with no request."""
-        return percentile(self.latencies_ms(), q) if self.sends else 0.0
+        """The ``q``-th percentile (nearest rank) of ``latencies_ms``."""
+        return percentile(self.latencies_ms(), q)
 
     def summary(self) -> dict[str, Any]:
         """The point's figures; P99 with its bootstrap 95% interval and ``answers``, the
         samples that carry it."""
-        p99 = percentile_interval(self.latencies_ms(), 99) if self.sends else None
+        p99 = percentile_interval(self.latencies_ms(), 99)
+        late_ms = [1000 * max(0.0, s.late_s) for s in self.sends]  # 0 when on time
         return {
             "offered_per_s": round(self.offered_per_s, 2),
             "realized_per_s": round(self.realized_per_s, 2),
@@ -146,14 +138,14 @@ class OpenLoopResult:
             "requests": len(self.sends),
             "p50_ms": round(self.percentile_ms(50), 2),
             "p90_ms": round(self.percentile_ms(90), 2),
-            "p99_ms": round(self.percentile_ms(99), 2),
-            "p99_low_ms": round(p99.low, 2) if p99 else 0.0,
-            "p99_high_ms": round(p99.high, 2) if p99 else 0.0,
+            "p99_ms": round(p99.value, 2),
+            "p99_low_ms": round(p99.low, 2),
+            "p99_high_ms": round(p99.high, 2),
             "answers": len(self.answered),
             "errors": sum(n for status, n in self.errors.items() if status != 0),
             "timeouts": self.errors.get(0, 0),
-            "late_sends": self.late,
-            "late_p99_ms": round(self.late_percentile_ms(99), 2),
+            "late_sends": sum(1 for s in self.sends if s.late_s > LATE_AFTER_S),
+            "late_p99_ms": round(percentile(late_ms, 99), 2),
             "queue_growth_ms": round(min(self.queue_growth_ms, 1e9), 2),
             "generator_cpu_ms_per_request": round(1000 * self.cpu_s / max(1, len(self.sends)), 3),
             "generator_nice": self.nice,
@@ -163,13 +155,10 @@ class OpenLoopResult:
         }
 
 
-SendFn = Callable[[bytes], Awaitable[int]]
-
-
 async def drive(
     schedule: Sequence[float],
     bodies: Sequence[bytes],
-    send: SendFn,
+    send: Callable[[bytes], Awaitable[int]],
     *,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
@@ -182,7 +171,7 @@ async def drive(
         raise ValueError("bodies: got none")
     start = clock()
     slots = asyncio.Semaphore(max_in_flight)
-    sends = [Sent(start + offset) for offset in schedule]
+    sends = [Sent(offset) for offset in schedule]  # times from the start, as the schedule
     tasks = []
 
     async def one(index: int, record: Sent) -> None:
@@ -191,22 +180,17 @@ async def drive(
         except Exception:  # a refused or dropped connection: no answer
             record.status = 0
         finally:
-            record.done_s = clock()
+            record.done_s = clock() - start
             slots.release()
 
     for index, record in enumerate(sends):
-        wait = record.due_s - clock()
+        wait = start + record.due_s - clock()
         if wait > 0:
             await sleep(wait)
         await slots.acquire()
-        record.sent_s = clock()
+        record.sent_s = clock() - start
         tasks.append(asyncio.ensure_future(one(index, record)))
     await asyncio.gather(*tasks)
-    for record in sends:  # times relative to the start, as the schedule
-        record.due_s -= start
-        record.sent_s -= start
-        if record.done_s is not None:
-            record.done_s -= start
     return sends
 
 
