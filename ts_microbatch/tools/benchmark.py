@@ -148,8 +148,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rates",
         type=parse_rates,
         help="offer these request rates, Poisson, open loop, instead of parallel clients "
-        "(20,40,80 or 20:200:20): per variant P50/P90/P99 against offered load, curves.md, "
-        "curves.json and p99.png; a sweep stops one rate after the model fell behind",
+        "(20,40,80 or 20:200:20): per variant P50/P90/P99 against offered load, curves.md and "
+        "curves.json; a sweep stops one rate after the model fell behind",
     )
     curve.add_argument("--rate-seconds", type=float, default=5.0, help="seconds a rate")
     curve.add_argument(

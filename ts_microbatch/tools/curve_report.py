@@ -167,7 +167,6 @@ def write_curves(
     out: Path,
     runs: Sequence[Row],
     slo_p99_ms: float | None,
-    title: str = "",  # unused since the plot left for benchmarks/latency_load.py
     pairs: Sequence[tuple[str, str]] = (),
 ) -> str:
     """curves.json (every round's points, without their latencies, and the comparisons of

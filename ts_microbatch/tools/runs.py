@@ -311,7 +311,6 @@ def report(
     for name, why in refused.items():
         print(f"\n{name}: not measured: {why.splitlines()[0]}")
     if curve:
-        title = f"{Path(args.mar).name}, {corpus.label}"
         print("\nlatency against offered load (open loop, every round):\n")
-        print(write_curves(out, rows, args.slo_p99_ms, title, pairs))
-        print(f"\n{out / 'p99.png'}\n\n" + held_lines(rows, names, args.slo_p99_ms))
+        print(write_curves(out, rows, args.slo_p99_ms, pairs))
+        print("\n" + held_lines(rows, names, args.slo_p99_ms))
