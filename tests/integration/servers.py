@@ -52,6 +52,12 @@ def registered(server: TorchServe, *names: str, **settings: Any) -> Iterator[Tor
             server.unregister(name, drain=False)
 
 
+def model_log(server: TorchServe, name: str) -> str:
+    """The lines of the model log that ``name``'s workers wrote (``W-<port>-<name>_<version>``):
+    on the shared server, the other models' lines are in the same file."""
+    return "\n".join(line for line in server.log().splitlines() if f"-{name}_" in line)
+
+
 def settled_scrape(server: TorchServe, model: str, timeout_s: float = 30) -> str:
     """``/metrics`` once the worker's lines stopped moving (``measure.settled_scrape``, the
     tools' rule); ``model`` names whose lines the caller reads."""
