@@ -48,3 +48,16 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
     with local_server(model_store, tmp_path_factory.mktemp("torchserve")) as ts:
         yield ts
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
+    """One TorchServe for the modules whose tests change nothing but their own model's
+    traffic (the examples' servers): each builds its .mar into this server's store and
+    registers it for its tests only (``servers.registered``). A start and a stop cost
+    about 6 s of every such module otherwise."""
+    if java_problem():
+        pytest.fail(java_problem() or "")
+    store = tmp_path_factory.mktemp("shared_store")
+    with local_server(store, tmp_path_factory.mktemp("shared_torchserve")) as ts:
+        yield ts

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,27 @@ def local_server(model_store: Path, workdir: Path) -> TorchServe:
         workdir=workdir,
         base_config=Path(ROOT) / "configs/config.properties",
     )
+
+
+@contextlib.contextmanager
+def registered(server: TorchServe, *names: str, **settings: Any) -> Iterator[TorchServe]:
+    """``<name>.mar`` of each of ``names`` (in ``server``'s store) registered under that
+    name with ``register``'s ``settings``, and unregistered on exit: a module's models on
+    the shared server, gone before the next module's tests run."""
+    try:
+        for name in names:
+            resp = server.register(f"{name}.mar", model_name=name, **settings)
+            assert resp.status == 200, (resp.body, server.log()[-3000:])
+        yield server
+    finally:
+        for name in names:
+            server.unregister(name, drain=False)
+
+
+def model_log(server: TorchServe, name: str) -> str:
+    """The lines of the model log that ``name``'s workers wrote (``W-<port>-<name>_<version>``):
+    on the shared server, the other models' lines are in the same file."""
+    return "\n".join(line for line in server.log().splitlines() if f"-{name}_" in line)
 
 
 def settled_scrape(server: TorchServe, model: str, timeout_s: float = 30) -> str:

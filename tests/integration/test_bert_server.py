@@ -10,28 +10,26 @@ from typing import Any
 
 import pytest
 
-from tests.integration.servers import local_server, scraped, settled_scrape
+from tests.integration.servers import registered, scraped, settled_scrape
 from tests.integration.test_torchserve import parallel
 from tests.torchserve.bert import SMALL_BERT, build, close, example_config, texts
-from ts_microbatch.tools.server import TorchServe, java_problem
+from ts_microbatch.tools.server import TorchServe
 
 NAME = "bert_mb"
 JSON = "application/json"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    if java_problem():
-        pytest.fail(java_problem() or "")
-    store, work = tmp_path_factory.mktemp("bert_store"), tmp_path_factory.mktemp("bert_build")
+def server(
+    shared_server: TorchServe, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TorchServe]:
+    store, work = shared_server.model_store, tmp_path_factory.mktemp("bert_build")
     config = work / "model-config.yaml"
     config.write_text(json.dumps(example_config()), encoding="utf-8")
     build.build_mar(
         store, work_dir=work, model_config=config, bert=SMALL_BERT, archive_format="zip-store"
     )
-    with local_server(store, tmp_path_factory.mktemp("torchserve")) as ts:
-        resp = ts.register(f"{NAME}.mar", batch_size=32, max_batch_delay_ms=200)
-        assert resp.status == 200, (resp.body, ts.log()[-3000:])
+    with registered(shared_server, NAME, batch_size=32, max_batch_delay_ms=200) as ts:
         yield ts
 
 

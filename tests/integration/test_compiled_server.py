@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.compiled_model import build
-from tests.integration.servers import local_server, scraped
+from tests.integration.servers import model_log, scraped
 from tests.integration.test_torchserve import parallel
 from ts_microbatch.tools.server import TorchServe
 
@@ -31,16 +31,18 @@ BATCH = 16
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    store = tmp_path_factory.mktemp("compiled_store")
+def server(
+    shared_server: TorchServe, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TorchServe]:
+    store = shared_server.model_store
     work = tmp_path_factory.mktemp("compiled_build")
     for name, micro_batching in MARS.items():
         config = build.model_config(
             micro_batching, minWorkers=1, maxWorkers=1, batchSize=BATCH, maxBatchDelay=100
         )
         build.build_mar(store, work / name, name, config)
-    with local_server(store, tmp_path_factory.mktemp("compiled_torchserve")) as ts:
-        yield ts
+    yield shared_server  # each test registers the model it is about
+    shared_server.unregister("tiny-compiled", drain=False)
 
 
 def test_compiled_model_warms_up_at_registration_and_never_recompiles_under_varying_load(
@@ -48,7 +50,7 @@ def test_compiled_model_warms_up_at_registration_and_never_recompiles_under_vary
 ) -> None:
     resp = server.register("tiny-compiled.mar", batch_size=BATCH, max_batch_delay_ms=100)
     assert resp.status == 200, resp.body
-    log = server.log()
+    log = model_log(server, "tiny-compiled")
     # The scenario: the worker compiled every allowed size, on its inference thread,
     # before TorchServe marked it ready.
     assert "warm-up of sizes [1, 2, 4, 8] took" in log
@@ -67,7 +69,7 @@ def test_compiled_model_warms_up_at_registration_and_never_recompiles_under_vary
     assert summary["requests"] >= 73, summary
     assert summary["padded_per_micro_batch"] > 0, summary  # padding happened
     assert summary["recompiles"] == 0, summary
-    assert "recompiled" not in server.log()
+    assert "recompiled" not in model_log(server, "tiny-compiled")
 
 
 @pytest.mark.parametrize(

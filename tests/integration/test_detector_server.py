@@ -13,11 +13,11 @@ import pytest
 
 from tests.helpers import load_module
 from tests.image_answers import boxes_close
-from tests.integration.servers import local_server, scraped, settled_scrape
+from tests.integration.servers import model_log, registered, scraped, settled_scrape
 from tests.integration.test_torchserve import parallel
 from tests.torchserve.images import make_jpeg
 from ts_microbatch.tools.mar import override_mar
-from ts_microbatch.tools.server import TorchServe, java_problem
+from ts_microbatch.tools.server import TorchServe
 
 build = load_module("examples/object_detector/build_mar.py", "ts_microbatch_detector_build_mar")
 NAME, STOCK = "detector_mb", "stock_detector"
@@ -36,18 +36,15 @@ class Detector(MicroBatchingMixin, ObjectDetector):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    if java_problem():
-        pytest.fail(java_problem() or "")
-    store, work = tmp_path_factory.mktemp("detector_store"), tmp_path_factory.mktemp("work")
+def server(
+    shared_server: TorchServe, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TorchServe]:
+    store, work = shared_server.model_store, tmp_path_factory.mktemp("work")
     mar = build.build_mar(store, work_dir=work)
     handler = work / "stock_detector_handler.py"
     handler.write_text(STOCK_HANDLER, encoding="utf-8")
     override_mar(mar, store / f"{STOCK}.mar", {"shape_groups": None}, handler=handler)
-    with local_server(store, tmp_path_factory.mktemp("torchserve")) as ts:
-        for name in (NAME, STOCK):
-            resp = ts.register(f"{name}.mar", batch_size=8, max_batch_delay_ms=200, model_name=name)
-            assert resp.status == 200, (resp.body, ts.log()[-3000:])
+    with registered(shared_server, NAME, STOCK, batch_size=8, max_batch_delay_ms=200) as ts:
         yield ts
 
 
@@ -88,4 +85,4 @@ def test_the_stock_object_detector_behind_the_mixin_answers_mixed_sizes_200(
     # alone is served, so each must be served in any company (before: 500 for all 8).
     responses = parallel(server, PHOTOS[:8], name=STOCK)
     assert [r.status for r in responses] == [200] * 8, [r.body[:200] for r in responses]
-    assert "stack expects each tensor to be equal size" in server.log()  # the scenario
+    assert "stack expects each tensor to be equal size" in model_log(server, STOCK)  # the scenario

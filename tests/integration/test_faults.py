@@ -18,14 +18,15 @@ import pytest
 
 from tests.helpers import ROOT
 from tests.integration.handlers.fault_handler import ENTERED, HANG
-from tests.integration.servers import build, local_server
+from tests.integration.servers import build, local_server, model_log
 from tests.integration.test_torchserve import parallel, worker_pids
 from tests.torchserve.images import make_jpeg
 from ts_microbatch.tools.server import TorchServe
 
 FAULT_HANDLER = Path(__file__).parent / "handlers" / "fault_handler.py"
 MB = {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 1}}
-TIMEOUT_S = 5
+# Each of the four hangs costs this long; a healthy batch of 8 photos takes well under 1 s.
+TIMEOUT_S = 3
 MARS = {
     # name: (handler, micro_batching.json, model-config.yaml)
     "fault-kill": (FAULT_HANDLER, MB, ""),
@@ -81,10 +82,13 @@ def register_one_worker(server: TorchServe, name: str) -> int:
     return pid
 
 
-def wait_for_log(server: TorchServe, text: str, count: int = 1, timeout_s: float = 60) -> None:
+def wait_for_log(
+    server: TorchServe, text: str, count: int = 1, timeout_s: float = 60, model: str = ""
+) -> None:
+    """Until ``text`` is in the model log ``count`` times (in ``model``'s lines, if named)."""
     done = threading.Event()
     for _ in range(int(timeout_s / 0.1)):
-        if server.log().count(text) >= count:
+        if (model_log(server, model) if model else server.log()).count(text) >= count:
             return
         done.wait(0.1)  # the model log is a file: nothing to wait on but its growth
     raise AssertionError(f"{text!r} did not appear {count} time(s) in the model log")

@@ -11,6 +11,7 @@ asynchronous worker)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import random
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.integration.servers import build, local_server, settled_scrape
+from tests.integration.servers import build, local_server, model_log, registered, settled_scrape
 from tests.integration.test_async_agent import jdk_problem
 from tests.integration.test_faults import wait_for_log
 from tests.integration.test_torchserve import parallel
@@ -47,14 +48,21 @@ def server(
         pytest.skip(jdk_problem() or "")
     if extra and agent.missing():
         pytest.fail(agent.missing() or "")  # a JDK is here: `make test` builds it first
-    store = tmp_path_factory.mktemp("stacking_store")
+    if extra:  # the agent is the frontend's: a server of its own
+        store = tmp_path_factory.mktemp("stacking_store")
+        ts = local_server(store, tmp_path_factory.mktemp("stacking_torchserve"))
+        ts.properties["vmargs"] = agent.vmargs()
+        started: contextlib.AbstractContextManager[TorchServe] = ts
+    else:
+        ts = request.getfixturevalue("shared_server")
+        started = contextlib.nullcontext(ts)
     work = tmp_path_factory.mktemp("stacking_build")
     (work / "mb.json").write_text(json.dumps({"micro_batch_size": 2, "kserve": True}))
     (work / "model-config.yaml").write_text(
         f"minWorkers: 1\nmaxWorkers: 1\nbatchSize: {BATCH}\nmaxBatchDelay: 100\n" + extra
     )
     build.build_mar(
-        store,
+        ts.model_store,
         model_name=NAME,
         work_dir=work / NAME,
         handler=HANDLER,
@@ -62,15 +70,10 @@ def server(
         model_config=work / "model-config.yaml",
         archive_format="zip-store",
     )
-    ts = local_server(store, tmp_path_factory.mktemp("stacking_torchserve"))
-    if extra:
-        ts.properties["vmargs"] = agent.vmargs()
-    with ts:
-        registered = ts.register(f"{NAME}.mar", batch_size=BATCH, max_batch_delay_ms=100)
-        assert registered.status == 200
+    with started, registered(ts, NAME, batch_size=BATCH, max_batch_delay_ms=100):
         # The worker the test is about, from TorchServe's own log line, and on the
         # asynchronous one the agent's classes in its frontend.
-        assert ("handle_connection_async" in ts.log()) == bool(extra)
+        assert ("handle_connection_async" in model_log(ts, NAME)) == bool(extra)
         assert ("AsyncBatchAggregator replaced" in ts.log("ts_log.log")) == bool(extra)
         yield ts
 
@@ -99,8 +102,8 @@ def test_up_to_eight_bad_requests_never_fail_a_request_that_passes_alone(
             if want.status == 200:
                 assert resp.json() == want.json()
     # The scenario: micro-batches failed in company and were taken apart.
-    wait_for_log(server, "re-running them apart to find the failing ones")
-    assert "judged broken" not in server.log()
+    wait_for_log(server, "re-running them apart to find the failing ones", model=NAME)
+    assert "judged broken" not in model_log(server, NAME)
 
 
 def test_kserve_v1_v2_and_plain_requests_sharing_micro_batches_each_get_their_own_answer(

@@ -10,10 +10,10 @@ import pytest
 
 from tests.helpers import load_module
 from tests.image_answers import masks_close
-from tests.integration.servers import local_server, scraped, settled_scrape
+from tests.integration.servers import registered, scraped, settled_scrape
 from tests.integration.test_torchserve import parallel
 from tests.torchserve.images import make_jpeg
-from ts_microbatch.tools.server import TorchServe, java_problem
+from ts_microbatch.tools.server import TorchServe
 
 build = load_module("examples/image_segmenter/build_mar.py", "ts_microbatch_segmenter_build_mar")
 NAME = "segmenter_mb"
@@ -26,14 +26,12 @@ BAD = [b"", b"%PDF-1.4 not a photo", PHOTOS[0][:2000]]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    if java_problem():
-        pytest.fail(java_problem() or "")
-    store, work = tmp_path_factory.mktemp("segmenter_store"), tmp_path_factory.mktemp("work")
-    build.build_mar(store, work_dir=work, handler_settings={"max_side": 96})
-    with local_server(store, tmp_path_factory.mktemp("torchserve")) as ts:
-        resp = ts.register(f"{NAME}.mar", batch_size=8, max_batch_delay_ms=200, model_name=NAME)
-        assert resp.status == 200, (resp.body, ts.log()[-3000:])
+def server(
+    shared_server: TorchServe, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TorchServe]:
+    work = tmp_path_factory.mktemp("work")
+    build.build_mar(shared_server.model_store, work_dir=work, handler_settings={"max_side": 96})
+    with registered(shared_server, NAME, batch_size=8, max_batch_delay_ms=200) as ts:
         yield ts
 
 

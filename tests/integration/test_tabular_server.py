@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tests.helpers import load_module
-from tests.integration.servers import local_server, scraped, settled_scrape
-from ts_microbatch.tools.server import TorchServe, java_problem
+from tests.integration.servers import registered, scraped, settled_scrape
+from ts_microbatch.tools.server import TorchServe
 
 build = load_module("examples/tabular_scorer/build_mar.py", "ts_microbatch_tabular_build_mar")
 NAME = "tabular_mb"
@@ -27,14 +27,11 @@ BAD = [
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    if java_problem():
-        pytest.fail(java_problem() or "")
-    store, work = tmp_path_factory.mktemp("tabular_store"), tmp_path_factory.mktemp("work")
-    build.build_mar(store, work_dir=work)
-    with local_server(store, tmp_path_factory.mktemp("torchserve")) as ts:
-        resp = ts.register(f"{NAME}.mar", batch_size=32, max_batch_delay_ms=200)
-        assert resp.status == 200, (resp.body, ts.log()[-3000:])
+def server(
+    shared_server: TorchServe, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TorchServe]:
+    build.build_mar(shared_server.model_store, work_dir=tmp_path_factory.mktemp("work"))
+    with registered(shared_server, NAME, batch_size=32, max_batch_delay_ms=200) as ts:
         yield ts
 
 
