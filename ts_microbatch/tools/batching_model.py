@@ -25,6 +25,14 @@ from dataclasses import dataclass, replace
 ServiceMs = Callable[[int], float]
 REPLAYED = 6000  # arrivals a replay takes (``tail_at``)
 SCAN_STEPS = 12  # rates ``sustained`` tries up to the capacity before it halves
+# What bounds the rate held (``Tail.bound``), as the tuner says it.
+BOUNDS = {
+    "window": "maxBatchDelay: the slowest requests waited most for their batch to fill",
+    "service": "batchSize and the pipeline: the slowest requests waited most for their batch "
+    "to run",
+    "queue": "the worker's capacity: the slowest requests waited most for the worker",
+    "cpu": "the CPU: the cores cannot do more for the frontend and the worker together",
+}
 
 
 def service_curve(measured_ms: Mapping[int, float]) -> ServiceMs:
@@ -104,9 +112,8 @@ class Tail:
 
     @property
     def bound(self) -> str:
-        """What the slowest requests spent most on: "queue" (the worker's capacity),
-        "window" (maxBatchDelay) or "service" (the batch's run: batchSize, the pipeline);
-        "cpu" when the rate held is the cores' cap for frontend and worker."""
+        """A key of ``BOUNDS``: "cpu" when the rate held is the cores' cap, else what the
+        slowest requests spent most on."""
         if self.cpu_bound:
             return "cpu"
         parts = {"queue": self.queue_ms, "window": self.window_ms, "service": self.service_ms}

@@ -128,11 +128,6 @@ def measure_with_cpu(
     return sorted(times)[len(times) // 2], cpu_s / len(times)
 
 
-def threads_of(parallelism: dict[str, int]) -> str:
-    """Stage threads as the tables show them: pre/inf/post."""
-    return f"{parallelism['preprocess']}/{parallelism['inference']}/{parallelism['postprocess']}"
-
-
 def tuning_corpus(args: argparse.Namespace) -> Corpus:
     """``--corpus``, or ``--input`` as a corpus of one body sent as bytes, or as an image
     when it is one (TorchServe decodes text/* and JSON bodies, the in-process runs do not;

@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .corpus import Corpus
 from .curves import CurveSender, sustained, without_latencies
@@ -89,72 +89,74 @@ def ladder_sender(
     )  # fmt: skip
 
 
-def _serve(
-    candidate: Candidate,
-    name: str,
-    mar: Path,
-    corpus: Corpus,
-    out: Path,
-    send: Send,
-    requests: int,
-    label: str,
-    base_config: Path | None,
-) -> dict[str, Any] | None:
-    """One run of ``candidate``, repackaged, on a fresh TorchServe; None when refused."""
-    first = corpus.bodies[corpus.order[0]]
-    override_mar(mar, out / "store" / f"{name}.mar", candidate.settings, candidate.frontend())
-    point = {
-        "batch_size": candidate.batch_size,
-        "max_batch_delay": candidate.window_ms,
-        "concurrency": 2 * candidate.batch_size,
-        "requests": requests,
-        "workers": 1,
-    }
-    config = {"metrics_mode": "prometheus", "warmup_requests": 100, "response_timeout": 120}
-    try:
-        return measure(
-            out / "servers" / name,
-            out / "store",
-            name,
-            config,
-            point,
-            label,
-            out / "metrics" / f"{name}.prom",
-            send,
-            (first.data, first.content_type),
-            archive=f"{name}.mar",
-            base_config=base_config,
+class Servers(NamedTuple):
+    """Where the tuner's servers run: ``mar`` repackaged per configuration in ``out``
+    (``--confirm-out``), ``corpus`` sent, each from ``base_config`` (``--ts-config``) when
+    given, every run appended to ``record``."""
+
+    mar: Path
+    corpus: Corpus
+    out: Path
+    record: ResultsLog
+    base_config: Path | None = None
+
+    def serve(
+        self, candidate: Candidate, name: str, send: Send, requests: int, label: str
+    ) -> dict[str, Any] | None:
+        """One run of ``candidate``, repackaged, on a fresh TorchServe; None when refused."""
+        out, first = self.out, self.corpus.bodies[self.corpus.order[0]]
+        override_mar(
+            self.mar, out / "store" / f"{name}.mar", candidate.settings, candidate.frontend()
         )
-    except RegistrationError as err:
-        print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
-        return None
+        point = {
+            "batch_size": candidate.batch_size,
+            "max_batch_delay": candidate.window_ms,
+            "concurrency": 2 * candidate.batch_size,
+            "requests": requests,
+            "workers": 1,
+        }
+        config = {"metrics_mode": "prometheus", "warmup_requests": 100, "response_timeout": 120}
+        try:
+            return measure(
+                out / "servers" / name,
+                out / "store",
+                name,
+                config,
+                point,
+                label,
+                out / "metrics" / f"{name}.prom",
+                send,
+                (first.data, first.content_type),
+                archive=f"{name}.mar",
+                base_config=self.base_config,
+            )
+        except RegistrationError as err:
+            print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
+            return None
+
+    def clean(self) -> None:
+        """The repackaged .mars and the servers' folders (their logs) gone from ``out``."""
+        for scratch in ("store", "servers"):
+            shutil.rmtree(self.out / scratch, ignore_errors=True)
 
 
-def calibrate_frontend_cpu(
-    candidate: Candidate,
-    mar: Path,
-    corpus: Corpus,
-    out: Path,
-    record: ResultsLog,
-    base_config: Path | None = None,
-) -> tuple[float, float] | None:
+def calibrate_frontend_cpu(candidate: Candidate, servers: Servers) -> tuple[float, float] | None:
     """The frontend's and the worker's CPU milliseconds per request, from a short
     closed-loop run of ``candidate`` (about 5 s of its predicted rate, 100 to 1,000
     requests); None when the server refused the model."""
     requests = int(min(1000, max(100, 5 * candidate.held_per_s)))
     label = f"[frontend CPU] {candidate.describe()}, {requests} requests"
     print(f"\n{label}", flush=True)
-    send = corpus_sender(corpus, 2 * candidate.batch_size)
+    send = corpus_sender(servers.corpus, 2 * candidate.batch_size)
     try:
-        result = _serve(candidate, "cpu", mar, corpus, out, send, requests, label, base_config)
+        result = servers.serve(candidate, "cpu", send, requests, label)
     finally:
-        for scratch in ("store", "servers"):
-            shutil.rmtree(out / scratch, ignore_errors=True)
+        servers.clean()
     if result is None:
         return None
     frontend_ms = float(result["frontend_cpu_ms_per_request"])
     worker_ms = float(result.get("workers_cpu_ms_per_request") or 0.0)
-    record.append(
+    servers.record.append(
         {
             "kind": "frontend-cpu",
             **candidate.model_config(),
@@ -171,15 +173,7 @@ def calibrate_frontend_cpu(
     return frontend_ms, worker_ms
 
 
-def confirm(
-    top: list[Candidate],
-    mar: Path,
-    corpus: Corpus,
-    slo_p99_ms: float,
-    out: Path,
-    record: ResultsLog,
-    base_config: Path | None = None,
-) -> None:
+def confirm(top: list[Candidate], servers: Servers, slo_p99_ms: float) -> None:
     """Each of ``top`` on a real TorchServe, its ladder offered open loop; sets each one's
     ``measured_per_s`` (0 when nothing held or the server refused it)."""
     for index, candidate in enumerate(top, start=1):
@@ -191,14 +185,14 @@ def confirm(
             f"{ladder_seconds(rates):.0f} s and a server's start)",
             flush=True,
         )
-        sender = ladder_sender(corpus, rates, slo_p99_ms, 2 * candidate.batch_size)
-        result = _serve(candidate, f"c{index}", mar, corpus, out, sender, 1, label, base_config)
+        sender = ladder_sender(servers.corpus, rates, slo_p99_ms, 2 * candidate.batch_size)
+        result = servers.serve(candidate, f"c{index}", sender, 1, label)
         if result is None:  # refused: held nothing
             continue
         curve = without_latencies(result["curve"])
         candidate.measured_per_s = sustained(curve, slo_p99_ms)
         candidate.frontend_cpu_ms = result.get("frontend_cpu_ms_per_request")
-        record.append(
+        servers.record.append(
             {
                 "kind": "confirmed",
                 **candidate.outcome(),
@@ -211,8 +205,7 @@ def confirm(
             f"(predicted {candidate.held_per_s:.0f})",
             flush=True,
         )
-    for scratch in ("store", "servers"):  # the repackaged .mars and the servers' logs
-        shutil.rmtree(out / scratch, ignore_errors=True)
+    servers.clean()
 
 
 def best_confirmed(top: list[Candidate], rate: float | None = None) -> Candidate | None:

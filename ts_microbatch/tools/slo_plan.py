@@ -151,13 +151,11 @@ def stage_costs(
         shown = ", ".join(f"{n}: {ms:.1f}" for n, ms in batch_ms.items())
         print(f"[{index}/{len(combos)}] {json.dumps(combo)}: ms per batch of n {shown}", flush=True)
         if suspects:
-            again = "still " if flagged else "in order "
-            print(
-                f"  measured again ({again}after): "
-                + ", ".join(f"batch {b} {first[b]:.1f} ms < batch {a} {first[a]:.1f} ms"
-                            for a, b in suspects),
-                flush=True,
-            )  # fmt: skip
+            pairs = [
+                f"batch {b} {first[b]:.1f} ms < batch {a} {first[a]:.1f} ms" for a, b in suspects
+            ]
+            again = "still" if flagged else "in order"
+            print(f"  measured again ({again} after): {', '.join(pairs)}", flush=True)
         for a, b in flagged:
             print(
                 f"  warning: not monotone: a batch of {b} took {batch_ms[b]:.1f} ms, one of "

@@ -13,10 +13,8 @@ what is written is the best the server confirmed, or nothing (exit 1). The resul
 into ``--out`` (ts_microbatch.tools.merge). One worker: on two cores one worker's pipeline
 keeps both busy.
 
-There is no throughput tuner: at saturation ``"micro_batch_size": "auto"`` served as much as
-the best an in-process grid found, and the grid's ranking disagreed with the server's
-(docs/tuning.md). A generous objective makes this tuner's answer the configuration that held
-the highest rate.
+There is no throughput tuner: at saturation ``"auto"`` served as much as the best an
+in-process grid found (docs/tuning.md); a generous objective asks this one for the most load.
 """
 
 from __future__ import annotations
@@ -30,21 +28,14 @@ from pathlib import Path
 
 from ..core.config import load_config
 from ._cli import SAFE_BESIDE, prog
+from .batching_model import BOUNDS
 from .corpus import Corpus
 from .inprocess import load_handler, make_context, model_dir_of, tuning_corpus
 from .merge import MergeError, read_existing, write_merged
 from .results import OutputError, ResultsLog, claimed_dir, output_file
 from .server import java_problem
-from .slo_confirm import best_confirmed, calibrate_frontend_cpu, confirm, confirm_slots
+from .slo_confirm import Servers, best_confirmed, calibrate_frontend_cpu, confirm, confirm_slots
 from .slo_plan import Candidate, StageCosts, plan, stage_costs, worker_cpu_scale
-
-BOUNDS = {
-    "window": "maxBatchDelay: the slowest requests waited most for their batch to fill",
-    "service": "batchSize and the pipeline: the slowest requests waited most for their batch "
-    "to run",
-    "queue": "the worker's capacity: the slowest requests waited most for the worker",
-    "cpu": "the CPU: the cores cannot do more for the frontend and the worker together",
-}
 
 # The micro_batching keys the tuner chooses; the others of a section it merges into stay.
 TUNED_KEYS = ("micro_batch_size", "parallelism")
@@ -141,7 +132,7 @@ def measure_costs(args: argparse.Namespace, corpus: Corpus, trials: ResultsLog) 
 
 
 def model(
-    args: argparse.Namespace, costs: list[StageCosts], corpus: Corpus, trials: ResultsLog
+    args: argparse.Namespace, costs: list[StageCosts], servers: Servers
 ) -> tuple[list[Candidate], str]:
     """Step 2: every configuration through the model, best first, and what it knew of the
     CPU. With ``--confirm`` and no ``--frontend-cpu-ms``, the frontend's and the worker's
@@ -156,15 +147,13 @@ def model(
     frontend_ms, scale = args.frontend_cpu_ms or None, 1.0
     candidates = planned(frontend_ms, scale)
     if args.confirm and args.frontend_cpu_ms is None and candidates[0].tail is not None:
-        calibrated = calibrate_frontend_cpu(
-            candidates[0], args.mar, corpus, args.confirm_out, trials, args.ts_config
-        )
+        calibrated = calibrate_frontend_cpu(candidates[0], servers)
         if calibrated:
             frontend_ms, worker_ms = calibrated
             scale = worker_cpu_scale(costs, candidates[0], worker_ms)
             candidates = planned(frontend_ms, scale)
     for c in candidates:
-        trials.append(
+        servers.record.append(
             {
                 "kind": "modelled",
                 **c.model_config(),
@@ -187,7 +176,8 @@ def model(
 def run(args: argparse.Namespace, trials: ResultsLog) -> int:
     """``ts-microbatch-tune --slo-p99-ms``: the three steps, the winner merged into --out."""
     corpus = tuning_corpus(args)
-    candidates, frontend = model(args, measure_costs(args, corpus, trials), corpus, trials)
+    servers = Servers(args.mar, corpus, args.confirm_out, trials, args.ts_config)
+    candidates, frontend = model(args, measure_costs(args, corpus, trials), servers)
     print_plan(candidates, args.slo_p99_ms, frontend)
     if candidates[0].tail is None:
         at = f" at {args.rate:g} req/s" if args.rate else ""
@@ -196,7 +186,7 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
             "nothing written (try longer objectives, smaller batches or windows)"
         )
         return 1
-    winner = confirm_best(candidates, args, corpus, trials) if args.confirm else candidates[0]
+    winner = confirm_best(candidates, args, servers) if args.confirm else candidates[0]
     if winner is None:
         return 1
     try:
@@ -209,7 +199,7 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
 
 
 def confirm_best(
-    candidates: list[Candidate], args: argparse.Namespace, corpus: Corpus, trials: ResultsLog
+    candidates: list[Candidate], args: argparse.Namespace, servers: Servers
 ) -> Candidate | None:
     """Step 3: the best that differ in more than the window on a real server; the one that
     held the most, or None (recorded as refused, and said)."""
@@ -221,11 +211,11 @@ def confirm_best(
             "\nNot confirmed, as each differs from one confirmed in maxBatchDelay alone: "
             f"model ranks {ranks}"
         )
-    confirm(top, args.mar, corpus, args.slo_p99_ms, args.confirm_out, trials, args.ts_config)
+    confirm(top, servers, args.slo_p99_ms)
     print_confirmed(top, candidates, args.slo_p99_ms)
     confirmed = best_confirmed(top, args.rate)
     if confirmed is None:
-        trials.append({"kind": "refused", "tried": [c.outcome() for c in top]})
+        servers.record.append({"kind": "refused", "tried": [c.outcome() for c in top]})
         at = f" at {args.rate:g} req/s or more" if args.rate else ""
         print(
             f"\nNothing written to {args.out}: the server held nothing within P99 "
