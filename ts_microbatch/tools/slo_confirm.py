@@ -50,12 +50,6 @@ def rate_requests(rate_per_s: float) -> int:
     return max(1, int(min(wanted, rate_per_s * MAX_SECONDS_PER_RATE)))
 
 
-def ladder_seconds(rates: list[float]) -> float:
-    """How long offering ``rates`` lasts at most (each rate's schedule, and each rate's last
-    requests waiting ``REQUEST_TIMEOUT_S``), the server's start left out."""
-    return sum(rate_requests(rate) / rate + REQUEST_TIMEOUT_S for rate in rates)
-
-
 def confirm_slots(candidates: list[Candidate], count: int) -> list[Candidate]:
     """The first ``count`` candidates the model holds anything with, best first, skipping
     each that differs from one already chosen in maxBatchDelay alone."""
@@ -179,10 +173,12 @@ def confirm(top: list[Candidate], servers: Servers, slo_p99_ms: float) -> None:
     for index, candidate in enumerate(top, start=1):
         label = f"[confirm {index}/{len(top)}] {candidate.describe()}"
         rates = ladder(max(candidate.held_per_s, 1.0))
+        # At most each rate's schedule, its last requests waiting out the timeout.
+        most_s = sum(rate_requests(rate) / rate + REQUEST_TIMEOUT_S for rate in rates)
         print(
             f"\n{label}: predicted {candidate.held_per_s:.0f} req/s; offering "
             f"{', '.join(f'{r:g}' for r in rates)} req/s (at most about "
-            f"{ladder_seconds(rates):.0f} s and a server's start)",
+            f"{most_s:.0f} s and a server's start)",
             flush=True,
         )
         sender = ladder_sender(servers.corpus, rates, slo_p99_ms, 2 * candidate.batch_size)

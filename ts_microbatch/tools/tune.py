@@ -29,8 +29,8 @@ from pathlib import Path
 from ..core.config import load_config
 from ._cli import SAFE_BESIDE, prog
 from .batching_model import BOUNDS
-from .corpus import Corpus
-from .inprocess import load_handler, make_context, model_dir_of, tuning_corpus
+from .corpus import OCTET_STREAM, Body, Corpus, CorpusError, content_type_of, read_corpus
+from .inprocess import load_handler, make_context, model_dir_of
 from .merge import MergeError, read_existing, write_merged
 from .results import OutputError, ResultsLog, claimed_dir, output_file
 from .server import java_problem
@@ -106,9 +106,24 @@ def write_winner(winner: Candidate, out: Path, slo_p99_ms: float) -> None:
         )
 
 
+def tuning_corpus(args: argparse.Namespace) -> Corpus:
+    """``--corpus``, or ``--input`` as a corpus of one body sent as bytes, or as an image
+    when it is one (TorchServe decodes text/* and JSON bodies, the in-process runs do not;
+    an image reaches the handler as bytes either way)."""
+    if args.corpus is not None:
+        try:
+            return read_corpus(args.corpus)
+        except CorpusError as err:
+            raise SystemExit(f"--corpus: {err}") from None
+    guessed = content_type_of(args.input)
+    content_type = guessed if guessed.startswith("image/") else OCTET_STREAM
+    body = Body(args.input.name, args.input.read_bytes(), content_type)
+    return Corpus(str(args.input), (body,))
+
+
 def measure_costs(args: argparse.Namespace, corpus: Corpus, trials: ResultsLog) -> list[StageCosts]:
     """Step 1: every combination of the grid at each of ``--batch-sizes``, in-process."""
-    batch_sizes = sorted(set(args.batch_sizes))
+    batch_sizes = args.batch_sizes
     combos = [
         {"micro_batch_size": m, "parallelism": {"preprocess": t, "inference": i, "postprocess": t}}
         for m, t, i in itertools.product(
@@ -137,12 +152,11 @@ def model(
     """Step 2: every configuration through the model, best first, and what it knew of the
     CPU. With ``--confirm`` and no ``--frontend-cpu-ms``, the frontend's and the worker's
     CPU are read from the model's rank 1 on a real server, and the model run again."""
-    sizes, cores = sorted(set(args.batch_sizes)), available_cores()
+    cores = available_cores()
 
     def planned(frontend_ms: float | None, scale: float) -> list[Candidate]:
-        return plan(
-            costs, sizes, args.windows, args.slo_p99_ms, args.rate, frontend_ms, cores, scale
-        )
+        slo, rate = args.slo_p99_ms, args.rate
+        return plan(costs, args.batch_sizes, args.windows, slo, rate, frontend_ms, cores, scale)
 
     frontend_ms, scale = args.frontend_cpu_ms or None, 1.0
     candidates = planned(frontend_ms, scale)
@@ -340,6 +354,7 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.batch_sizes = sorted(set(args.batch_sizes))  # measured and modelled once, rising
     trials = prepare_outputs(args)
     print(f"Each measurement is appended to {trials.path} as it comes", flush=True)
     return run(args, trials)
