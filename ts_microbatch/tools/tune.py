@@ -123,7 +123,6 @@ def tuning_corpus(args: argparse.Namespace) -> Corpus:
 
 def measure_costs(args: argparse.Namespace, corpus: Corpus, trials: ResultsLog) -> list[StageCosts]:
     """Step 1: every combination of the grid at each of ``--batch-sizes``, in-process."""
-    batch_sizes = args.batch_sizes
     combos = [
         {"micro_batch_size": m, "parallelism": {"preprocess": t, "inference": i, "postprocess": t}}
         for m, t, i in itertools.product(
@@ -131,17 +130,19 @@ def measure_costs(args: argparse.Namespace, corpus: Corpus, trials: ResultsLog) 
         )
     ]
     print(
-        f"Stage costs of {len(combos)} combinations at batch sizes {batch_sizes}, in-process, "
-        f"on {corpus.label}",
+        f"Stage costs of {len(combos)} combinations at batch sizes {args.batch_sizes}, "
+        f"in-process, on {corpus.label}",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="ts-microbatch-slo-") as scratch:
         model_dir = model_dir_of(args.mar, Path(scratch) / "model")
-        context = make_context(model_dir, max(batch_sizes))
+        context = make_context(model_dir, max(args.batch_sizes))
         base = load_config(model_dir, context.model_yaml_config)
         _, mb = load_handler(model_dir, context)
         try:
-            return stage_costs(mb, context, corpus, base, combos, batch_sizes, args.repeats, trials)
+            return stage_costs(
+                mb, context, corpus, base, combos, args.batch_sizes, args.repeats, trials
+            )
         finally:
             mb.shutdown()
 
