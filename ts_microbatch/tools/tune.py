@@ -309,7 +309,6 @@ def build_parser() -> argparse.ArgumentParser:
     confirming.add_argument(
         "--confirm-out",
         type=Path,
-        default=None,
         help="the servers' scratch folders and logs; default: <out>-confirm/ beside --out",
     )
     confirming.add_argument(
