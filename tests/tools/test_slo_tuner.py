@@ -19,7 +19,6 @@ from ts_microbatch.tools.results import ResultsLog
 from ts_microbatch.tools.slo_confirm import (
     best_confirmed,
     confirm_slots,
-    held_on,
     ladder,
     ladder_sender,
 )
@@ -225,7 +224,7 @@ def test_confirm_sweep_started_above_what_the_server_held_(
     lines: list[str] = []
     sender = ladder_sender(Corpus(), rates, 25.0, 32, lines.append)  # type: ignore[arg-type]
     summary, _ = sender("http://127.0.0.1:1/predictions/m", None, 1, Path("."), "[confirm 1/1]")
-    held = held_on(summary["curve"], 25.0)
+    held = curves.sustained(summary["curve"], 25.0)
     assert 0.25 * 1166 <= held <= 1166 / 3  # found, within one step of the truth
     # It stopped after two rates in a row missed, with a line per rate offered.
     assert server.offered == [r for r in rates if r <= held] + [r for r in rates if r > held][:2]

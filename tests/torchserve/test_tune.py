@@ -296,7 +296,7 @@ def test_confirm_on_a_corpus_sends_the_corpus(
     sent: list[Any] = []
 
     def confirm_corpus(*args: Any) -> None:
-        sent.append(args[2])
+        sent.append(args[1].corpus)
         real_confirm(*args)
 
     real_confirm = tune.confirm

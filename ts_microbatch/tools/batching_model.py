@@ -23,6 +23,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 ServiceMs = Callable[[int], float]
+REPLAYED = 6000  # arrivals a replay takes (``tail_at``)
+SCAN_STEPS = 12  # rates ``sustained`` tries up to the capacity before it halves
+# What bounds the rate held (``Tail.bound``), as the tuner says it.
+BOUNDS = {
+    "window": "maxBatchDelay: the slowest requests waited most for their batch to fill",
+    "service": "batchSize and the pipeline: the slowest requests waited most for their batch "
+    "to run",
+    "queue": "the worker's capacity: the slowest requests waited most for the worker",
+    "cpu": "the CPU: the cores cannot do more for the frontend and the worker together",
+}
 
 
 def service_curve(measured_ms: Mapping[int, float]) -> ServiceMs:
@@ -102,30 +112,21 @@ class Tail:
 
     @property
     def bound(self) -> str:
-        """What the slowest requests spent most on: "queue" (the worker's capacity),
-        "window" (maxBatchDelay) or "service" (the batch's run: batchSize, the pipeline);
-        "cpu" when the rate held is the cores' cap for frontend and worker."""
+        """A key of ``BOUNDS``: "cpu" when the rate held is the cores' cap, else what the
+        slowest requests spent most on."""
         if self.cpu_bound:
             return "cpu"
         parts = {"queue": self.queue_ms, "window": self.window_ms, "service": self.service_ms}
         return max(parts, key=lambda name: parts[name])
 
 
-def tail_at(
-    rate_per_s: float,
-    batch_size: int,
-    window_ms: float,
-    service_ms: ServiceMs,
-    *,
-    requests: int = 6000,
-    seed: int = 0,
-) -> Tail:
-    """Replays ``requests`` Poisson arrivals at ``rate_per_s`` (the first tenth left out:
+def tail_at(rate_per_s: float, batch_size: int, window_ms: float, service_ms: ServiceMs) -> Tail:
+    """Replays ``REPLAYED`` Poisson arrivals at ``rate_per_s`` (the first tenth left out:
     the queue starts empty) and returns the tail: a P99 over 5,400 requests, the mean of
     their slowest 54, however fast the model (a replay's cost is its number of requests)."""
-    rng = random.Random(seed)
+    rng = random.Random(0)
     arrivals, now = [], 0.0
-    for _ in range(requests):
+    for _ in range(REPLAYED):
         now += rng.expovariate(rate_per_s)
         arrivals.append(now)
     waits = replay(arrivals, batch_size, window_ms, service_ms)[len(arrivals) // 10 :]
@@ -159,36 +160,31 @@ def sustained(
     window_ms: float,
     service_ms: ServiceMs,
     *,
-    steps: int = 12,
-    seed: int = 0,
     max_rate_per_s: float | None = None,
 ) -> Tail | None:
     """The highest Poisson rate whose replayed P99 is within ``slo_p99_ms`` (a scan up to the
     worker's capacity, or ``max_rate_per_s`` when lower: the CPU's cap, then halving
     between the last rate held and the first not), and its tail; None when even the lowest
     rate misses it."""
-    capacity = 1000 * batch_size / service_ms(batch_size)
-    capped = max_rate_per_s is not None and max_rate_per_s < capacity
-    if max_rate_per_s is not None:
-        capacity = min(capacity, max_rate_per_s)
+    worker_capacity = 1000 * batch_size / service_ms(batch_size)
+    capacity = min(worker_capacity, max_rate_per_s or worker_capacity)
     held: Tail | None = None
     missed = capacity
-    for step in range(1, steps + 1):
-        tail = tail_at(capacity * step / steps, batch_size, window_ms, service_ms, seed=seed)
+    for step in range(1, SCAN_STEPS + 1):
+        tail = tail_at(capacity * step / SCAN_STEPS, batch_size, window_ms, service_ms)
         if tail.p99_ms > slo_p99_ms:
             missed = tail.rate_per_s
             break
         held = tail
     low = held.rate_per_s if held else 0.0
     for _ in range(5):
-        middle = (low + missed) / 2
-        if middle <= 0:
-            break
-        tail = tail_at(middle, batch_size, window_ms, service_ms, seed=seed)
+        middle = (low + missed) / 2  # > 0: ``missed`` is a rate replayed, or the capacity
+        tail = tail_at(middle, batch_size, window_ms, service_ms)
         if tail.p99_ms <= slo_p99_ms:
             held, low = tail, middle
         else:
             missed = middle
+    capped = capacity < worker_capacity
     if capped and held is not None and held.rate_per_s >= capacity * (1 - 1e-9):
         return replace(held, cpu_bound=True)
     return held

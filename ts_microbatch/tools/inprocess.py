@@ -3,7 +3,6 @@ through it: the latency tuner's in-process stage costs (``tune``, ``slo_plan``).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..torchserve.micro_batching import MicroBatching
-from .corpus import OCTET_STREAM, Body, Corpus, CorpusError, content_type_of, read_corpus, rows_of
+from .corpus import Body, rows_of
 
 
 def model_dir_of(path: Path, scratch: Path) -> Path:
@@ -126,23 +125,3 @@ def measure_with_cpu(
     if not times:
         raise ValueError("measure: got one batch, expected a warm-up and at least one more")
     return sorted(times)[len(times) // 2], cpu_s / len(times)
-
-
-def threads_of(parallelism: dict[str, int]) -> str:
-    """Stage threads as the tables show them: pre/inf/post."""
-    return f"{parallelism['preprocess']}/{parallelism['inference']}/{parallelism['postprocess']}"
-
-
-def tuning_corpus(args: argparse.Namespace) -> Corpus:
-    """``--corpus``, or ``--input`` as a corpus of one body sent as bytes, or as an image
-    when it is one (TorchServe decodes text/* and JSON bodies, the in-process runs do not;
-    an image reaches the handler as bytes either way)."""
-    if args.corpus is not None:
-        try:
-            return read_corpus(args.corpus)
-        except CorpusError as err:
-            raise SystemExit(f"--corpus: {err}") from None
-    guessed = content_type_of(args.input)
-    content_type = guessed if guessed.startswith("image/") else OCTET_STREAM
-    body = Body(args.input.name, args.input.read_bytes(), content_type)
-    return Corpus(str(args.input), (body,))

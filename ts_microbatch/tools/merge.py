@@ -11,6 +11,7 @@ stays a link, its target rewritten with its mode. YAML comments stay in the back
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -64,9 +65,8 @@ def merged(
     for key, value in values.items():
         old = result.get(key)
         if key == YAML_SECTION and isinstance(old, Mapping) and isinstance(value, Mapping):
-            result[key] = {**old, **value}
-        else:
-            result[key] = value
+            value = {**old, **value}
+        result[key] = value
     return result
 
 
@@ -86,13 +86,11 @@ def _backup(path: Path) -> Path:
     appeared in between)."""
     while True:
         target = backup_path(path)
-        try:
+        with contextlib.suppress(FileExistsError):
             with open(target, "xb") as copy, open(path, "rb") as original:
                 shutil.copyfileobj(original, copy)
             shutil.copystat(path, target)
             return target
-        except FileExistsError:
-            continue
 
 
 def write_merged(

@@ -15,10 +15,10 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .corpus import Corpus
-from .curves import CurveSender, behind, without_latencies
+from .curves import CurveSender, sustained, without_latencies
 from .mar import override_mar
 from .measure import RegistrationError, Send, corpus_sender, measure
 from .results import ResultsLog
@@ -39,41 +39,24 @@ MISSES_TO_STOP = 2
 
 
 def ladder(predicted_per_s: float) -> list[float]:
-    """The rates offered to a configuration predicted to hold ``predicted_per_s``: the
-    ``LADDER`` shares of it, from 1 req/s up."""
+    """The ``LADDER`` shares of ``predicted_per_s``, from 1 req/s up."""
     rates = sorted({round(predicted_per_s * share, 1) for share in LADDER})
     return [rate for rate in rates if rate >= 1.0] or [1.0]
 
 
 def rate_requests(rate_per_s: float) -> int:
-    """Requests offered at one rate: ``SECONDS_PER_RATE`` of them, at least
-    ``MIN_REQUESTS_PER_RATE`` unless that takes over ``MAX_SECONDS_PER_RATE``."""
+    """Requests offered at ``rate_per_s`` (the bounds above)."""
     wanted = max(rate_per_s * SECONDS_PER_RATE, MIN_REQUESTS_PER_RATE)
     return max(1, int(min(wanted, rate_per_s * MAX_SECONDS_PER_RATE)))
-
-
-def ladder_seconds(rates: list[float]) -> float:
-    """How long offering ``rates`` lasts at most (each rate's schedule, and each rate's last
-    requests waiting ``REQUEST_TIMEOUT_S``), the server's start left out."""
-    return sum(rate_requests(rate) / rate + REQUEST_TIMEOUT_S for rate in rates)
-
-
-def missed(row: dict[str, Any], slo_p99_ms: float) -> bool:
-    """Whether one rate missed the objective: P99 over it, an error or a timeout, or the
-    server behind (as ``curves.sustained`` counts a rate held)."""
-    return bool(row["p99_ms"] > slo_p99_ms or row["errors"] or row["timeouts"] or behind(row))
 
 
 def confirm_slots(candidates: list[Candidate], count: int) -> list[Candidate]:
     """The first ``count`` candidates the model holds anything with, best first, skipping
     each that differs from one already chosen in maxBatchDelay alone."""
     chosen: list[Candidate] = []
-    for candidate in candidates:
-        if len(chosen) == count:
-            break
-        if candidate.tail is None or any(candidate.same_but_window(c) for c in chosen):
-            continue
-        chosen.append(candidate)
+    for c in candidates:
+        if len(chosen) < count and c.tail and not any(c.same_but_window(o) for o in chosen):
+            chosen.append(c)
     return chosen
 
 
@@ -89,8 +72,8 @@ def ladder_sender(
     missed the objective; the curve rides in the summary under ``"curve"``."""
 
     def stop(rows: list[dict[str, Any]]) -> str:
-        last = rows[-MISSES_TO_STOP:]
-        if len(last) == MISSES_TO_STOP and all(missed(row, slo_p99_ms) for row in last):
+        last = rows[-MISSES_TO_STOP:]  # none of them held (``curves.sustained``): each missed
+        if len(last) == MISSES_TO_STOP and not sustained(last, slo_p99_ms):
             return f"{MISSES_TO_STOP} rates in a row missed {slo_p99_ms:g} ms, the last"
         return ""
 
@@ -100,78 +83,74 @@ def ladder_sender(
     )  # fmt: skip
 
 
-def held_on(curve: list[dict[str, Any]], slo_p99_ms: float) -> float:
-    """The highest rate offered that did not miss the objective; 0 if none."""
-    return max((r["offered_per_s"] for r in curve if not missed(r, slo_p99_ms)), default=0.0)
+class Servers(NamedTuple):
+    """Where the tuner's servers run: ``mar`` repackaged per configuration in ``out``
+    (``--confirm-out``), ``corpus`` sent, each from ``base_config`` (``--ts-config``) when
+    given, every run appended to ``record``."""
 
+    mar: Path
+    corpus: Corpus
+    out: Path
+    record: ResultsLog
+    base_config: Path | None = None
 
-def _serve(
-    candidate: Candidate,
-    name: str,
-    mar: Path,
-    corpus: Corpus,
-    out: Path,
-    send: Send,
-    requests: int,
-    label: str,
-    base_config: Path | None,
-) -> dict[str, Any] | None:
-    """One run of ``candidate``, repackaged, on a fresh TorchServe; None when refused."""
-    first = corpus.bodies[corpus.order[0]]
-    frontend = {"batchSize": candidate.batch_size, "maxBatchDelay": candidate.window_ms}
-    override_mar(mar, out / "store" / f"{name}.mar", candidate.settings, frontend)
-    point = {
-        "batch_size": candidate.batch_size,
-        "max_batch_delay": candidate.window_ms,
-        "concurrency": 2 * candidate.batch_size,
-        "requests": requests,
-        "workers": 1,
-    }
-    config = {"metrics_mode": "prometheus", "warmup_requests": 100, "response_timeout": 120}
-    try:
-        return measure(
-            out / "servers" / name,
-            out / "store",
-            name,
-            config,
-            point,
-            label,
-            out / "metrics" / f"{name}.prom",
-            send,
-            (first.data, first.content_type),
-            archive=f"{name}.mar",
-            base_config=base_config,
+    def serve(
+        self, candidate: Candidate, name: str, send: Send, requests: int, label: str
+    ) -> dict[str, Any] | None:
+        """One run of ``candidate``, repackaged, on a fresh TorchServe; None when refused."""
+        out, first = self.out, self.corpus.bodies[self.corpus.order[0]]
+        override_mar(
+            self.mar, out / "store" / f"{name}.mar", candidate.settings, candidate.frontend()
         )
-    except RegistrationError as err:
-        print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
-        return None
+        point = {
+            "batch_size": candidate.batch_size,
+            "max_batch_delay": candidate.window_ms,
+            "concurrency": 2 * candidate.batch_size,
+            "requests": requests,
+            "workers": 1,
+        }
+        config = {"metrics_mode": "prometheus", "warmup_requests": 100, "response_timeout": 120}
+        try:
+            return measure(
+                out / "servers" / name,
+                out / "store",
+                name,
+                config,
+                point,
+                label,
+                out / "metrics" / f"{name}.prom",
+                send,
+                (first.data, first.content_type),
+                archive=f"{name}.mar",
+                base_config=self.base_config,
+            )
+        except RegistrationError as err:
+            print(f"{label}: not registered: {str(err).splitlines()[0]}", flush=True)
+            return None
+
+    def clean(self) -> None:
+        """The repackaged .mars and the servers' folders (their logs) gone from ``out``."""
+        for scratch in ("store", "servers"):
+            shutil.rmtree(self.out / scratch, ignore_errors=True)
 
 
-def calibrate_frontend_cpu(
-    candidate: Candidate,
-    mar: Path,
-    corpus: Corpus,
-    out: Path,
-    record: ResultsLog,
-    base_config: Path | None = None,
-) -> tuple[float, float] | None:
+def calibrate_frontend_cpu(candidate: Candidate, servers: Servers) -> tuple[float, float] | None:
     """The frontend's and the worker's CPU milliseconds per request, from a short
     closed-loop run of ``candidate`` (about 5 s of its predicted rate, 100 to 1,000
     requests); None when the server refused the model."""
     requests = int(min(1000, max(100, 5 * candidate.held_per_s)))
     label = f"[frontend CPU] {candidate.describe()}, {requests} requests"
     print(f"\n{label}", flush=True)
-    send = corpus_sender(corpus, 2 * candidate.batch_size)
+    send = corpus_sender(servers.corpus, 2 * candidate.batch_size)
     try:
-        result = _serve(candidate, "cpu", mar, corpus, out, send, requests, label, base_config)
+        result = servers.serve(candidate, "cpu", send, requests, label)
     finally:
-        for scratch in ("store", "servers"):
-            shutil.rmtree(out / scratch, ignore_errors=True)
+        servers.clean()
     if result is None:
         return None
     frontend_ms = float(result["frontend_cpu_ms_per_request"])
     worker_ms = float(result.get("workers_cpu_ms_per_request") or 0.0)
-    record.append(
+    servers.record.append(
         {
             "kind": "frontend-cpu",
             **candidate.model_config(),
@@ -188,42 +167,33 @@ def calibrate_frontend_cpu(
     return frontend_ms, worker_ms
 
 
-def confirm(
-    top: list[Candidate],
-    mar: Path,
-    corpus: Corpus,
-    slo_p99_ms: float,
-    out: Path,
-    record: ResultsLog,
-    base_config: Path | None = None,
-) -> None:
+def confirm(top: list[Candidate], servers: Servers, slo_p99_ms: float) -> None:
     """Each of ``top`` on a real TorchServe, its ladder offered open loop; sets each one's
-    ``measured_per_s`` (0 when nothing held or the server refused it) and ``curve``."""
+    ``measured_per_s`` (0 when nothing held or the server refused it)."""
     for index, candidate in enumerate(top, start=1):
         label = f"[confirm {index}/{len(top)}] {candidate.describe()}"
         rates = ladder(max(candidate.held_per_s, 1.0))
+        # At most each rate's schedule, its last requests waiting out the timeout.
+        most_s = sum(rate_requests(rate) / rate + REQUEST_TIMEOUT_S for rate in rates)
         print(
             f"\n{label}: predicted {candidate.held_per_s:.0f} req/s; offering "
             f"{', '.join(f'{r:g}' for r in rates)} req/s (at most about "
-            f"{ladder_seconds(rates):.0f} s and a server's start)",
+            f"{most_s:.0f} s and a server's start)",
             flush=True,
         )
-        sender = ladder_sender(corpus, rates, slo_p99_ms, 2 * candidate.batch_size)
-        result = _serve(candidate, f"c{index}", mar, corpus, out, sender, 1, label, base_config)
-        candidate.measured_per_s = 0.0
-        if result is None:
+        sender = ladder_sender(servers.corpus, rates, slo_p99_ms, 2 * candidate.batch_size)
+        result = servers.serve(candidate, f"c{index}", sender, 1, label)
+        if result is None:  # refused: held nothing
             continue
-        candidate.curve = without_latencies(result["curve"])
-        candidate.measured_per_s = held_on(candidate.curve, slo_p99_ms)
+        curve = without_latencies(result["curve"])
+        candidate.measured_per_s = sustained(curve, slo_p99_ms)
         candidate.frontend_cpu_ms = result.get("frontend_cpu_ms_per_request")
-        record.append(
+        servers.record.append(
             {
                 "kind": "confirmed",
-                **candidate.model_config(),
-                "predicted_per_s": candidate.held_per_s,
-                "measured_per_s": candidate.measured_per_s,
+                **candidate.outcome(),
                 "frontend_cpu_ms_per_request": candidate.frontend_cpu_ms,
-                "curve": candidate.curve,
+                "curve": curve,
             }
         )
         print(
@@ -231,16 +201,11 @@ def confirm(
             f"(predicted {candidate.held_per_s:.0f})",
             flush=True,
         )
-    for scratch in ("store", "servers"):  # the repackaged .mars and the servers' logs
-        shutil.rmtree(out / scratch, ignore_errors=True)
+    servers.clean()
 
 
 def best_confirmed(top: list[Candidate], rate: float | None = None) -> Candidate | None:
     """The confirmed candidate that held the highest rate within the objective (with
     ``rate``, at least that), the model's rank breaking a tie; None when none held any."""
-    held = [
-        c
-        for c in top
-        if (c.measured_per_s or 0.0) > 0 and (rate is None or (c.measured_per_s or 0.0) >= rate)
-    ]
-    return max(held, key=lambda c: c.measured_per_s or 0.0, default=None)
+    held = [c for c in top if c.measured_per_s > 0 and c.measured_per_s >= (rate or 0.0)]
+    return max(held, key=lambda c: c.measured_per_s, default=None)

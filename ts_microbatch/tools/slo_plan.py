@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..core.config import MicroBatchingConfig
@@ -52,34 +52,46 @@ class Candidate:
     batch_size: int
     window_ms: int
     tail: Tail | None
-    measured_per_s: float | None = None
     flagged: bool = False  # its stage costs were out of order (``StageCosts.not_monotone``)
+    measured_per_s: float = 0.0
     frontend_cpu_ms: float | None = None  # per request, measured while confirming
-    curve: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def held_per_s(self) -> float:
         return self.tail.rate_per_s if self.tail else 0.0
 
+    def frontend(self) -> dict[str, int]:
+        return {"batchSize": self.batch_size, "maxBatchDelay": self.window_ms}
+
     def model_config(self) -> dict[str, Any]:
+        """The model-config.yaml keys it stands for (one worker), in the order written."""
         return {
             "minWorkers": 1,
             "maxWorkers": 1,
-            "batchSize": self.batch_size,
-            "maxBatchDelay": self.window_ms,
             "micro_batching": self.settings,
+            **self.frontend(),
+        }
+
+    def outcome(self) -> dict[str, Any]:
+        """Its record once confirmed: predicted against held."""
+        return {
+            **self.model_config(),
+            "predicted_per_s": self.held_per_s,
+            "measured_per_s": self.measured_per_s,
         }
 
     def same_but_window(self, other: Candidate) -> bool:
         """Whether the two differ in maxBatchDelay alone (or not at all)."""
         return self.batch_size == other.batch_size and self.settings == other.settings
 
-    def describe(self) -> str:
+    def threads(self) -> str:
         p = self.settings["parallelism"]
+        return f"{p['preprocess']}/{p['inference']}/{p['postprocess']}"
+
+    def describe(self) -> str:
         return (
-            f"micro_batch_size {self.settings['micro_batch_size']}, threads "
-            f"{p['preprocess']}/{p['inference']}/{p['postprocess']}, batchSize "
-            f"{self.batch_size}, maxBatchDelay {self.window_ms} ms"
+            f"micro_batch_size {self.settings['micro_batch_size']}, threads {self.threads()}, "
+            f"batchSize {self.batch_size}, maxBatchDelay {self.window_ms} ms"
         )
 
 
@@ -139,13 +151,11 @@ def stage_costs(
         shown = ", ".join(f"{n}: {ms:.1f}" for n, ms in batch_ms.items())
         print(f"[{index}/{len(combos)}] {json.dumps(combo)}: ms per batch of n {shown}", flush=True)
         if suspects:
-            again = "still " if flagged else "in order "
-            print(
-                f"  measured again ({again}after): "
-                + ", ".join(f"batch {b} {first[b]:.1f} ms < batch {a} {first[a]:.1f} ms"
-                            for a, b in suspects),
-                flush=True,
-            )  # fmt: skip
+            pairs = [
+                f"batch {b} {first[b]:.1f} ms < batch {a} {first[a]:.1f} ms" for a, b in suspects
+            ]
+            again = "still" if flagged else "in order"
+            print(f"  measured again ({again} after): {', '.join(pairs)}", flush=True)
         for a, b in flagged:
             print(
                 f"  warning: not monotone: a batch of {b} took {batch_ms[b]:.1f} ms, one of "
@@ -198,9 +208,5 @@ def worker_cpu_scale(costs: list[StageCosts], candidate: Candidate, worker_ms: f
     handler's CPU in-process at its batch size (the worker also decodes and encodes, and
     long texts cost more on the server's mix); never below 1.0, 1.0 with nothing to compare."""
     cost = next((c for c in costs if c.settings == candidate.settings), None)
-    if cost is None or worker_ms <= 0:
-        return 1.0
-    in_process_ms = cost.cpu_per_request_ms(candidate.batch_size)
-    if in_process_ms <= 0:
-        return 1.0
-    return max(1.0, worker_ms / in_process_ms)
+    in_process_ms = cost.cpu_per_request_ms(candidate.batch_size) if cost else 0.0
+    return max(1.0, worker_ms / in_process_ms) if in_process_ms > 0 else 1.0

@@ -13,10 +13,8 @@ what is written is the best the server confirmed, or nothing (exit 1). The resul
 into ``--out`` (ts_microbatch.tools.merge). One worker: on two cores one worker's pipeline
 keeps both busy.
 
-There is no throughput tuner: at saturation ``"micro_batch_size": "auto"`` served as much as
-the best an in-process grid found, and the grid's ranking disagreed with the server's
-(docs/tuning.md). A generous objective makes this tuner's answer the configuration that held
-the highest rate.
+There is no throughput tuner: at saturation ``"auto"`` served as much as the best an
+in-process grid found (docs/tuning.md); a generous objective asks this one for the most load.
 """
 
 from __future__ import annotations
@@ -30,24 +28,20 @@ from pathlib import Path
 
 from ..core.config import load_config
 from ._cli import SAFE_BESIDE, prog
-from .corpus import Corpus
-from .inprocess import load_handler, make_context, model_dir_of, threads_of, tuning_corpus
+from .batching_model import BOUNDS
+from .corpus import OCTET_STREAM, Body, Corpus, CorpusError, content_type_of, read_corpus
+from .inprocess import load_handler, make_context, model_dir_of
 from .merge import MergeError, read_existing, write_merged
 from .results import OutputError, ResultsLog, claimed_dir, output_file
 from .server import java_problem
-from .slo_confirm import best_confirmed, calibrate_frontend_cpu, confirm, confirm_slots
+from .slo_confirm import Servers, best_confirmed, calibrate_frontend_cpu, confirm, confirm_slots
 from .slo_plan import Candidate, StageCosts, plan, stage_costs, worker_cpu_scale
-
-BOUNDS = {
-    "window": "maxBatchDelay: the slowest requests waited most for their batch to fill",
-    "service": "batchSize and the pipeline: the slowest requests waited most for their batch "
-    "to run",
-    "queue": "the worker's capacity: the slowest requests waited most for the worker",
-    "cpu": "the CPU: the cores cannot do more for the frontend and the worker together",
-}
 
 # The micro_batching keys the tuner chooses; the others of a section it merges into stay.
 TUNED_KEYS = ("micro_batch_size", "parallelism")
+PLAN_HEADER = (
+    "rank | micro_batch_size | threads | batchSize | maxBatchDelay | held req/s | P99 ms | bound"
+)
 
 
 def available_cores() -> int:
@@ -60,18 +54,13 @@ def available_cores() -> int:
 
 def print_plan(candidates: list[Candidate], slo_p99_ms: float, frontend: str) -> None:
     print(f"\nModelled, P99 within {slo_p99_ms:g} ms (one worker; {frontend}):")
-    print(
-        "rank | micro_batch_size | threads | batchSize | maxBatchDelay | held req/s | P99 ms"
-        " | bound"
-    )
+    print(PLAN_HEADER)
+    columns = PLAN_HEADER.split(" | ")
     for rank, c in enumerate(candidates[:10], start=1):
-        tail = c.tail
-        print(
-            f"{rank:3}{'!' if c.flagged else ' '} | {c.settings['micro_batch_size']!s:>16} | "
-            f"{threads_of(c.settings['parallelism']):>7} | {c.batch_size:9} | "
-            f"{c.window_ms:13} | {c.held_per_s:10.1f} | "
-            f"{tail.p99_ms if tail else float('nan'):6.1f} | {tail.bound if tail else '-'}"
-        )
+        cells: list[object] = [f"{rank}{'!' if c.flagged else ' '}", c.settings["micro_batch_size"]]
+        cells += [c.threads(), c.batch_size, c.window_ms, f"{c.held_per_s:.1f}"]
+        cells += [f"{c.tail.p99_ms:.1f}", c.tail.bound] if c.tail else ["nan", "-"]
+        print(" | ".join(f"{cell!s:>{len(name)}}" for cell, name in zip(cells, columns)))
     if any(c.flagged for c in candidates[:10]):
         print("  ! stage costs not monotone in the batch size (the warnings above)")
 
@@ -80,25 +69,25 @@ def print_confirmed(top: list[Candidate], ranked: list[Candidate], slo_p99_ms: f
     print(f"\nOn TorchServe, within P99 {slo_p99_ms:g} ms:")
     print("model rank | configuration | predicted req/s | held req/s | frontend CPU ms/req")
     for c in top:
-        cpu = f"{c.frontend_cpu_ms:.2f}" if c.frontend_cpu_ms is not None else "-"
+        cpu = "-" if c.frontend_cpu_ms is None else f"{c.frontend_cpu_ms:.2f}"
         print(
             f"{ranked.index(c) + 1:10} | {c.describe()} | {c.held_per_s:.0f} | "
-            f"{c.measured_per_s or 0.0:g} | {cpu}"
+            f"{c.measured_per_s:g} | {cpu}"
         )
 
 
-def write_winner(winner: Candidate, out: Path, slo_p99_ms: float, how: str) -> None:
+def write_winner(winner: Candidate, out: Path, slo_p99_ms: float) -> None:
     """``winner`` merged into ``out``: batchSize, maxBatchDelay and the tuned
     micro_batching keys set; one worker and the whole section where the file has none."""
-    section = {key: winner.settings[key] for key in TUNED_KEYS}
-    values = {
-        "batchSize": winner.batch_size,
-        "maxBatchDelay": winner.window_ms,
-        "micro_batching": section,
-    }
-    defaults = {"minWorkers": 1, "maxWorkers": 1, "micro_batching": winner.settings}
+    how = (
+        f"held {winner.measured_per_s:g} req/s on TorchServe, predicted {winner.held_per_s:.0f}"
+        if winner.measured_per_s  # confirmed: best_confirmed takes none that held nothing
+        else "modelled, not confirmed"
+    )
+    tuned = {key: winner.settings[key] for key in TUNED_KEYS}
+    values = {**winner.frontend(), "micro_batching": tuned}
     header = f"ts-microbatch-tune --slo-p99-ms {slo_p99_ms:g} ({how})"
-    written, backup = write_merged(out, values, defaults, header)
+    written, backup = write_merged(out, values, winner.model_config(), header)
     print(f"\nWrote {out} ({how}): {winner.describe()}")
     if backup is not None:
         kept = ", ".join(sorted(set(written) - set(values))) or "nothing else"
@@ -117,9 +106,23 @@ def write_winner(winner: Candidate, out: Path, slo_p99_ms: float, how: str) -> N
         )
 
 
+def tuning_corpus(args: argparse.Namespace) -> Corpus:
+    """``--corpus``, or ``--input`` as a corpus of one body sent as bytes, or as an image
+    when it is one (TorchServe decodes text/* and JSON bodies, the in-process runs do not;
+    an image reaches the handler as bytes either way)."""
+    if args.corpus is not None:
+        try:
+            return read_corpus(args.corpus)
+        except CorpusError as err:
+            raise SystemExit(f"--corpus: {err}") from None
+    guessed = content_type_of(args.input)
+    content_type = guessed if guessed.startswith("image/") else OCTET_STREAM
+    body = Body(args.input.name, args.input.read_bytes(), content_type)
+    return Corpus(str(args.input), (body,))
+
+
 def measure_costs(args: argparse.Namespace, corpus: Corpus, trials: ResultsLog) -> list[StageCosts]:
     """Step 1: every combination of the grid at each of ``--batch-sizes``, in-process."""
-    batch_sizes = sorted(set(args.batch_sizes))
     combos = [
         {"micro_batch_size": m, "parallelism": {"preprocess": t, "inference": i, "postprocess": t}}
         for m, t, i in itertools.product(
@@ -127,40 +130,45 @@ def measure_costs(args: argparse.Namespace, corpus: Corpus, trials: ResultsLog) 
         )
     ]
     print(
-        f"Stage costs of {len(combos)} combinations at batch sizes {batch_sizes}, in-process, "
-        f"on {corpus.label}",
+        f"Stage costs of {len(combos)} combinations at batch sizes {args.batch_sizes}, "
+        f"in-process, on {corpus.label}",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="ts-microbatch-slo-") as scratch:
         model_dir = model_dir_of(args.mar, Path(scratch) / "model")
-        context = make_context(model_dir, max(batch_sizes))
+        context = make_context(model_dir, max(args.batch_sizes))
         base = load_config(model_dir, context.model_yaml_config)
         _, mb = load_handler(model_dir, context)
         try:
-            return stage_costs(mb, context, corpus, base, combos, batch_sizes, args.repeats, trials)
+            return stage_costs(
+                mb, context, corpus, base, combos, args.batch_sizes, args.repeats, trials
+            )
         finally:
             mb.shutdown()
 
 
-def run(args: argparse.Namespace, trials: ResultsLog) -> int:
-    """``ts-microbatch-tune --slo-p99-ms``: the three steps, the winner merged into --out."""
-    corpus = tuning_corpus(args)
-    costs = measure_costs(args, corpus, trials)
-    cores, frontend_ms, scale = available_cores(), args.frontend_cpu_ms or None, 1.0
-    sizes, slo_ms = sorted(set(args.batch_sizes)), args.slo_p99_ms
-    candidates = plan(costs, sizes, args.windows, slo_ms, args.rate, frontend_ms, cores, scale)
+def model(
+    args: argparse.Namespace, costs: list[StageCosts], servers: Servers
+) -> tuple[list[Candidate], str]:
+    """Step 2: every configuration through the model, best first, and what it knew of the
+    CPU. With ``--confirm`` and no ``--frontend-cpu-ms``, the frontend's and the worker's
+    CPU are read from the model's rank 1 on a real server, and the model run again."""
+    cores = available_cores()
+
+    def planned(frontend_ms: float | None, scale: float) -> list[Candidate]:
+        slo, rate = args.slo_p99_ms, args.rate
+        return plan(costs, args.batch_sizes, args.windows, slo, rate, frontend_ms, cores, scale)
+
+    frontend_ms, scale = args.frontend_cpu_ms or None, 1.0
+    candidates = planned(frontend_ms, scale)
     if args.confirm and args.frontend_cpu_ms is None and candidates[0].tail is not None:
-        calibrated = calibrate_frontend_cpu(
-            candidates[0], args.mar, corpus, args.confirm_out, trials, args.ts_config
-        )
-        if calibrated:  # the worker's CPU on a real server against in-process
+        calibrated = calibrate_frontend_cpu(candidates[0], servers)
+        if calibrated:
             frontend_ms, worker_ms = calibrated
             scale = worker_cpu_scale(costs, candidates[0], worker_ms)
-            candidates = plan(
-                costs, sizes, args.windows, slo_ms, args.rate, frontend_ms, cores, scale
-            )
+            candidates = planned(frontend_ms, scale)
     for c in candidates:
-        trials.append(
+        servers.record.append(
             {
                 "kind": "modelled",
                 **c.model_config(),
@@ -172,31 +180,32 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
                 "not_monotone": c.flagged,
             }
         )
-    frontend = (
+    if not frontend_ms:
+        return candidates, "the frontend's CPU left out"
+    return candidates, (
         f"the frontend's CPU {frontend_ms:.2f} ms a request, the worker's {scale:.2f}x its "
         f"in-process CPU, {cores} cores"
-        if frontend_ms
-        else "the frontend's CPU left out"
     )
-    print_plan(candidates, slo_ms, frontend)
-    at = f" at {args.rate:g} req/s" if args.rate else ""
+
+
+def run(args: argparse.Namespace, trials: ResultsLog) -> int:
+    """``ts-microbatch-tune --slo-p99-ms``: the three steps, the winner merged into --out."""
+    corpus = tuning_corpus(args)
+    servers = Servers(args.mar, corpus, args.confirm_out, trials, args.ts_config)
+    candidates, frontend = model(args, measure_costs(args, corpus, trials), servers)
+    print_plan(candidates, args.slo_p99_ms, frontend)
     if candidates[0].tail is None:
+        at = f" at {args.rate:g} req/s" if args.rate else ""
         print(
-            f"\nNo configuration holds P99 {slo_ms:g} ms{at} in the model; "
+            f"\nNo configuration holds P99 {args.slo_p99_ms:g} ms{at} in the model; "
             "nothing written (try longer objectives, smaller batches or windows)"
         )
         return 1
-    winner, how = candidates[0], "modelled, not confirmed"
-    if args.confirm:
-        confirmed = confirm_best(candidates, args, corpus, trials)
-        if confirmed is None:
-            return 1
-        winner = confirmed
-        how = (
-            f"held {winner.measured_per_s:g} req/s on TorchServe, predicted {winner.held_per_s:.0f}"
-        )
+    winner = confirm_best(candidates, args, servers) if args.confirm else candidates[0]
+    if winner is None:
+        return 1
     try:
-        write_winner(winner, args.out, slo_ms, how)
+        write_winner(winner, args.out, args.slo_p99_ms)
     except MergeError as err:
         print(f"\nerror: {err}")
         return 1
@@ -205,7 +214,7 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
 
 
 def confirm_best(
-    candidates: list[Candidate], args: argparse.Namespace, corpus: Corpus, trials: ResultsLog
+    candidates: list[Candidate], args: argparse.Namespace, servers: Servers
 ) -> Candidate | None:
     """Step 3: the best that differ in more than the window on a real server; the one that
     held the most, or None (recorded as refused, and said)."""
@@ -217,19 +226,11 @@ def confirm_best(
             "\nNot confirmed, as each differs from one confirmed in maxBatchDelay alone: "
             f"model ranks {ranks}"
         )
-    confirm(top, args.mar, corpus, args.slo_p99_ms, args.confirm_out, trials, args.ts_config)
+    confirm(top, servers, args.slo_p99_ms)
     print_confirmed(top, candidates, args.slo_p99_ms)
     confirmed = best_confirmed(top, args.rate)
     if confirmed is None:
-        tried = [
-            {
-                **c.model_config(),
-                "predicted_per_s": c.held_per_s,
-                "measured_per_s": c.measured_per_s,
-            }
-            for c in top
-        ]
-        trials.append({"kind": "refused", "tried": tried})
+        servers.record.append({"kind": "refused", "tried": [c.outcome() for c in top]})
         at = f" at {args.rate:g} req/s or more" if args.rate else ""
         print(
             f"\nNothing written to {args.out}: the server held nothing within P99 "
@@ -244,11 +245,11 @@ def ints(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:
+        values = []
+    if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(
-            f"expected integers separated by commas, got {text!r}"
-        ) from None
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+            f"expected integers >= 1 separated by commas, got {text!r}"
+        )
     return values
 
 
@@ -299,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=Path("model-config.yaml"),
         help="the model-config.yaml the best is merged into (a backup of an existing one "
-        "beside it; a .json is refused: see out_file)",
+        "beside it; a .json is refused: only a model-config.yaml holds the frontend's keys)",
     )
     confirming = parser.add_argument_group("confirming on a real TorchServe")
     confirming.add_argument(
@@ -308,7 +309,6 @@ def build_parser() -> argparse.ArgumentParser:
     confirming.add_argument(
         "--confirm-out",
         type=Path,
-        default=None,
         help="the servers' scratch folders and logs; default: <out>-confirm/ beside --out",
     )
     confirming.add_argument(
@@ -320,45 +320,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def out_file(out: Path) -> Path:
-    """``--out``, refused when a ``.json``: the frontend's keys only a model-config.yaml
-    holds (the package's config check refuses them in a micro_batching.json)."""
-    if out.suffix.lower() == ".json":
+def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
+    """Before anything is measured: ``--out`` checked, ``--confirm``'s needs checked, the
+    folders of ``--out`` and ``--confirm-out`` made (``<out>-confirm/`` by default; a
+    non-empty one the tuner did not make is refused) and the trials file every measurement
+    is appended to."""
+    out = args.out
+    if out.suffix.lower() == ".json":  # the package's config check refuses these keys there
         raise SystemExit(
             f"error: --out {out}: --slo-p99-ms tunes the frontend's batchSize and "
             "maxBatchDelay with a micro_batching section, which only a model-config.yaml "
-            "holds, not a micro_batching.json; give --out "
-            f"{out.with_name('model-config.yaml')}"
+            f"holds, not a micro_batching.json; give --out {out.with_name('model-config.yaml')}"
         )
-    return out
-
-
-def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
-    """Before anything is measured: ``--confirm``'s needs checked, the folders of ``--out``
-    and ``--confirm-out`` made (``<out>-confirm/`` by default; a non-empty one the tuner did
-    not make is refused) and the trials file every measurement is appended to."""
     if args.confirm:
         problem = java_problem()
         if problem:
             raise SystemExit(f"--confirm needs TorchServe: {problem}")
     try:
-        output_file(args.out, "--out")
-        read_existing(args.out)  # a file that cannot be merged into fails now, not at the end
+        output_file(out, "--out")
+        read_existing(out)  # a file that cannot be merged into fails now, not at the end
         if args.confirm:
-            default = args.out.with_name(f"{args.out.stem}-confirm")
             # The confirm runs delete and rewrite store/ and servers/ in it: never in a
             # folder of the user's (results.claimed_dir).
             args.confirm_out = claimed_dir(
-                args.confirm_out or default, "ts-microbatch-tune", "--confirm-out"
+                args.confirm_out or out.with_name(f"{out.stem}-confirm"),
+                "ts-microbatch-tune",
+                "--confirm-out",
             )
-        return ResultsLog(args.out.with_name(f"{args.out.stem}.trials.jsonl"))
+        return ResultsLog(out.with_name(f"{out.stem}.trials.jsonl"))
     except (OutputError, MergeError) as err:
         raise SystemExit(f"error: {err}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.out = out_file(args.out)
+    args.batch_sizes = sorted(set(args.batch_sizes))  # measured and modelled once, rising
     trials = prepare_outputs(args)
     print(f"Each measurement is appended to {trials.path} as it comes", flush=True)
     return run(args, trials)
