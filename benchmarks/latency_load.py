@@ -350,7 +350,7 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
     for name, (model, (section, frontend)) in chosen.items():
         override_mar(sources[model], store / f"{name}.mar", section, frontend)
     first = corpus.bodies[0]
-    config = {"metrics_mode": "prometheus", "warmup_requests": 300, "response_timeout": 120}
+    config = {"warmup_requests": 300, "response_timeout": 120}
     rows: list[dict[str, Any]] = []
     for round_no in range(args.rounds):
         for name in round_order(list(chosen), round_no + 1, args.seed):

@@ -262,11 +262,7 @@ def run_settings(
     args: argparse.Namespace, corpus: Corpus, frontend: dict[str, int]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``measure``'s config and point (the load every variant gets) for ``args``."""
-    config = {
-        "metrics_mode": "prometheus",
-        "warmup_requests": args.warmup_requests,
-        "response_timeout": args.response_timeout,
-    }
+    config = {"warmup_requests": args.warmup_requests, "response_timeout": args.response_timeout}
     concurrency = args.concurrency or 2 * frontend["batchSize"]
     point = {
         "body": corpus.label,

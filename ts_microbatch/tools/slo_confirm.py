@@ -109,7 +109,7 @@ class Servers(NamedTuple):
             "requests": requests,
             "workers": 1,
         }
-        config = {"metrics_mode": "prometheus", "warmup_requests": 100, "response_timeout": 120}
+        config = {"warmup_requests": 100, "response_timeout": 120}
         try:
             return measure(
                 out / "servers" / name,
