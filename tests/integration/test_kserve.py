@@ -101,8 +101,11 @@ def python_without_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "import ts, torch, torchvision\n"
         "try:\n import ts_microbatch\nexcept ImportError:\n print('absent')"
     )
+    # Probed as the pod runs it (runtime_environment drops PYTHONPATH): a developer's
+    # PYTHONPATH pointing at a checkout would make the package importable here alone.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run(
-        [str(python), "-c", probe], capture_output=True, text=True, cwd=venv, check=True
+        [str(python), "-c", probe], capture_output=True, text=True, cwd=venv, env=env, check=True
     )
     assert out.stdout.strip() == "absent", (
         "ts_microbatch is importable: the test would prove nothing"
