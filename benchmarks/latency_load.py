@@ -465,10 +465,10 @@ def write_report(
     held = {(n, args.slos[0]): _median_held(rows, n, args.slos[0]) for n in names}
     pairs = equal_load_pairs(names, held, args.slos[0])
     write_curves(args.out, rows, args.slo_p99_ms, pairs=pairs)
-    plot(rows, args.out / "p99.png", info["label"], args.slo_p99_ms)
     (args.out / "report.md").write_text(text)
     if served is not None:
         (args.out / "plan.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    plot(rows, args.out / "p99.png", info["label"], args.slo_p99_ms)  # last: needs matplotlib
     print("\n" + text)
 
 

@@ -40,8 +40,8 @@ def server_for(
     base_config: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> TorchServe:
-    """A TorchServe on free loopback ports from ``base_config`` (a config.properties, whose
-    settings all stand), else DEFAULT_PROPERTIES."""
+    """A TorchServe on free loopback ports from ``base_config`` (a config.properties, its
+    settings kept but ``metrics_mode`` when one is given), else DEFAULT_PROPERTIES."""
     properties = {} if base_config else dict(DEFAULT_PROPERTIES)
     if metrics_mode is not None:
         properties["metrics_mode"] = metrics_mode
