@@ -25,9 +25,14 @@ def test_hang_free_port_taken_before_torchserve_binds_it(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
-        real = server_module.free_port
+        real = server_module.free_ports
         handed: Iterator[int] = iter([busy])
-        monkeypatch.setattr(server_module, "free_port", lambda: next(handed, None) or real())
+
+        def first_busy(count: int) -> list[int]:
+            ports = real(count)
+            return [next(handed, None) or ports[0], *ports[1:]]
+
+        monkeypatch.setattr(server_module, "free_ports", first_busy)
         (tmp_path / "store").mkdir()
         ts = TorchServe(
             model_store=tmp_path / "store",

@@ -169,3 +169,38 @@ def test_the_tools_that_start_torchserve_say_they_are_safe_beside_one() -> None:
         out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         assert "safe beside a running torchserve" in " ".join(out.lower().split()), command
         assert "--ts-config" in out or "--config" in out, command
+
+
+class _ReusingSocket:
+    """A socket whose kernel hands out the lowest port not held open: a port released is
+    the next one given, which made two of a server's ports the same."""
+
+    held: set[int] = set()
+
+    def __init__(self) -> None:
+        self.port = 0
+
+    def __enter__(self) -> _ReusingSocket:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        _ReusingSocket.held.discard(self.port)
+
+    def bind(self, address: tuple[str, int]) -> None:
+        self.port = min(set(range(50000, 50010)) - _ReusingSocket.held)
+        _ReusingSocket.held.add(self.port)
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+
+def test_a_servers_ports_are_distinct_when_the_kernel_reuses_a_released_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ports.socket, "socket", _ReusingSocket)
+    # The scenario: ports chosen one at a time are all the same one here.
+    assert ports.free_port() == ports.free_port() == 50000
+    assert ports.free_ports(5) == [50000, 50001, 50002, 50003, 50004]
+    ts = TorchServe(model_store=tmp_path / "store", workdir=tmp_path / "w", worker_port=9000)
+    assert ts.ports is not None
+    assert len({*ts.ports, *ts._grpc_ports}) == 5

@@ -12,6 +12,7 @@ file was deleted), no bound TCP port. One block per server keeps its scale-ups i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -37,11 +38,21 @@ class PortError(RuntimeError):
     """No block of worker ports is free."""
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on loopback that nothing listens on now. Every socket is
+    held until all are chosen: a port just released may be the next one the kernel hands
+    out, and a server given the same port twice (HTTP management and gRPC) registered a
+    model, then stopped when gRPC could not bind."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind((LOOPBACK, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def tcp_port_bound(port: int) -> bool:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from . import METRICS_YAML
-from .ports import LOOPBACK, free_port, free_worker_ports, socket_dir_for, without_java_tmpdir
+from .ports import LOOPBACK, free_ports, free_worker_ports, socket_dir_for, without_java_tmpdir
+from .ports import free_port as free_port  # re-exported: tests and benchmarks import it here
 from .processes import remove_pid_file, stop_from_pid_file, stop_process_group, write_pid_file
 
 # What a server started without a config.properties of the user's runs with: one worker,
@@ -117,10 +118,11 @@ class TorchServe:
         self._new_ports()
 
     def _new_ports(self) -> None:
+        picked = free_ports(5)  # distinct: one port given twice stops the server
         if self._auto_ports or self.ports is None:
-            self.ports = (free_port(), free_port(), free_port())
+            self.ports = (picked[0], picked[1], picked[2])
         # gRPC too, on 7070 and 7071 unless told otherwise: two servers would collide there.
-        self._grpc_ports = (free_port(), free_port())
+        self._grpc_ports = (picked[3], picked[4])
 
     def _url(self, which: int) -> str:
         if self.ports is None:  # for mypy: chosen in __post_init__
