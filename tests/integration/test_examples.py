@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
-from ts_microbatch.tools.server import free_port
+from ts_microbatch.tools.ports import free_ports
 
 EXAMPLES = sorted(p.parent.name for p in Path(ROOT, "examples").glob("*/README.md"))
 
@@ -28,7 +28,7 @@ def test_readme_commands_work_as_written(example: str, tmp_path: Path) -> None:
         os.environ,
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         TS_MICROBATCH_WORKDIR=str(tmp_path / "torchserve"),
-        TS_MICROBATCH_PORTS=f"{free_port()},{free_port()},{free_port()}",
+        TS_MICROBATCH_PORTS=",".join(map(str, free_ports(3))),
     )
     outputs = []
     try:

@@ -37,8 +37,9 @@ import pytest
 from tests.helpers import ROOT
 from tests.integration.servers import build
 from tests.torchserve.images import make_jpeg
+from ts_microbatch.tools.ports import free_ports
 from ts_microbatch.tools.scrape import summarize
-from ts_microbatch.tools.server import LOOPBACK, free_port, stop_process_group
+from ts_microbatch.tools.server import LOOPBACK, stop_process_group
 
 KSERVE_PYTHON = Path(ROOT) / ".venv-kserve" / "bin" / "python"  # make kserve-venv
 DEPLOY = Path(ROOT) / "deploy" / "kserve"
@@ -165,13 +166,13 @@ def pod(
 ) -> Iterator[Pod]:
     ts_config = mount / "config" / "config.properties"
     config = ts_config.read_text()
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, grpc_inference, grpc_management = free_ports(4)  # distinct
     addresses = {
         "inference_address": f"http://{LOOPBACK}:{port}",
         "management_address": f"http://{LOOPBACK}:{port}",
         "metrics_address": f"http://{LOOPBACK}:{metrics_port}",
-        "grpc_inference_port": str(free_port()),
-        "grpc_management_port": str(free_port()),
+        "grpc_inference_port": str(grpc_inference),
+        "grpc_management_port": str(grpc_management),
     }
     for key, value in addresses.items():
         config, replaced = re.subn(rf"^{key}=.*$", f"{key}={value}", config, flags=re.M)

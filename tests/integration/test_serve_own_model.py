@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import load_module
-from ts_microbatch.tools.server import free_port
+from ts_microbatch.tools.ports import free_ports
 
 build = load_module("examples/tabular_scorer/build_mar.py", "ts_microbatch_tabular_build_mar")
 NAME = "tabular_mb"
@@ -32,7 +32,7 @@ def test_a_pip_user_serves_their_mar_with_its_own_settings_and_stops_it_from_its
         folder.mkdir(parents=True)
     build.build_mar(store, work_dir=tmp_path / "build")
     (user / "sample.json").write_text(json.dumps({"features": build.prepare.make_features(1)}))
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     env = dict(os.environ, TS_MICROBATCH_PORTS=",".join(map(str, ports)))
     env.pop("TS_MICROBATCH_WORKDIR", None)  # the default: ./logs/torchserve
     try:
