@@ -355,13 +355,14 @@ def check_answers(answers: list[Answer], reference: list[Any]) -> None:
     for i in range(6):
         (prediction,) = bodies[i]["predictions"]
         same(prediction, reference[i])
-    for got, want in zip(bodies[6]["predictions"], reference[6:9], strict=True):
+    assert len(bodies[6]["predictions"]) == 3
+    for got, want in zip(bodies[6]["predictions"], reference[6:9]):
         same(got, want)
     for body, request_id, indices in ((bodies[7], "one", [9]), (bodies[8], "two", [10, 11])):
         assert body["id"] == request_id and body["model_name"] == NAME
         (output,) = body["outputs"]
         assert output["datatype"] == "BYTES" and output["shape"] == [len(indices)]
-        for text, i in zip(output["data"], indices, strict=True):
+        for text, i in zip(output["data"], indices):
             same(json.loads(text), reference[i])
     same(bodies[9], reference[0])
     assert "instance 0" in bodies[10]["error"]

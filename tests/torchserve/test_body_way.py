@@ -32,17 +32,20 @@ through the same hook, to prove that it sees the reader.
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import pkgutil
 import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any, NamedTuple
 
 import pytest
 
+import ts_microbatch
 from tests.torchserve.test_micro_batching import RowHandler, ts_request, ts_service, v2_body
 from tests.torchserve.ts_machinery import decode
 from ts_microbatch import MicroBatching
@@ -95,6 +98,38 @@ def _module(call: Call) -> str:
     return call.module
 
 
+def qualnames() -> dict[CodeType, str]:
+    """Each of the package's code objects and its qualified name, nested functions as
+    ``f.<locals>.g``: what ``co_qualname`` holds from Python 3.11 on, which 3.9 (the
+    official image's) lacks."""
+    names: dict[CodeType, str] = {}
+
+    def walk(code: CodeType, qualname: str) -> None:
+        names[code] = qualname
+        for const in code.co_consts:
+            if isinstance(const, CodeType):
+                walk(const, f"{qualname}.<locals>.{const.co_name}")
+
+    def visit(owner: Any, module: str, seen: set[int]) -> None:
+        for value in vars(owner).values():
+            value = getattr(value, "__func__", value)  # classmethod, staticmethod
+            if getattr(value, "__module__", None) != module or id(value) in seen:
+                continue
+            seen.add(id(value))
+            code = getattr(value, "__code__", None)
+            if isinstance(code, CodeType):
+                walk(code, value.__qualname__)
+            elif isinstance(value, type):
+                visit(value, module, seen)
+
+    for info in pkgutil.walk_packages(ts_microbatch.__path__, PACKAGE):
+        if info.name.endswith(".__main__"):
+            continue  # a command, which importing would run
+        module = importlib.import_module(info.name)
+        visit(module, info.name, set())
+    return names
+
+
 @contextmanager
 def recording() -> Iterator[list[tuple[int, Call]]]:
     """Every call into the package made while ``MicroBatching.handle`` runs, on any thread
@@ -103,12 +138,14 @@ def recording() -> Iterator[list[tuple[int, Call]]]:
     counter = itertools.count()
     lock = threading.Lock()
     depth = [0]  # handle's frames open (its thread only)
+    names = qualnames()
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:
         name = frame.f_globals.get("__name__", "")
         if not name.startswith(PACKAGE):
             return
-        is_handle = frame.f_code.co_qualname == "MicroBatching.handle"
+        qualname = names.get(frame.f_code, frame.f_code.co_name)
+        is_handle = qualname == "MicroBatching.handle"
         if event == "return" and is_handle:
             depth[0] -= 1
         if event != "call":
@@ -121,7 +158,7 @@ def recording() -> Iterator[list[tuple[int, Call]]]:
         call = Call(
             threading.current_thread().name,
             name.removeprefix(PACKAGE),
-            frame.f_code.co_qualname,
+            qualname,
             counted,
         )
         with lock:

@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
+import PIL
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -218,12 +219,22 @@ def test_a_frame_header_behind_junk_is_found_as_pil_finds_it() -> None:
     assert shape == (320, 240)
 
 
+PILLOW_11_REFUSES = {"jpeg-length-one", "jpeg-sof-past-cap"}
+
+
 def test_every_hostile_header_gets_the_shape_pil_reads() -> None:
     # The same answer as PIL on the whole body (the handlers' decode), at 64 KiB, where
     # PIL's own slowness is bearable: a shape where it reads one, unknown where it refuses.
     bodies = list(corpus(64 * 1024))
     assert len(bodies) > 250  # every plugin's magic with each noise, and the structures
     differing = [(name, image_shape(body), pil_shape(body)) for name, body in bodies]
+    if int(PIL.__version__.split(".")[0]) < 12:
+        # Pillow 11 (the newest for Python 3.9, the official image's) refuses these two
+        # JPEGs that Pillow 12 on reads: the reader answers as the newer PIL. A refusal
+        # then fails that body at its decode (400), as with the reader's unknown.
+        refused = [d for d in differing if d[0] in PILLOW_11_REFUSES]
+        assert [(d[1], d[2]) for d in refused] == [((64, 48), None)] * 2
+        differing = [d for d in differing if d[0] not in PILLOW_11_REFUSES]
     assert [d for d in differing if d[1] != d[2]] == []
     assert any(shape is not None for _, shape, _ in differing)  # some are images
 

@@ -65,16 +65,31 @@ def compile_count() -> int:
     from torch._dynamo.utils import counters
 
     limit_hits = sum(
-        count for reason, count in counters["unimplemented"].items() if "recompile limit" in reason
+        count
+        for reason, count in counters["unimplemented"].items()
+        if any(words in reason for words in _LIMIT_REASONS)
     )
     return int(counters["stats"]["unique_graphs"]) + limit_hits
+
+
+# Dynamo's reason for giving a frame up at the limit: torch 2.14's words, and torch 2.4's
+# ("cache_size_limit reached", "accumulated_cache_size_limit reached").
+_LIMIT_REASONS = ("recompile limit", "cache_size_limit reached")
+
+
+def recompile_limit_name() -> str:
+    """The name of Dynamo's recompile limit in its config: ``recompile_limit`` in recent
+    torch, ``cache_size_limit`` in torch 2.4 (the official TorchServe image's)."""
+    import torch._dynamo.config as dynamo_config
+
+    return "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
 
 
 def recompile_limit() -> int:
     """Graphs Dynamo keeps per frame before it runs the frame eagerly, silently."""
     import torch._dynamo.config as dynamo_config
 
-    return int(getattr(dynamo_config, "recompile_limit", dynamo_config.cache_size_limit))
+    return int(getattr(dynamo_config, recompile_limit_name()))
 
 
 def cover_recompile_limit(graphs: int) -> None:
@@ -90,7 +105,7 @@ def cover_recompile_limit(graphs: int) -> None:
         return
     import torch._dynamo.config as dynamo_config
 
-    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    name = recompile_limit_name()
     setattr(dynamo_config, name, graphs)
     logger.info(
         "torch._dynamo.config.%s raised from %d to %d on %s: the shapes inference can see "

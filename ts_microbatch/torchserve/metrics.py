@@ -34,7 +34,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Concatenate, ParamSpec
+from typing import TYPE_CHECKING, Any
 
 from ..core._checks import MAX_METRICS_INTERVAL_S
 from ..core.metrics import GuardedObserver, PipelineObserver
@@ -60,6 +60,19 @@ from .metric_names import size_range as size_range
 
 logger = logging.getLogger(__name__)
 
+if TYPE_CHECKING:
+    # Types only: Python 3.9, the official image's, has neither ParamSpec nor Concatenate
+    # in typing, and evaluates a ``str | None`` alias at import (a TypeError there).
+    from typing_extensions import Concatenate, ParamSpec, TypeAlias
+
+    # A request id, or how to find it when it is needed (most reports of an interval need
+    # none).
+    _RequestId: TypeAlias = "str | None | Callable[[], str | None]"
+    # name, unit, dims, histogram
+    _WindowKey: TypeAlias = "tuple[str, str, tuple[tuple[str, str], ...], bool]"
+    _P = ParamSpec("_P")
+    _Hook: TypeAlias = "Callable[Concatenate[TorchServeMetricsObserver, _P], None]"
+
 
 def _stage_request_id() -> str | None:
     """The id of the first request of the micro-batch whose stage call this thread is
@@ -79,19 +92,8 @@ def _first_request_id(info: MicroBatchInfo) -> str | None:
     return request_id if isinstance(request_id, str) else None
 
 
-# A request id, or how to find it when it is needed (most reports of an interval need none).
-_RequestId = str | None | Callable[[], str | None]
-
-
-_WindowKey = tuple[str, str, tuple[tuple[str, str], ...], bool]  # name, unit, dims, histogram
-
-
 def _nothing() -> None:
     """The write of a report that only wakes the reporter (an interval began)."""
-
-
-_P = ParamSpec("_P")
-_Hook = Callable[Concatenate["TorchServeMetricsObserver", _P], None]
 
 
 def _deferred(hook: _Hook[_P]) -> _Hook[_P]:
