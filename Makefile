@@ -23,14 +23,15 @@ INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: help venv kserve-venv agent test test-unit fuzz mar serve bert-mar serve-bert tabular-mar serve-tabular stop metrics ab bench bench-latency bench-compare bench-photos bench-detect bench-segment bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
+.PHONY: help venv floor-venv kserve-venv agent test test-floor test-unit fuzz mar serve bert-mar serve-bert tabular-mar serve-tabular stop metrics ab bench bench-latency bench-compare bench-photos bench-detect bench-segment bench-compiled bench-text soak tune kserve-bundle lint clean FORCE
 
 help:
 	@echo "make serve   set up, build the .mar, start TorchServe, register the model, send a request"
 	@echo "make serve-bert  the same for the BERT text classifier (examples/bert_classifier)"
 	@echo "make stop    stop TorchServe"
 	@echo "make metrics while it runs: per-stage times and micro-batch sizes every 10 s"
-	@echo "make test    set up and run every test"
+	@echo "make test    set up and run every test, then the floor's part on Python 3.9 / torch 2.4.0"
+	@echo "make test-floor  the suite's part that runs on the official image's stack (Python 3.9, torch 2.4.0)"
 	@echo "make agent   build the Java agent that fixes TorchServe 0.12.0's asynchronous frontend (needs a JDK)"
 	@echo "make fuzz    the generative tests with a long random profile (not in CI)"
 	@echo "make mar     build $(MAR)"
@@ -57,6 +58,54 @@ $(STAMP): setup.py
 	$(PIP) install --quiet $(TORCH_PINS)
 	$(PIP) install --quiet -e '.[tools,images,test,bench,dev,text]' $(TORCH_PINS)
 	touch $(STAMP)
+
+# The official TorchServe 0.12.0 image's stack, the oldest this package claims (docs/stacks.md):
+# Python 3.9 (pyenv's on these machines) with torch 2.4.0 and torchvision 0.19.0. PyPI's
+# torch 2.4.0 is a CUDA build, ~5 GB installed: one copy per machine under FLOOR_TORCH,
+# shared by every checkout and CI clone, which each keep a small venv that lists it in a
+# .pth file (the package and the rest installed as usual, from pip's cache after the first).
+FLOOR_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3.9) $(shell command -v python3.9 2>/dev/null))
+FLOOR_TORCH_PINS := torch==2.4.0 torchvision==0.19.0
+# What else the image holds at v0.12.0 (requirements/common.txt and torch_common.txt), so the
+# floor runs on the image's releases and the package installs there without an upgrade;
+# numpy and Pillow go beside torch, which would otherwise bring newer ones.
+FLOOR_SHARED_PINS := $(FLOOR_TORCH_PINS) numpy==1.24.3 pillow==10.3.0
+FLOOR_IMAGE_PINS := numpy==1.24.3 pillow==10.3.0 captum==0.6.0 pyyaml==6.0.1 psutil==5.9.8
+# Named by what it holds: other pins, another folder.
+FLOOR_TORCH ?= $(HOME)/.cache/ts_microbatch/$(subst ==,,$(subst $(subst ,, ),-,$(FLOOR_SHARED_PINS)))-py3.9
+FLOOR_VENV := .venv-floor
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
+# The part of the suite the floor runs (docs/stacks.md says what it covers): the core; the
+# adapter through TorchServe's machinery, compiled models on torch 2.4's inductor among it;
+# the image recipe (a TorchServe serving the image example with good, odd and hostile
+# bodies); the KServe bundle as the runtime starts it; the Java agent on that stack's
+# frontend; the package's own checks of the floor (vermin, every module imported). Left to
+# today's stack, for CI's time: the tools' tuner runs in-process, the compiled buckets' 9
+# shapes x 3 sizes, the other servers' integration tests.
+FLOOR_TESTS ?= tests/core tests/torchserve tests/tools/test_floor.py \
+  tests/integration/test_image_recipe.py tests/integration/test_kserve.py \
+  tests/integration/test_async_agent.py
+FLOOR_LEFT ?= tests/torchserve/test_tune.py tests/torchserve/test_slo_tune.py \
+  tests/torchserve/test_compiled_buckets.py
+
+$(FLOOR_TORCH)/.installed:
+	@test -n "$(FLOOR_PYTHON)" || { echo "no Python 3.9: pyenv install 3.9 (or FLOOR_PYTHON=<a python3.9>)"; exit 2; }
+	mkdir -p $(dir $(FLOOR_TORCH))
+	@# flock: two checkouts setting up at once install it once
+	flock $(FLOOR_TORCH).lock sh -c 'test -f $@ || { rm -rf $(FLOOR_TORCH) && \
+	  $(FLOOR_PYTHON) -m venv $(FLOOR_TORCH) && \
+	  $(FLOOR_TORCH)/bin/pip install --quiet $(FLOOR_SHARED_PINS) && touch $@; }'
+
+floor-venv: $(FLOOR_STAMP)
+
+$(FLOOR_STAMP): setup.py $(FLOOR_TORCH)/.installed
+	rm -rf $(FLOOR_VENV)
+	$(FLOOR_PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_TORCH)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	  > "$$($(FLOOR_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/floor_torch.pth"
+	$(FLOOR_VENV)/bin/pip install --quiet --upgrade pip
+	$(FLOOR_VENV)/bin/pip install --quiet -e '.[tools,images,test]' $(FLOOR_TORCH_PINS) $(FLOOR_IMAGE_PINS)
+	touch $@
 
 # The KServe SDK in a venv of its own: it checks deploy/kserve/ and is a real v1/v2 client
 # in the tests. Beside TorchServe it would downgrade psutil under the worker.
@@ -99,8 +148,14 @@ $(AGENT_JAR): $(AGENT_SRC) $(STAMP)
 	printf 'Premain-Class: tsmicrobatch.agent.Agent\n' > $(AGENT_BUILD)/MANIFEST.MF
 	jar --create --date=$(AGENT_DATE) --file $@ --manifest $(AGENT_BUILD)/MANIFEST.MF -C $(AGENT_BUILD)/jar .
 
-test: venv kserve-venv agent
+# Both ends of the range users run: today's stack, the whole suite; then the official
+# image's (Python 3.9, torch 2.4.0), the part of it FLOOR_TESTS declares.
+test: venv kserve-venv agent floor-venv ab
 	$(VENV)/bin/pytest
+	$(MAKE) --no-print-directory test-floor
+
+test-floor: floor-venv kserve-venv agent ab
+	$(FLOOR_VENV)/bin/pytest $(FLOOR_TESTS) $(addprefix --ignore=,$(FLOOR_LEFT))
 
 # The fast part: the core and the adapter in-process, no TorchServe server.
 test-unit: venv

@@ -4,7 +4,7 @@ from setuptools import find_packages, setup
 
 # image models: TorchServe's vision handlers, handlers/micro_batching_handler.py and the
 # image examples (torchvision's models and transforms, PIL's decoding)
-IMAGES = ["torchvision>=0.16", "pillow>=10"]
+IMAGES = ["torchvision>=0.19,<0.30", "pillow>=10"]
 # ts_microbatch.tools: server/serve watch processes (psutil), scrape parses /metrics
 # (prometheus_client); a worker imports neither (TorchServe brings its own psutil)
 TOOLS = ["psutil>=5.9", "prometheus_client>=0.17"]
@@ -26,16 +26,20 @@ setup(
     package_data={
         "ts_microbatch": ["py.typed", "tools/metrics.yaml", "agent/*.jar", "agent/README.md"]
     },
-    python_requires=">=3.9",
+    # The two stacks CI tests, and what lies between them: the official TorchServe 0.12.0
+    # image's Python 3.9 with torch 2.4.0 / torchvision 0.19.0, and Python 3.11 with torch
+    # 2.14.1 / torchvision 0.29.1 (tests/tools/test_floor.py holds these to the Makefile's pins).
+    python_requires=">=3.9,<3.12",
     # What every handler's worker needs; the package imports neither torchvision nor Pillow
     # (images.py loads PIL only when an image's shape is read): those are the images extra.
     install_requires=[
-        "torch>=2.1",
+        "torch>=2.4,<2.15",
         "torchserve==0.12.0",
         "torch-model-archiver==0.12.0",
-        # torchserve 0.12.0 imports these without declaring them
+        # torchserve 0.12.0 imports these without declaring them (the official image has
+        # PyYAML 6.0.1 and captum 0.6.0)
         "pyyaml>=6",
-        "captum>=0.7",
+        "captum>=0.6",
         # the core's sizes and budgets, the KServe v2 tensors
         "numpy>=1.24",
     ],
@@ -49,6 +53,9 @@ setup(
             "pytest-timeout>=2.3",
             # generative tests at the request and output boundaries
             "hypothesis>=6.100",
+            # the floor's static check (tests/tools/test_floor.py)
+            "vermin>=1.6",
+            "packaging>=23",
             *IMAGES,
             *TOOLS,
             *TEXT,

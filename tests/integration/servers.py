@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,3 +72,66 @@ def scraped(server: TorchServe, model: str, before: str = "") -> dict[str, Any]:
     """The summary of ``model``'s pipeline metrics since ``before`` (a settled scrape), once
     the worker's lines for the traffic sent have all reached ``/metrics``."""
     return summarize(settled_scrape(server, model), before, model_name=model)
+
+
+def stock_python(venv: Path, *, pip: bool = False) -> Path:
+    """The Python of a venv standing for a stock TorchServe image: this environment's
+    packages (torch, TorchServe, ...) without ts_microbatch.
+
+    Its site directory lists, in a .pth file, a folder of links to everything in this
+    environment's site directories but the package's own entries (its dist-info, the
+    editable install's hook): Python finds torch and TorchServe there and pip counts them
+    installed, while neither finds the package. On the floor's venv that takes in the shared
+    torch it lists in a .pth file of its own (the Makefile's FLOOR_TORCH), whose .pth files a
+    listed folder never runs. Its bin/ holds a ``torchserve`` command, as the image's PATH
+    does; ``pip`` gives it pip, for an install step to run in it.
+    """
+    venv_args = [] if pip else ["--without-pip"]
+    subprocess.run([sys.executable, "-m", "venv", *venv_args, str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    stock = venv / "stock-site-packages"
+    stock.mkdir()
+    sites = [Path(p) for p in sys.path if Path(p).name == "site-packages" and Path(p).is_dir()]
+    assert Path(sysconfig.get_paths()["purelib"]) in sites
+    distributions = set()  # a distribution's first metadata on sys.path wins, as its code
+    for entry in (e for found in sites for e in sorted(found.iterdir())):
+        own = "ts_microbatch" in entry.name or entry.name.startswith("__editable__")
+        if entry.suffix in (".dist-info", ".egg-info"):
+            name = entry.name.split("-")[0].lower().replace("_", "-")
+            own = own or name in distributions
+            distributions.add(name)
+        if not own and not (stock / entry.name).exists():  # the first on sys.path wins
+            (stock / entry.name).symlink_to(entry)
+    Path(site, "stock_packages.pth").write_text(f"{stock}\n")
+    torchserve = venv / "bin" / "torchserve"  # what pip writes for TorchServe's entry point
+    torchserve.write_text(
+        f"#!{python}\nimport sys\nfrom ts.model_server import start\nsys.exit(start())\n"
+    )
+    torchserve.chmod(0o755)
+    probe = (
+        "import ts, torch, torchvision\n"
+        "try:\n import ts_microbatch\nexcept ImportError:\n print('absent')"
+    )
+    # Probed as the image runs it: a developer's PYTHONPATH pointing at a checkout would
+    # make the package importable here alone.
+    out = subprocess.run(
+        [str(python), "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=venv,
+        env=without_pythonpath(),
+        check=True,
+    )
+    assert out.stdout.strip() == "absent", "ts_microbatch is importable: a test would prove nothing"
+    return python
+
+
+def without_pythonpath() -> dict[str, str]:
+    """This environment without PYTHONPATH, as an image's processes run."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -22,7 +22,6 @@ import os
 import re
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 import urllib.request
@@ -35,7 +34,7 @@ import psutil
 import pytest
 
 from tests.helpers import ROOT
-from tests.integration.servers import build
+from tests.integration.servers import build, stock_python
 from tests.torchserve.images import make_jpeg
 from ts_microbatch.tools.ports import free_ports
 from ts_microbatch.tools.scrape import summarize
@@ -79,39 +78,8 @@ def mount(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def python_without_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv that sees this environment's packages (torch, TorchServe) as a stock image
-    would have them, but not ts_microbatch: the site directory is listed in a .pth file,
-    so its own .pth files (the editable install's import hook) are never run. Its bin/
-    holds a ``torchserve`` command, as the image's PATH does."""
-    venv = tmp_path_factory.mktemp("clean_venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    Path(site, "stock_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    torchserve = venv / "bin" / "torchserve"  # what pip writes for TorchServe's entry point
-    torchserve.write_text(
-        f"#!{python}\nimport sys\nfrom ts.model_server import start\nsys.exit(start())\n"
-    )
-    torchserve.chmod(0o755)
-    probe = (
-        "import ts, torch, torchvision\n"
-        "try:\n import ts_microbatch\nexcept ImportError:\n print('absent')"
-    )
-    # Probed as the pod runs it (runtime_environment drops PYTHONPATH): a developer's
-    # PYTHONPATH pointing at a checkout would make the package importable here alone.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run(
-        [str(python), "-c", probe], capture_output=True, text=True, cwd=venv, env=env, check=True
-    )
-    assert out.stdout.strip() == "absent", (
-        "ts_microbatch is importable: the test would prove nothing"
-    )
-    return python
+    """The image's Python: this environment's packages without ts_microbatch."""
+    return stock_python(tmp_path_factory.mktemp("clean_venv"))
 
 
 class Pod(NamedTuple):

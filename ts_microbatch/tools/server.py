@@ -92,6 +92,8 @@ class TorchServe:
         token_auth: keep TorchServe's token authorization on (its default).
         properties: extra config.properties entries, applied last.
         env: extra environment variables for TorchServe and its workers.
+        python: the Python whose environment's ``torchserve`` starts (its workers run that
+            Python); this interpreter when None.
     """
 
     model_store: Path
@@ -102,6 +104,7 @@ class TorchServe:
     token_auth: bool = True
     properties: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    python: Path | None = None
     process: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
@@ -207,7 +210,7 @@ class TorchServe:
             TEMP=str(self.socket_dir),
             **self.env,
         )
-        torchserve = str(Path(sys.executable).with_name("torchserve"))
+        torchserve = str(Path(self.python or sys.executable).with_name("torchserve"))
         paths = ["--ts-config", str(self.config_path), "--model-store", str(self.model_store)]
         # A new file per start: an earlier attempt's output must not be read as this one's.
         out_path = self.log_dir / "torchserve.out"
