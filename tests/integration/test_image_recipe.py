@@ -32,6 +32,11 @@ from tests.torchserve.hostile_headers import structures
 from tests.torchserve.images import bomb_png, make_jpeg
 from ts_microbatch.tools.server import TorchServe
 
+# The Dockerfile is FROM the official 0.12.0 image, whose stack is the floor's.
+pytestmark = pytest.mark.skipif(
+    sys.version_info[:2] != (3, 9),
+    reason="the image's stack is Python 3.9 with torch 2.4.0: make test-floor runs this",
+)
 DOCKERFILE = Path(ROOT) / "deploy" / "image" / "Dockerfile"
 # What a wheel is built from: the package and its build files (never a stale build/).
 WHEEL_SOURCES = ("ts_microbatch", "setup.py", "pyproject.toml", "README.md")
@@ -134,7 +139,7 @@ def test_the_image_serves_the_example_good_odd_and_hostile_bodies_apart(
         "text": (b"name,score\nalice,3\n" * 20, 400),
         "bomb": (bomb_png(), 413),
         "jpeg header only": (named["jfif-short"], 400),
-        "png huge header": (named["png-huge-ihdr"], 413),
+        "png huge header": (named["png-huge-ihdr"], 400),
     }
     bodies = good + odd + [body for body, _ in hostile.values()]
     responses = parallel(image_server, bodies)
