@@ -62,3 +62,11 @@ class FakeHandler:
 
 def expected(items: list[int]) -> list[dict[str, int]]:
     return [{"item": x, "value": x * 10 + 1} for x in items]
+
+
+def cause(result: Any) -> Any:
+    """What a stage raised for ``result``: a failure shared by several requests answers in
+    the server's words (``SharedFailureError``), caused by the stage's exception."""
+    from ts_microbatch.core.errors import SharedFailureError
+
+    return result.__cause__ if isinstance(result, SharedFailureError) else result

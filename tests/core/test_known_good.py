@@ -16,7 +16,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.core.fakes import cause
 from ts_microbatch import Pipeline
+from ts_microbatch.core.errors import SharedFailureError
 from ts_microbatch.core.micro_batch import current_micro_batch
 
 pytestmark = pytest.mark.generative
@@ -116,7 +118,7 @@ def test_defect_two_exception_types_kept_a_broken_model_from_being_judged() -> N
         for _ in range(3):
             calls = model.calls_in("inference")
             later = answers(pipeline, [f"r{n}" for n in range(32)])
-            assert all(isinstance(r, (ConnectionRefusedError, TimeoutError)) for r in later)
+            assert all(isinstance(cause(r), (ConnectionRefusedError, TimeoutError)) for r in later)
             assert model.calls_in("inference") - calls == 8 + 1
 
 
@@ -222,7 +224,7 @@ def test_a_model_failing_every_call_costs_a_call_per_micro_batch_and_a_probe(
         for _ in range(to_judge + 3):
             calls = model.calls_in(stage)
             got = answers(pipeline, [f"r{n}" for n in range(requests)])
-            assert all(isinstance(r, tuple(errors)) for r in got), got
+            assert all(isinstance(cause(r), tuple(errors)) for r in got), got
             costs.append(model.calls_in(stage) - calls)
         assert all(cost <= micro_batches + 2 for cost in costs[to_judge:]), costs
         if requests >= 2 and micro_batch_size >= 2:
@@ -399,8 +401,53 @@ def test_two_inputs_served_to_two_requests_failing_alone_judge_the_model_broken(
         calls = len(model.calls)
         got = answers(pipeline, ["C", "D"])
         assert model.calls[calls:] == [["C", "D"], ["A"], ["B"]]  # both witnesses ran
-        assert all(isinstance(r, KeyError) for r in got)
+        assert all(isinstance(cause(r), KeyError) for r in got)
         assert pipeline.stats().broken_stages == ("inference",)
+
+
+def test_defect_a_stale_warm_up_sample_failed_good_requests_with_another_s_error() -> None:
+    # Issue 49: warm-up's sample was the only witness while there was one. Its row deleted
+    # since, its probe failed and judged a healthy model broken: the good request sharing a
+    # micro-batch with a bad one got 500 with the bad one's error ("cannot take bad:x"), in
+    # every round, while it passes alone. The served witnesses, which pass, were never run.
+    model = Lookup({"warm", "A", "B", "good"})
+    with Pipeline(model.stages(), micro_batch_size=2) as pipeline:
+        warm = pipeline.submit_batch(["warm"], quiet=True)
+        assert warm.wait(WAIT_S) and warm.succeeded()
+        assert answers(pipeline, ["B"]) == ["B"]
+        assert answers(pipeline, ["A"]) == ["A"]
+        model.store.discard("warm")  # the sample's entity deleted
+        for round_ in range(3):
+            _on_trial(pipeline, model)
+            calls = len(model.calls)
+            got = answers(pipeline, [f"bad:x{round_}", "good"])
+            if round_ == 0:  # the scenario: the sample ran first and failed, A then passed
+                assert model.calls[calls:][:3] == [[f"bad:x{round_}", "good"], ["warm"], ["A"]]
+            else:  # the stale sample retired: the served ones are the witnesses
+                assert ["warm"] not in model.calls[calls:]
+            assert got[1] == "good"  # what it gets alone
+            assert isinstance(got[0], IndexError) and f"x{round_}" in str(got[0])
+            assert pipeline.stats().broken_stages == ()
+
+
+def test_a_failure_shared_by_requests_carries_none_of_their_words() -> None:
+    # Judged broken (every witness fails), a micro-batch of a bad request and a good one
+    # fails whole: neither answer holds the other's exception text, type or content; each
+    # names the stage, and the stage's exception is the error's cause, for the log.
+    model = Lookup({"A", "B"})
+    with Pipeline(model.stages(), micro_batch_size=2) as pipeline:
+        assert answers(pipeline, ["B"]) == ["B"]
+        assert answers(pipeline, ["A"]) == ["A"]
+        model.store.clear()  # the store is down: every lookup fails
+        _on_trial(pipeline, model)
+        token = "bad:tok3n-7f1c"
+        got = answers(pipeline, [token, "good"])
+        assert pipeline.stats().broken_stages == ("inference",)  # the scenario: judged
+        for result in got:
+            assert isinstance(result, SharedFailureError), result
+            assert "inference" in str(result) and "known to be good" in str(result)
+            assert "tok3n" not in str(result) and "IndexError" not in str(result)
+        assert "tok3n" in str(got[1].__cause__)  # the stage raised it: the log has it
 
 
 def test_warm_up_s_sample_stays_the_known_good_input_whatever_is_served_after() -> None:

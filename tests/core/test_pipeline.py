@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from tests.core.fakes import Bad, FakeHandler, expected
+from tests.core.fakes import Bad, FakeHandler, cause, expected
 from ts_microbatch import ConfigError, Pipeline, PipelineClosedError, StageOutputError
+from ts_microbatch.core.errors import SharedFailureError
 from ts_microbatch.core.metrics import PipelineObserver
 
 WAIT_S = 10.0  # bound on any wait; a correct pipeline answers in milliseconds
@@ -75,7 +76,11 @@ def test_isolation_off_fails_the_whole_micro_batch() -> None:
     handler.fail_on["inference"] = {2}
     with make_pipeline(handler, micro_batch_size=4, isolate_failures=False) as p:
         results = outcomes(p.submit(list(range(8))))
-    assert all(isinstance(r, Bad) for r in results[:4])
+    # the whole micro-batch, in the server's words: its call's error was request 2's
+    assert all(
+        isinstance(r, SharedFailureError) and "isolation is disabled" in str(r) for r in results[:4]
+    )
+    assert all(isinstance(cause(r), Bad) for r in results[:4])
     assert results[4:] == expected([4, 5, 6, 7])
 
 
@@ -112,7 +117,7 @@ def test_base_exception_in_a_stage_resolves_requests_and_thread_keeps_serving() 
     handler.inference = explode  # type: ignore[method-assign]
     with make_pipeline(handler, micro_batch_size=2) as p:
         results = outcomes(p.submit([1, 2, 3]))
-        assert all(isinstance(r, Fatal) for r in results)
+        assert all(isinstance(cause(r), Fatal) for r in results)
         handler.inference = original  # type: ignore[method-assign]
         assert outcomes(p.submit([1, 2, 3])) == expected([1, 2, 3])
         assert p.stats().threads_alive == {"preprocess": 1, "inference": 1, "postprocess": 1}

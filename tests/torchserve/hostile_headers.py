@@ -224,6 +224,17 @@ def structures(n: int) -> Iterator[tuple[str, bytes]]:
     yield "ppm-comment", _repeat(b"#" + b"x" * 60 + b"\n", b"P6\n", n)
 
 
+def ico_holding_png(width: int, height: int) -> bytes:
+    """An .ico whose one entry is a PNG of ``width`` x ``height`` at 1 bit, its IDAT the
+    zlib of all-zero rows (issue 49: 11 KB at 9400 x 9400, which PIL decodes to open)."""
+    raw = zlib.compress(bytes(1 + (width + 7) // 8) * height, 9)
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    chunks = ((b"IHDR", ihdr), (b"IDAT", raw), (b"IEND", b""))
+    image = b"\x89PNG\r\n\x1a\n" + b"".join(_png_chunk(*chunk) for chunk in chunks)
+    entry = struct.pack("<BBBBHHII", 0, 0, 0, 0, 1, 1, len(image), 6 + 16)
+    return struct.pack("<HHH", 0, 1, 1) + entry + image
+
+
 def corpus(n: int = 1 << 20, seed: int = 40) -> Iterator[tuple[str, bytes]]:
     """(name, body) of every hostile body, each ``n`` bytes or fewer."""
     rng = random.Random(seed)

@@ -55,6 +55,8 @@ class TextHandler(MicroBatchingMixin, BaseHandler):
 
     def inference(self, texts, *args, **kwargs):
         self.inference_calls.append(list(texts))
+        if getattr(self, "down", False):  # the store it looks texts up in is down
+            raise RuntimeError("store down, looking up: " + " | ".join(texts))
         for text in texts:
             if len(text) > 512:  # BERT's position embeddings stop at 512
                 raise ERRORS[int(text[0])]("index out of range in self")
@@ -95,8 +97,14 @@ class Worker:
         self.service = service
         self.asynchronous = AsyncService(service) if kind == "asynchronous" else None
 
-    def send(self, texts: list[str]) -> list[tuple[int, Any]]:
-        rows = [request(i, text.encode(), "text/plain") for i, text in enumerate(texts)]
+    def send(self, texts: list[str | bytes]) -> list[tuple[int, Any]]:
+        """Each text as a plain body; bytes as a JSON body (a KServe one)."""
+        rows = [
+            request(i, text, "application/json")
+            if isinstance(text, bytes)
+            else request(i, text.encode(), "text/plain")
+            for i, text in enumerate(texts)
+        ]
         if self.asynchronous is not None:
             # The asynchronous predict AsyncService bound to the service: a coroutine.
             message = asyncio.run(self.service.predict(rows))
@@ -174,6 +182,37 @@ def test_a_healthy_model_serves_every_short_text_after_any_burst_of_over_long_on
                 else:
                     assert (status, body) == (200, {"length": len(text)}), text
             assert worker.broken_stages() == ()
+    finally:
+        worker.close()
+
+
+def test_no_answer_carries_another_request_s_words_when_a_stage_is_judged_broken(
+    worker_kind: str, tmp_path: Path
+) -> None:
+    # Issue 49: judged broken, a micro-batch failed whole with its call's exception, whose
+    # text here names every text the call held: a good request's 500 read another's words.
+    worker = Worker(worker_kind, tmp_path / "text", micro_batch_size=4)
+    try:
+        assert worker.send(["served a"]) == [(200, {"length": 8})]
+        assert worker.send(["served b"]) == [(200, {"length": 8})]
+        worker.handler.down = True  # every inference call fails now, the witnesses' too
+        burst = worker.send([f"burst {n}" for n in range(6)])
+        assert [status for status, _ in burst] == [500] * 6  # each alone: on trial
+        token = "tok3n-5e3a"
+        calls = len(worker.handler.inference_calls)
+        kserve = json.dumps(
+            {"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["good v2"]}]}
+        ).encode()
+        got = worker.send([f"secret {token}", "good", kserve])
+        shared = worker.handler.inference_calls[calls]
+        assert token in " ".join(shared) and "good" in shared  # the scenario: one call
+        assert worker.broken_stages() == ("inference",)  # and a verdict: judged broken
+        for status, body in got:
+            assert status == 500, body
+            text = json.dumps(body)
+            assert "inference" in text and "known to be good" in text, text
+        for _, body in got[1:]:
+            assert token not in json.dumps(body)  # no other request's words
     finally:
         worker.close()
 

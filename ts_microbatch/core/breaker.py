@@ -13,8 +13,8 @@ however many and of whatever types, only put it on trial.
 * **known-good inputs**: every micro-batch that gets through the stage leaves its first item
   (``KnownGood``: the item, its length or shape, and a private copy of its own request's
   row of the context, never its batch nor the batch's context), so it can run again alone
-  as it ran then. Warm-up's sample, when there was one, is the stage's witness and user
-  traffic never replaces it; otherwise the last two items served, of two requests, are.
+  as it ran then. The stage's witnesses are warm-up's sample, when there was one (user
+  traffic never replaces it), and the last two items served, of two requests.
   A stage's input is the previous stage's output, so the known-good input of stage k is
   the first-stage item whose run stage k received in a call that passed; it runs from the
   first stage again, with its private context (what a stage writes there goes nowhere),
@@ -31,16 +31,17 @@ however many and of whatever types, only put it on trial.
   of one request, which a breaker cannot make cheaper (a request alone is its own probe);
 * **the probe**: on trial or open, the first micro-batch of a batch that fails in the stage
   with an error that may be the model's waits, with every other one of that batch failing
-  there, for the batch's probe run alone ahead of the queue: its witnesses in turn. Warm-up's
-  sample failing, or both served ones (a replayed request may fail alone for a reason of its
-  own: the row it looks up deleted since), in the stage with an error that may be the
-  model's, opens the breaker (the model fails what it served) and what waited fails whole
-  (500, the model's failure); one getting through the stage closes it (the failures were
-  the inputs'), and what waited is isolated by the rule. A witness that failed with no
-  verdict (the only request served failing, or one failing where another passed) is
-  known-good no longer; so is one whose probe timed out;
+  there, for the batch's probe run alone ahead of the queue: its witnesses in turn, until
+  one gets through. Every witness failing alone in the stage with an error that may be the
+  model's, two or more of them or warm-up's sample as the only one, opens the breaker (the
+  model fails what it served) and what waited fails whole (500, in the server's words:
+  ``Isolator._shared``); one getting through closes it (the failures were the inputs'), and
+  what waited is isolated by the rule. A witness that failed with no verdict (one failing
+  where another passed, warm-up's sample included: a sample or a replayed request goes
+  stale when the row it looks up is deleted; the only request served failing) is known-good
+  no longer; so is one whose probe timed out;
 * **open**: judged broken, it stays so until the first success closes it; each batch pays
-  one call per micro-batch and its probe (one or two witnesses).
+  one call per micro-batch and its probe (one to three witnesses).
 
 **With no known-good input** (the stage has passed nothing since the pipeline started:
 no warm-up, and every call so far failed; or the only request it served failed its replay,
@@ -167,10 +168,10 @@ class StageBreaker:
             self.served = (good, *served[:1])
 
     def witnesses(self) -> tuple[KnownGood, ...]:
-        """The known-good inputs a probe runs, in turn: warm-up's sample alone when there
-        is one, else the last two served (newest first)."""
+        """The known-good inputs a probe runs, in turn until one gets through: warm-up's
+        sample first when there is one, then the last two served (newest first)."""
         warm = self.warm
-        return (warm,) if warm is not None else self.served
+        return ((warm,) if warm is not None else ()) + self.served
 
     def forget(self, good: KnownGood) -> None:
         """``good`` is known-good no longer."""

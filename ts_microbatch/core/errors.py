@@ -10,6 +10,7 @@ The tree::
     ├── WarmupError (RuntimeError)          warm-up at load failed; the worker is not ready
     ├── RequestTimeoutError (TimeoutError)  a request was not answered within ``timeout_s``
     ├── SiblingFailedError                  not run: another item of its request failed
+    ├── SharedFailureError                  a stage failed for several requests at once
     └── RequestError                        one request is bad on its own; carries an HTTP status
         ├── InvalidInputError               400: the input cannot be decoded
         └── PayloadTooLargeError            413: the input is over a configured size limit
@@ -52,6 +53,13 @@ class RequestTimeoutError(MicroBatchingError, TimeoutError):
 class SiblingFailedError(MicroBatchingError):
     """Not run: another item of the same request failed, so the request has failed (its
     ``__cause__`` is that item's error)."""
+
+
+class SharedFailureError(MicroBatchingError):
+    """A stage failed for a micro-batch of several requests, and the failure is none of
+    theirs alone (the stage judged broken, isolation disabled, a stop): its message is the
+    server's words, its ``__cause__`` the stage's exception, which goes to the log and never
+    into an answer, since that exception may be another request's doing and text."""
 
 
 class RequestError(MicroBatchingError):

@@ -1,10 +1,8 @@
 """Which requests of a failed micro-batch are to blame, and when a stage is broken.
 
 Follow a micro-batch that fails in a stage (``Isolator.failed``). Each step is returned as
-an ``Outcome`` (micro-batches to re-run, probes to run first, failures to give) that
-``ts_microbatch.core.outcomes`` carries out: this module starts no threads and resolves no
-futures, so its rules are driven and tested without a pipeline (``track`` a batch, report
-``passed``, ``failed`` and ``dropped`` micro-batches, carry out the outcomes).
+an ``Outcome`` (re-runs, probes to run first, failures) that ``ts_microbatch.core.outcomes``
+carries out: this module starts no threads and resolves no futures.
 
 1. **Halves: an item fails only when it fails alone.** A micro-batch of several requests is
    split in halves at a request boundary (a KServe request's instances stay together), both
@@ -16,9 +14,7 @@ futures, so its rules are driven and tested without a pipeline (``track`` a batc
    failing item names the request's failure: ``Outcomes.skip_items_above``), so a request of
    n bad instances costs at most two runs a micro-batch; the probe getting through the
    failed stage sends the rest on, in halves. So what a request gets never depends on what
-   shares its batch: items failing only in company (images of two sizes stacked) end up run
-   alone and pass, and no evidence is counted inside a batch, so there is no threshold for
-   bad requests to reach.
+   shares its batch, and no evidence is counted inside a batch.
 3. **The breaker** (``ts_microbatch.core.breaker``: one small state machine per stage, across
    batches) keeps a broken model cheap. Each request whose run of one item fails with an
    error that may be the model's adds to its stage's streak; any success clears it. At a
@@ -30,29 +26,25 @@ futures, so its rules are driven and tested without a pipeline (``track`` a batc
    known-good inputs run alone in turn (``KnownGoodProbe``, each in a private batch whose
    answer goes nowhere; with none, the failing micro-batch's first item stands in, an
    ``ItemProbe``). The probe getting through closes the breaker (any success does): the
-   failures were the inputs', the held parts are bisected (``Verdict.ISOLATE``). Warm-up's
-   sample failing there, or two served inputs of two requests, or the stand-in item, with an
-   error that may be the model's, judge it broken: the breaker opens and the held parts, and
-   the batch's later ones failing there, fail whole, 500 (``Verdict.BROKEN``). Anything else
-   (the probe dropped, failing elsewhere or as a bad input, one served input failing alone,
-   the breaker closed meanwhile) isolates them; a known-good input that failed with no
-   verdict, or whose probe timed out with its batch, is known-good no longer.
+   failures were the inputs', the held parts are bisected (``Verdict.ISOLATE``). Every
+   known-good input failing there in turn (two or more, or warm-up's sample when it is the
+   only one), or the stand-in item, with an error that may be the model's, judge it broken:
+   the breaker opens and the held parts, and the batch's later ones failing there, fail
+   whole, 500 in the server's words (``Verdict.BROKEN``, ``_shared``). Anything else
+   isolates them; a known-good input that failed with no verdict (where another passed,
+   warm-up's sample too), or whose probe timed out with its batch, is known-good no longer.
 
 Errors that mean bad input never count towards a broken stage: a ``RequestError``, the
 adapter's ``is_input_error`` (a 4xx ``PredictionException``, a decoder error), and any
 failure in a first stage that has served a request since load (``first_stage_served``: a
 request failing there alone met a bad input of its own, which the adapter answers 400).
-A ``BaseException`` that is not an ``Exception`` (KeyboardInterrupt, SystemExit) is a request
-to stop: its micro-batch fails whole, as no request's own failure. docs/failures.md gives
-the rules with their costs.
+A ``BaseException`` that is not an ``Exception`` is a request to stop: its micro-batch fails
+whole, as no request's own failure. docs/failures.md gives the rules with their costs.
 
-**One lock.** Every method holds the isolator's lock, ``passed`` on every stage call of a
-healthy model included (it used to skip it, which took a page of reasoning about stale
-reads). What it does there is a few stores and comparisons: the lock added 0.3-0.4 us to a
-``passed`` of about 1 us, against a stage call's milliseconds, and as the GIL runs one stage
-thread's Python at a time, the lock is contended only when a thread is switched out while
-holding it. It is re-entrant: a batch answered already runs a ``when_answered`` callback at
-once, under it (``_expire_with``).
+**One lock.** Every method holds the isolator's lock, ``passed`` on every stage call
+included: a few stores and comparisons, 0.3-0.4 us added to a ``passed`` of about 1 us,
+contended only when a thread is switched out holding it. It is re-entrant: a batch answered
+already runs a ``when_answered`` callback at once, under it (``_expire_with``).
 """
 
 from __future__ import annotations
@@ -66,7 +58,7 @@ from typing import NamedTuple
 from ._probes import BatchRecord, ItemProbe, KnownGoodProbe, Probe, Trial, Verdict
 from .batch import Batch
 from .breaker import ON_TRIAL, OPEN, KnownGood, StageBreaker
-from .errors import RequestError
+from .errors import MicroBatchingError, RequestError, SharedFailureError
 from .micro_batch import _MicroBatch
 
 __all__ = ["Fail", "Isolator", "Outcome", "declared_per_request"]
@@ -176,13 +168,14 @@ class Isolator:
             probe, mb.probe = mb.probe, None
             if isinstance(probe, KnownGoodProbe):
                 return self._known_good_failed(mb, probe, stage, error)
-            if not isinstance(error, Exception):
-                # KeyboardInterrupt, SystemExit, GeneratorExit: a request to stop, which says
-                # nothing about any input. Code that asked to stop is not re-run.
-                stopped = Outcome([], [Fail(mb, error, stage, isolated=False)])
+            if not isinstance(error, Exception):  # a request to stop: never re-run
+                stopped = Outcome([], [self._shared(mb, error, stage, "was stopped")])
                 return _merge(stopped, self._release(probe))
             if not self.enabled:
-                return Outcome([], [Fail(mb, error, stage, isolated=mb.one_request())])
+                if mb.one_request():
+                    return Outcome([], [Fail(mb, error, stage, isolated=True)])
+                why = "failed for a micro-batch of several requests (isolation is disabled)"
+                return Outcome([], [self._shared(mb, error, stage, why)])
             if stage == 0 and self.first_stage_served:
                 # Its answer reads the batch's flag: as the isolator judged it (a batch
                 # tracked before another's first success would otherwise say 500).
@@ -244,7 +237,7 @@ class Isolator:
             alone.probe = ItemProbe(stage, rest=None, trial=trial)
             return Outcome([], [], first=(alone,))
         if trial.verdict is Verdict.BROKEN:
-            return Outcome([], [Fail(mb, error, stage, isolated=False)])
+            return Outcome([], [self._shared(mb, error, stage, _BROKEN)])
         if trial.verdict is Verdict.ISOLATE:
             return self._isolate(mb, stage)
         trial.held.append((mb, error))  # PENDING: its probe is running
@@ -277,10 +270,8 @@ class Isolator:
     def _known_good_failed(
         self, mb: _MicroBatch, probe: KnownGoodProbe, stage: int, error: BaseException
     ) -> Outcome:
-        """The known-good input ``mb`` failed in ``stage``: no request's failure. The stage
-        is judged broken only when warm-up's sample fails, or two inputs it served, of two
-        requests: a replayed request may fail alone for a reason of its own (the row it
-        looks up deleted since), and one such must not fail the good requests held for it."""
+        """The known-good input ``mb`` failed in ``stage``: no request's failure. The next
+        witness runs; judged broken when all failed (the witness rule, module docstring)."""
         _answer_nowhere(mb)
         trial = probe.trial
         if not isinstance(error, Exception):  # a request to stop: no verdict on the model
@@ -292,7 +283,8 @@ class Isolator:
         if stage == trial.stage and may_be_broken and self._breakers[stage].suspect:
             if trial.witnesses:  # the next one runs, for the same batch
                 return self._run_known_good(trial, probe.until)
-            if probe.good.warm or len(trial.failed) >= 2:
+            # Every witness failed alone: two or more, or warm-up's sample as the only one.
+            if len(trial.failed) >= 2 or trial.failed[0].warm:
                 return self._judge_broken(trial, error)
         self._forget(trial)
         return self._release(probe)
@@ -311,7 +303,19 @@ class Isolator:
                 breaker.streak,
             )
         held = trial.settle(Verdict.BROKEN)
-        return Outcome([], [Fail(mb, e, trial.stage, isolated=False) for mb, e in held])
+        return Outcome([], [self._shared(mb, e, trial.stage, _BROKEN) for mb, e in held])
+
+    def _shared(self, mb: _MicroBatch, error: BaseException, stage: int, why: str) -> Fail:
+        """``mb`` fails whole, as no request's own failure: **a request's answer is its own**.
+        Several requests get ``SharedFailureError`` in the server's words, caused by ``error``
+        (logged, never answered: any of them may have raised it, quoting its input); the
+        package's own errors but a request's (an output count, a stall) name no input."""
+        own = isinstance(error, MicroBatchingError) and not isinstance(error, RequestError)
+        if mb.one_request() or own:
+            return Fail(mb, error, stage, isolated=False)
+        shared = SharedFailureError(f"stage {self._names[stage]} {why}")
+        shared.__cause__ = error
+        return Fail(mb, shared, stage, isolated=False)
 
     def _forget(self, trial: Trial) -> None:
         """The trial's known-good inputs that failed gave no verdict: known-good no longer."""
@@ -358,6 +362,9 @@ class Isolator:
                 state = breaker.batch_done(record.successes[index], failed_alone)
                 if state is not None:
                     _log_judged(self._names[index], state, breaker.streak)
+
+
+_BROKEN = "failed on inputs known to be good: judged broken, it fails fast until it serves again"
 
 
 def _log_judged(name: str, state: str, streak: int) -> None:

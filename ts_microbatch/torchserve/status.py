@@ -16,6 +16,7 @@ from ..core.errors import (
     PipelineStalledError,
     RequestError,
     RequestTimeoutError,
+    SharedFailureError,
 )
 
 # Errors raised by common decoders that mean "this input is bad", named by qualified class
@@ -62,6 +63,10 @@ def status_code_for(exc: BaseException) -> int:
     error_code = getattr(exc, "error_code", None)  # ts.utils.util.PredictionException
     if type(exc).__name__ == "PredictionException" and isinstance(error_code, int):
         return error_code
+    if isinstance(exc, SharedFailureError):  # its cause's server status: never a 4xx,
+        cause = exc.__cause__  # which would be another request's input
+        code = 500 if cause is None else status_code_for(cause)
+        return code if code >= 500 else 500
     if isinstance(exc, RequestTimeoutError):
         return 504
     if isinstance(exc, (PipelineClosedError, PipelineStalledError)):
