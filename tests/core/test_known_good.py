@@ -450,6 +450,21 @@ def test_a_failure_shared_by_requests_carries_none_of_their_words() -> None:
         assert "tok3n" in str(got[1].__cause__)  # the stage raised it: the log has it
 
 
+def test_a_stand_in_item_s_error_stays_out_of_the_answer_of_what_waited_for_it() -> None:
+    # Broken from load (no known-good input): the failing micro-batch's first item stands
+    # in, and the rest waits with the error of the call they shared, which here names the
+    # first item's input; judged broken, the rest got that error as it was (found in review).
+    model = Lookup(set())  # the store never had anything: every lookup fails
+    with Pipeline(model.stages(), micro_batch_size=2) as pipeline:
+        _on_trial(pipeline, model)
+        assert pipeline.stats().broken_stages == ("inference",)  # opened: never served
+        calls = len(model.calls)
+        got = answers(pipeline, ["tok3n-a41", "B"])
+        assert model.calls[calls:] == [["tok3n-a41", "B"], ["tok3n-a41"]]  # the stand-in ran
+        assert isinstance(got[0], KeyError)  # its own failure, alone
+        assert isinstance(got[1], SharedFailureError) and "tok3n" not in str(got[1])
+
+
 def test_warm_up_s_sample_stays_the_known_good_input_whatever_is_served_after() -> None:
     model = Lookup({"warm", "A", "good"})
     with Pipeline(model.stages(), micro_batch_size=2) as pipeline:

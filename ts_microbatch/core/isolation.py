@@ -232,8 +232,8 @@ class Isolator:
                 trial.held.append((mb, error))
                 return self._run_known_good(trial, mb.batch)
             alone, rest = mb.first_alone()  # nothing known-good: its first item stands in
-            if rest is not None:
-                trial.held.append((rest, error))
+            if rest is not None:  # worded as its whole call's: the item may have raised it
+                trial.held.append((rest, self._shared(mb, error, stage, _BROKEN).error))
             alone.probe = ItemProbe(stage, rest=None, trial=trial)
             return Outcome([], [], first=(alone,))
         if trial.verdict is Verdict.BROKEN:
