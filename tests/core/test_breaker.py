@@ -49,7 +49,8 @@ def test_a_broken_model_costs_2n_once_then_a_call_per_micro_batch_and_a_probe() 
         later = drive.batch([1] * 32, 4)
         assert later.failed_requests() == set(range(32))
         assert later.calls_in(1) == 8 + 1  # first runs, and the batch's probe
-        assert sum(f.isolated for f in later.failures()) == 1  # the probe's, alone
+        # judged broken: none is its request's own, the probe run alone included
+        assert not any(f.isolated for f in later.failures())
     model.broken = False  # it recovers: the next batch's probe passes and closes it
     recovered = drive.batch([1] * 32, 4, random.Random(3))
     assert recovered.failed_requests() == set()
@@ -106,11 +107,41 @@ def test_bad_inputs_never_open_it(served: bool) -> None:
     assert drive.isolator.broken() == []
 
 
-def test_a_first_stage_that_has_served_never_opens_it() -> None:
-    # A request failing there alone met a bad input of its own (400): never the model's.
-    drive = Drive(lambda stage, items: stage == 0, first_stage_served=True)
+def test_bad_inputs_never_open_a_first_stage_that_has_served() -> None:
+    # Each request failing there alone met a bad input of its own (400): the stage goes on
+    # trial as any stage does, its known-good inputs pass, and it serves on.
+    served = [False]
+    drive = Drive(lambda stage, items: stage == 0 and served[0] and items not in witnesses)
+    drive.batch([1] * 16, 4)
+    witnesses = [[good.item] for good in drive.isolator._breakers[0].witnesses()]
+    served[0] = True
+    results = [drive.batch([1] * 8, 4) for _ in range(3)]  # all bad: items 0-7
+    assert any(result.ran(0, witnesses[0]) for result in results)  # the scenario: on trial
+    for result in results:
+        assert result.failed_requests() == set(range(8))
+        assert all(f.isolated for f in result.failures())  # each its own
+    assert drive.isolator.broken() == []
+
+
+def test_a_first_stage_whose_store_goes_down_fails_fast_and_serves_when_it_is_back() -> None:
+    # Issue 49: a preprocess that calls a feature store that went down is judged as
+    # inference is, on the inputs it served, instead of costing every batch its isolation.
+    store = {"down": False}
+    drive = Drive(lambda stage, items: stage == 0 and store["down"])
+    drive.batch([1] * 16, 4)
+    store["down"] = True
+    first = drive.batch([1] * 16, 4)
+    assert first.failed_requests() == set(range(16))
+    assert all(f.isolated for f in first.failures())  # no verdict yet: each failed alone
     for _ in range(3):
-        drive.batch([1] * 16, 4)
+        later = drive.batch([1] * 16, 4)
+        assert drive.isolator.broken() == ["stage0"]
+        assert later.failed_requests() == set(range(16))
+        assert later.calls_in(0) <= 4 + 2  # a call per micro-batch, and its two witnesses
+        assert not any(f.isolated for f in later.failures())  # the model's failure: 500
+    store["down"] = False
+    back = drive.batch([1] * 16, 4)
+    assert back.failed_requests() == set()
     assert drive.isolator.broken() == []
 
 

@@ -46,6 +46,9 @@ class TextHandler(MicroBatchingMixin, BaseHandler):
         self.start_micro_batching(context)
 
     def preprocess(self, data):
+        self.preprocess_calls = getattr(self, "preprocess_calls", 0) + 1
+        if getattr(self, "store_down", False):  # the store preprocess reads features from
+            raise ConnectionRefusedError("feature store down")
         texts = []
         for row in data:
             value = row.get("body") or row.get("data")
@@ -213,6 +216,34 @@ def test_no_answer_carries_another_request_s_words_when_a_stage_is_judged_broken
             assert "inference" in text and "known to be good" in text, text
         for _, body in got[1:]:
             assert token not in json.dumps(body)  # no other request's words
+    finally:
+        worker.close()
+
+
+def test_a_preprocess_whose_store_goes_down_fails_fast_and_serves_when_it_is_back(
+    worker_kind: str, tmp_path: Path
+) -> None:
+    # Issue 49: a first stage that had served was never judged broken, so a preprocess
+    # whose feature store went down cost every batch its whole isolation, each request
+    # answered 400 as if its own input were bad. It is judged as inference is now.
+    worker = Worker(worker_kind, tmp_path / "text", micro_batch_size=2)
+    try:
+        assert worker.send(["served a"]) == [(200, {"length": 8})]  # its two witnesses
+        assert worker.send(["served b"]) == [(200, {"length": 8})]
+        worker.handler.store_down = True
+        first = worker.send([f"down {n}" for n in range(6)])
+        assert [status for status, _ in first] == [400] * 6  # no verdict yet: each alone
+        assert worker.broken_stages() == ()
+        for _ in range(2):
+            calls = worker.handler.preprocess_calls
+            later = worker.send([f"later {n}" for n in range(6)])
+            assert worker.broken_stages() == ("preprocess",)  # judged on what it served
+            assert worker.handler.preprocess_calls - calls <= 3 + 2  # a call a micro-batch
+            for status, body in later:
+                assert status == 500 and "preprocess" in json.dumps(body), body
+        worker.handler.store_down = False
+        assert worker.send(["back a", "back b"]) == [(200, {"length": 6})] * 2
+        assert worker.broken_stages() == ()
     finally:
         worker.close()
 

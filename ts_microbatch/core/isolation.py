@@ -35,9 +35,10 @@ carries out: this module starts no threads and resolves no futures.
    warm-up's sample too), or whose probe timed out with its batch, is known-good no longer.
 
 Errors that mean bad input never count towards a broken stage: a ``RequestError``, the
-adapter's ``is_input_error`` (a 4xx ``PredictionException``, a decoder error), and any
-failure in a first stage that has served a request since load (``first_stage_served``: a
-request failing there alone met a bad input of its own, which the adapter answers 400).
+adapter's ``is_input_error`` (a 4xx ``PredictionException``, a decoder error). Every stage
+is judged so, the first too: a request failing alone in a first stage that has served
+(``first_stage_served``) is answered 400 as its own bad input, until the stage is judged
+broken (a preprocess whose feature store went down): then its failures are the model's.
 A ``BaseException`` that is not an ``Exception`` is a request to stop: its micro-batch fails
 whole, as no request's own failure. docs/failures.md gives the rules with their costs.
 
@@ -180,10 +181,11 @@ class Isolator:
                 # Its answer reads the batch's flag: as the isolator judged it (a batch
                 # tracked before another's first success would otherwise say 500).
                 mb.batch.first_stage_served = True
-            if len(mb) == 1:
-                own = Outcome([], [Fail(mb, error, stage, isolated=True)])
+            if len(mb) == 1:  # its own failure, unless the stage is judged broken
+                broken = self._breakers[stage].open and not self._is_input_error(error)
+                own = Outcome([], [Fail(mb, error, stage, isolated=not broken)])
                 return _merge(own, self._item_failed(mb, probe, stage, error))
-            if self._may_be_broken(stage, error) and self._breakers[stage].suspect:
+            if not self._is_input_error(error) and self._breakers[stage].suspect:
                 return self._on_trial(mb, stage, error)
             return self._isolate(mb, stage)
 
@@ -208,7 +210,7 @@ class Isolator:
         once, in two threads, are one bad request). Then what waited for it, if it was a
         probe: an own probe's rest needs nothing, all above it in its request it never runs
         (``Outcomes.skip_items_above``); a trial's stand-in gives the verdict."""
-        may_be_broken = self._may_be_broken(stage, error)
+        may_be_broken = not self._is_input_error(error)
         requests = self._record(mb.batch).failed_alone[stage]
         if may_be_broken and mb.owners[0] not in requests:
             requests.add(mb.owners[0])
@@ -276,7 +278,7 @@ class Isolator:
         trial = probe.trial
         if not isinstance(error, Exception):  # a request to stop: no verdict on the model
             return self._release(probe)
-        may_be_broken = self._may_be_broken(stage, error)
+        may_be_broken = not self._is_input_error(error)
         if may_be_broken:
             self._breakers[stage].failed_alone()
         trial.failed.append(probe.good)
@@ -339,11 +341,6 @@ class Isolator:
         return outcome
 
     # -- the evidence ----------------------------------------------------------------
-
-    def _may_be_broken(self, stage: int, error: BaseException) -> bool:
-        """Whether ``error`` in ``stage`` may be the model's: never a bad input's, nor a
-        failure in a first stage that has served (its request's own input: 400)."""
-        return not self._is_input_error(error) and not (stage == 0 and self.first_stage_served)
 
     def _record(self, batch: Batch) -> BatchRecord:
         record = self._records.get(batch)

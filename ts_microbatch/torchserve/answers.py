@@ -9,9 +9,9 @@ several instances per request: an index would then name another request).
 Which status (``ts_microbatch.torchserve.status`` maps the exception): a ``RequestError`` or
 ``PredictionException`` carries its own; any other error is a 500, except that an error in
 the first stage that bisection pinned on one request alone, once that stage has served a
-request since load, is that request's input: 400 with a message that says what the client
-sent. So a request gets the same status alone and in any batch (the rule is
-``ts_microbatch.core.isolation``'s). A body that could not be read (``_submission.unpack``)
+request since load and is not judged broken, is that request's input: 400 with a message
+that says what the client sent. So a request gets the same status alone and in any batch
+(the rule is ``ts_microbatch.core.isolation``'s). A body that could not be read (``_submission.unpack``)
 is a 400 and never enters the pipeline.
 
 What a handler returned is read here too, one guard per request: each answer is turned
