@@ -11,8 +11,8 @@ Which status (``ts_microbatch.torchserve.status`` maps the exception): a ``Reque
 the first stage that bisection pinned on one request alone, once that stage has served a
 request since load and is not judged broken, is that request's input: 400 with a message
 that says what the client sent. So a request gets the same status alone and in any batch
-(the rule is ``ts_microbatch.core.isolation``'s). A body that could not be read (``_submission.unpack``)
-is a 400 and never enters the pipeline.
+(the rule is ``ts_microbatch.core.isolation``'s). A body that could not be read
+(``_submission.unpack``) is a 400 and never enters the pipeline.
 
 What a handler returned is read here too, one guard per request: each answer is turned
 into the bytes TorchServe's own serializer would send (``encode``), and an output that its
