@@ -206,11 +206,11 @@ def test_internal_error_outside_a_stage_fails_the_micro_batch_not_the_thread() -
         passed = p._isolator.passed
         answered_when_raised: list[list[bool]] = []
 
-        def broken(mb: Any, stage: int) -> Any:
+        def broken(mb: Any, stage: int, run_s: Any = None) -> Any:
             if stage == 1 and list(mb.items) == [2, 3]:
                 answered_when_raised.append([f.done() for f in observer.futures])
                 raise RuntimeError("bookkeeping bug")
-            return passed(mb, stage)
+            return passed(mb, stage, run_s)
 
         p._isolator.passed = broken  # type: ignore[method-assign]
         observer.futures = p.submit([0, 1, 2, 3])

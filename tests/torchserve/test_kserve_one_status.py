@@ -81,9 +81,9 @@ class Carried:
         original = Outcomes.stage_failed
 
         def stage_failed(
-            outcomes: Outcomes, stage: int, mb: _MicroBatch, exc: BaseException
+            outcomes: Outcomes, stage: int, mb: _MicroBatch, exc: BaseException, *took: Any
         ) -> None:
-            original(outcomes, stage, mb, exc)
+            original(outcomes, stage, mb, exc, *took)
             with self._changed:
                 self.log.append((stage, tuple(row_value(row) for row in mb.items)))
                 self._changed.notify_all()

@@ -59,6 +59,7 @@ Counts only; the isolator calls every method under its lock.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -69,6 +70,8 @@ from .order import Order, Shape
 # Envoy's default for consecutive 5xx before ejecting a host: five runs of one item failing
 # with nothing served in between, and a batch that served nothing to end it.
 BROKEN_AFTER_FAILURES = 5
+
+logger = logging.getLogger(__name__)
 
 CLOSED, ON_TRIAL, OPEN = "closed", "on trial", "open"
 
@@ -207,3 +210,23 @@ class StageBreaker:
         opened = self.state != OPEN
         self.state = OPEN
         return opened
+
+
+def log_judged(name: str, state: str, streak: int) -> None:
+    """Logs the state stage ``name`` entered at a batch's end (``StageBreaker.batch_done``)."""
+    if state == ON_TRIAL:
+        logger.warning(
+            "stage %s on trial: %d runs of one item failed and it served nothing in between; "
+            "its next failing micro-batch waits for its known-good input run alone",
+            name,
+            streak,
+        )
+    elif state == OPEN:
+        logger.error(
+            "stage %s judged broken: %d runs of one item failed and it has served nothing "
+            "since the pipeline started (no known-good input to test it with); its "
+            "micro-batches that fail now fail whole after one probe per batch, until it "
+            "serves again",
+            name,
+            streak,
+        )

@@ -7,7 +7,10 @@ carries out: this module starts no threads and resolves no futures.
 1. **Halves: an item fails only when it fails alone.** A micro-batch of several requests is
    split in halves at a request boundary (a KServe request's instances stay together), both
    re-run from the first stage: one bad request among n costs about 2*log2(n) extra runs.
-   A run of one item that fails is its request's own failure (``Fail.isolated``).
+   A run of one item that fails is its request's own failure (``Fail.isolated``). **A slow
+   failure** (its call took over ``SLOW_FAILURE`` times what the stage's passing calls take
+   for as many items, and over 50 ms) is split into its requests at once instead: its bad
+   request fails slowly once more, alone, not log2(n) times in its neighbours' way.
 2. **Probes.** A micro-batch of one request's items runs its first item alone, ahead of the
    queue, while the rest waits (an ``ItemProbe``, ``ts_microbatch.core._probes``): the probe
    failing, in any stage, fails the request and the rest never runs (the lowest-index
@@ -42,10 +45,9 @@ broken (a preprocess whose feature store went down): then its failures are the m
 A ``BaseException`` that is not an ``Exception`` is a request to stop: its micro-batch fails
 whole, as no request's own failure. docs/failures.md gives the rules with their costs.
 
-**One lock.** Every method holds the isolator's lock, ``passed`` on every stage call
-included: a few stores and comparisons, 0.3-0.4 us added to a ``passed`` of about 1 us,
-contended only when a thread is switched out holding it. It is re-entrant: a batch answered
-already runs a ``when_answered`` callback at once, under it (``_expire_with``).
+**One lock**, re-entrant (a batch answered already runs a ``when_answered`` callback at once,
+under it: ``_expire_with``), held by every method, ``passed`` on every stage call included:
+a few stores, 0.3-0.4 us added to a ``passed`` of about 1 us.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from typing import NamedTuple
 
 from ._probes import BatchRecord, ItemProbe, KnownGoodProbe, Probe, Trial, Verdict
 from .batch import Batch
-from .breaker import ON_TRIAL, OPEN, KnownGood, StageBreaker
+from .breaker import KnownGood, StageBreaker, log_judged
 from .errors import MicroBatchingError, RequestError, SharedFailureError
 from .micro_batch import _MicroBatch
 
@@ -84,6 +86,10 @@ class Outcome(NamedTuple):
 
 
 _NOTHING = Outcome([], [])
+# A failing call over this many times a passing call of its size (the stage's seconds per
+# item, a moving average of its passing calls), and over SLOW_FAILURE_S (below it, halving
+# costs little), is slow: split into its requests at once.
+SLOW_FAILURE, SLOW_FAILURE_S = 2.0, 0.05
 
 
 def declared_per_request(error: BaseException) -> bool:
@@ -114,6 +120,7 @@ class Isolator:
         self._is_input_error = is_input_error
         self._lock = threading.RLock()  # re-entrant: the module docstring says why
         self._breakers = [StageBreaker() for _ in self._names]
+        self._per_item: list[float | None] = [None for _ in self._names]  # passing calls' s
         # A batch's record lives as long as the batch; one never tracked gets one on use.
         self._records: weakref.WeakKeyDictionary[Batch, BatchRecord] = weakref.WeakKeyDictionary()
         # The first stage has served a request since the pipeline started (only ever set).
@@ -134,10 +141,13 @@ class Isolator:
 
     # -- what the stage threads report -----------------------------------------------
 
-    def passed(self, mb: _MicroBatch, stage: int) -> Outcome:
-        """``mb`` got through ``stage``."""
+    def passed(self, mb: _MicroBatch, stage: int, run_s: float | None = None) -> Outcome:
+        """``mb`` got through ``stage``, its call taking ``run_s`` seconds."""
         good = KnownGood.of(mb)  # outside the lock: it copies its request's context row
         with self._lock:
+            if run_s is not None:
+                pace, now = self._per_item[stage], run_s / len(mb)
+                self._per_item[stage] = now if pace is None else pace + 0.2 * (now - pace)
             if self._breakers[stage].success(good):
                 logger.warning("stage %s served again: no longer judged broken", self._names[stage])
             if stage == 0:
@@ -163,8 +173,10 @@ class Isolator:
             probe, mb.probe = mb.probe, None
             return self._release(probe)
 
-    def failed(self, mb: _MicroBatch, stage: int, error: BaseException) -> Outcome:
-        """``mb`` failed in ``stage`` with ``error``."""
+    def failed(
+        self, mb: _MicroBatch, stage: int, error: BaseException, failed_s: float | None = None
+    ) -> Outcome:
+        """``mb`` failed in ``stage`` with ``error``, its call taking ``failed_s`` seconds."""
         with self._lock:
             probe, mb.probe = mb.probe, None
             if isinstance(probe, KnownGoodProbe):
@@ -187,6 +199,10 @@ class Isolator:
                 return _merge(own, self._item_failed(mb, probe, stage, error))
             if not self._is_input_error(error) and self._breakers[stage].suspect:
                 return self._on_trial(mb, stage, error)
+            pace = self._per_item[stage]  # a slow failure (rule 1): its requests apart
+            if failed_s is not None and pace is not None and not mb.one_request():
+                slow = failed_s > max(SLOW_FAILURE * pace * len(mb), SLOW_FAILURE_S)
+                return Outcome(mb.requests(), []) if slow else self._isolate(mb, stage)
             return self._isolate(mb, stage)
 
     # -- halves and item probes ------------------------------------------------------
@@ -358,29 +374,10 @@ class Isolator:
                 failed_alone = len(record.failed_alone[index])
                 state = breaker.batch_done(record.successes[index], failed_alone)
                 if state is not None:
-                    _log_judged(self._names[index], state, breaker.streak)
+                    log_judged(self._names[index], state, breaker.streak)
 
 
 _BROKEN = "failed on inputs known to be good: judged broken, it fails fast until it serves again"
-
-
-def _log_judged(name: str, state: str, streak: int) -> None:
-    if state == ON_TRIAL:
-        logger.warning(
-            "stage %s on trial: %d runs of one item failed and it served nothing in between; "
-            "its next failing micro-batch waits for its known-good input run alone",
-            name,
-            streak,
-        )
-    elif state == OPEN:
-        logger.error(
-            "stage %s judged broken: %d runs of one item failed and it has served nothing "
-            "since the pipeline started (no known-good input to test it with); its "
-            "micro-batches that fail now fail whole after one probe per batch, until it "
-            "serves again",
-            name,
-            streak,
-        )
 
 
 def _answer_nowhere(mb: _MicroBatch) -> None:

@@ -189,6 +189,12 @@ class _MicroBatch:
         rest = self._piece(1, len(self.items)) if len(self.items) > 1 else None
         return self._piece(0, 1), rest
 
+    def requests(self) -> list[_MicroBatch]:
+        """One piece per request it holds, in order (a slow failure's re-runs)."""
+        owners = self.owners
+        starts = [0, *(i for i in range(1, len(owners)) if owners[i] != owners[i - 1])]
+        return [self._piece(a, b) for a, b in zip(starts, [*starts[1:], len(owners)])]
+
     def _piece(self, start: int, stop: int) -> _MicroBatch:
         return _MicroBatch(
             self.batch, self.index, self.offset + start, self.items[start:stop], self.attempt + 1

@@ -49,8 +49,8 @@ class Outcomes:
         self._isolator = isolator
         self._enqueue = enqueue
 
-    def passed(self, mb: _MicroBatch, stage: int) -> None:
-        self.apply(self._isolator.passed(mb, stage))
+    def passed(self, mb: _MicroBatch, stage: int, run_s: float | None = None) -> None:
+        self.apply(self._isolator.passed(mb, stage, run_s))
 
     def dropped(self, mb: _MicroBatch) -> None:
         """``mb`` was not run (stale): an outcome for the split it belongs to."""
@@ -60,8 +60,10 @@ class Outcomes:
         self.finish(mb.batch, mb.indices, error=error)
         self.dropped(mb)
 
-    def stage_failed(self, stage: int, mb: _MicroBatch, exc: BaseException) -> None:
-        outcome = self._isolator.failed(mb, stage, exc)
+    def stage_failed(
+        self, stage: int, mb: _MicroBatch, exc: BaseException, failed_s: float | None = None
+    ) -> None:
+        outcome = self._isolator.failed(mb, stage, exc, failed_s)
         if outcome.rerun or outcome.first:
             logger.warning(
                 "stage %s failed for %s (%s: %s); re-running them apart to find the failing ones",

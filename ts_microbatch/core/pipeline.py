@@ -340,17 +340,18 @@ class Pipeline:
         name = self._names[stage]
         last = stage == len(self._names) - 1
         observer = _QUIET if mb.batch.quiet else self._observer
+        started = time.monotonic()
         try:
             output, size, run_s = self._calls.timed(stage, mb, self._workers, observer)
         except BaseException as exc:
-            self._outcomes.stage_failed(stage, mb, exc)
+            self._outcomes.stage_failed(stage, mb, exc, time.monotonic() - started)
             return
         auto, budget = self._auto, self.token_budget
         if auto is not None and not mb.batch.quiet:
             auto.observe(name, size, run_s)  # the cost is the padded size's
         if budget is not None and not mb.batch.quiet and mb.padded_length is not None:
             budget.observe(name, size, mb.padded_length, run_s)
-        self._outcomes.passed(mb, stage)
+        self._outcomes.passed(mb, stage, run_s)
         if last:
             self._outcomes.finish(mb.batch, mb.indices, outputs=output)
         else:
