@@ -46,3 +46,22 @@ def test_main_prints_the_config_line_or_why_not() -> None:
         pytest.skip("no JDK here (javac, jar): the agent is not built")
     assert proc.returncode == 0
     assert proc.stdout.strip() == f"vmargs=-javaagent:{agent.jar_path()}"
+
+
+def test_the_committed_jar_is_the_one_make_agent_builds(tmp_path: Path) -> None:
+    # Issue 50: pip users get the jar without a JDK or a checkout's `make agent`, so it is
+    # committed; this holds it byte for byte to what the Makefile builds from the sources.
+    if not (shutil.which("javac") and shutil.which("jar")):
+        pytest.skip("no JDK here (javac, jar): nothing to build the jar with")
+    root = Path(agent.__file__).resolve().parents[2]
+    built = tmp_path / agent.JAR_NAME
+    make = ["make", "--no-print-directory", f"AGENT_JAR={built}", f"AGENT_BUILD={tmp_path}/b"]
+    done = subprocess.run([*make, str(built)], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    committed = subprocess.run(
+        ["git", "show", f"HEAD:ts_microbatch/agent/{agent.JAR_NAME}"], cwd=root, capture_output=True
+    )
+    if committed.returncode != 0 and not (root / ".git").exists():
+        pytest.skip("not a git checkout: no committed jar to compare")
+    assert committed.returncode == 0, committed.stderr
+    assert built.read_bytes() == committed.stdout, "rebuild the jar (make agent) and commit it"

@@ -86,3 +86,54 @@ def test_the_tuner_needs_an_objective(capsys: pytest.CaptureFixture[str]) -> Non
         main(["--mar", "m.mar", "--input", "body.txt"])
     assert exited.value.code == 2
     assert "the following arguments are required: --slo-p99-ms" in capsys.readouterr().err
+
+
+def test_the_tools_extra_the_commands_check_is_setup_py_s() -> None:
+    from ts_microbatch.tools._cli import TOOLS_EXTRA
+
+    tree = ast.parse((Path(ROOT) / "setup.py").read_text())
+    (tools,) = [
+        ast.literal_eval(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "TOOLS"
+    ]
+    assert {spec.split(">")[0].split("=")[0] for spec in tools} == set(TOOLS_EXTRA)
+
+
+# The arguments each command needs to get past its parser; nothing they name exists.
+RUNS = {
+    "ts-microbatch-benchmark": ["--mar", "m.mar", "--corpus", "texts/"],
+    "ts-microbatch-tune": ["--mar", "m.mar", "--corpus", "texts/", "--slo-p99-ms", "100"],
+    "ts-microbatch-scrape": ["http://127.0.0.1:9/metrics"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_a_command_missing_its_extra_fails_at_once_naming_it(name: str, tmp_path: Path) -> None:
+    # Issue 50: without the tools extra, the benchmark ran a whole measured run and then
+    # died importing prometheus_client. Now it stops before anything runs.
+    module, _, function = COMMANDS[name].partition(":")
+    script = (
+        "import sys; sys.modules['prometheus_client'] = None  # not installed\n"
+        f"sys.argv = {[name, *RUNS[name]]!r}\n"
+        f"from {module} import {function}; sys.exit({function}())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "pip install 'ts_microbatch[tools]'" in done.stderr
+    assert f"{name} needs prometheus_client" in done.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing made: no run folder, no server
+
+
+def test_a_hint_names_the_command_it_asks_for_not_the_running_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ts_microbatch.tools._cli import prog
+
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/ts-microbatch-serve", "start"])
+    assert prog("ts_microbatch.tools.scrape") == "ts-microbatch-scrape"
+    assert prog("ts_microbatch.tools.serve") == "ts-microbatch-serve"
+    monkeypatch.setattr(sys, "argv", ["-m"])
+    assert prog("ts_microbatch.tools.scrape") == "python -m ts_microbatch.tools.scrape"

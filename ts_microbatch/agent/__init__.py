@@ -1,7 +1,8 @@
 """The Java agent that fixes TorchServe 0.12.0's asynchronous frontend (README.md here).
 
-The jar is built by ``make agent`` from ``java/`` beside this file and shipped in the
-package; this module only finds it. Enable it with the one line :func:`vmargs` gives, in
+The jar is built by ``make agent`` from ``java/`` beside this file, committed (a pip install
+from a checkout or a wheel has it without a JDK; CI holds it byte for byte to a fresh
+build) and shipped in the package; this module only finds it. Enable it with the one line :func:`vmargs` gives, in
 config.properties; ``python -m ts_microbatch.agent`` prints it.
 """
 

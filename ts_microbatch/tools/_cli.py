@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
+# setup.py's tools extra, by import name (tests/tools/test_commands.py holds them equal).
+TOOLS_EXTRA = ("psutil", "prometheus_client")
+
 
 def prog(module: str) -> str:
-    """``ts-microbatch-<what>`` when run as that console command, else ``python -m <module>``."""
+    """How a user runs ``module``'s tool the way this process was run: its console command
+    ``ts-microbatch-<tool>`` from any console command, else ``python -m <module>``. A hint
+    naming another tool names that tool's command, never the running one's."""
     name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
-    return name if name.startswith("ts-microbatch-") else f"python -m {module}"
+    tool = module.rsplit(".", 1)[-1]
+    return f"ts-microbatch-{tool}" if name.startswith("ts-microbatch-") else f"python -m {module}"
+
+
+def require_tools(module: str) -> None:
+    """Exits at once, naming the extra, when a module of the tools extra is missing, so a
+    measured run never ends in an ImportError (prometheus_client is read at its end)."""
+    missing = [name for name in TOOLS_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        sys.exit(
+            f"{prog(module)} needs {' and '.join(missing)}, of the tools extra: "
+            "pip install 'ts_microbatch[tools]'"
+        )
 
 
 SAFE_BESIDE = (  # ts_microbatch.tools.ports says why

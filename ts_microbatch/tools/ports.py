@@ -65,6 +65,13 @@ def tcp_port_bound(port: int) -> bool:
     return False
 
 
+def listening(port: int) -> bool:
+    """Whether a server accepts connections on ``port`` on loopback now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(2.0)
+        return s.connect_ex((LOOPBACK, port)) == 0
+
+
 def worker_socket_ports(dirs: Iterable[Path], proc_net_unix: str = "/proc/net/unix") -> set[int]:
     """Ports named by ``.ts.sock.<port>`` files in ``dirs`` and by Unix sockets anywhere."""
     names: list[str] = []

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from ..core.config import STAGES
 from ..torchserve import metric_names as names
-from ._cli import prog
+from ._cli import prog, require_tools
 
 
 class Sample(NamedTuple):
@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--count", type=int, default=0, help="stop after N lines (0: never)")
     args = parser.parse_args(argv)
+    require_tools("ts_microbatch.tools.scrape")
     try:
         before = "" if args.interval <= 0 else fetch(args.url)
         printed = 0

@@ -4,8 +4,9 @@
     ts-microbatch-serve stop      # from the same directory: its state is ./logs/torchserve
 
 Without ``--config`` the server runs with the package's defaults (``DEFAULT_PROPERTIES``,
-Prometheus metrics) on 127.0.0.1:8080-8082; the model is registered with its .mar's
-batchSize and maxBatchDelay unless the flags say otherwise.
+Prometheus metrics) on 127.0.0.1:8080-8082, TorchServe's own (``TS_MICROBATCH_PORTS`` names
+others: ``inference,management,metrics``); a port taken is an error naming it. The model is
+registered with its .mar's batchSize and maxBatchDelay unless the flags say otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from .. import agent
 from ._cli import prog
 from .mar import frontend_of
+from .ports import listening
 from .processes import PidFileError, StalePidFileError
 from .server import DEFAULT_PROPERTIES, TorchServe, TorchServeError, read_properties
 
@@ -79,6 +81,15 @@ def start(args: argparse.Namespace) -> int:
         server.stop()  # a server left by an earlier `make serve`
     except PidFileError as exc:  # nothing was signalled; a server still there keeps its ports
         print(f"warning: {exc}", file=sys.stderr)
+    # Another server there would answer /ping for ours and get our model registered.
+    roles = ("inference", "management", "metrics")
+    taken = [f"{port} ({role})" for role, port in zip(roles, server.ports or ()) if listening(port)]
+    if taken:
+        raise TorchServeError(
+            f"port {', '.join(taken)} taken: another server listens there. Stop it, or give "
+            f"--config a config.properties with free addresses, or set {PORTS_ENV}="
+            "<inference>,<management>,<metrics>"
+        )
     print(f"Starting TorchServe (logs in {server.log_dir}) ...", flush=True)
     server.start()
     model_name, url = Path(args.mar).stem, server.inference_url

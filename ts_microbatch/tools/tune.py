@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from ..core.config import load_config
-from ._cli import SAFE_BESIDE, prog
+from ._cli import SAFE_BESIDE, prog, require_tools
 from .batching_model import BOUNDS
 from .corpus import OCTET_STREAM, Body, Corpus, CorpusError, content_type_of, read_corpus
 from .inprocess import load_handler, make_context, model_dir_of
@@ -354,6 +354,7 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    require_tools("ts_microbatch.tools.tune")
     args.batch_sizes = sorted(set(args.batch_sizes))  # measured and modelled once, rising
     trials = prepare_outputs(args)
     print(f"Each measurement is appended to {trials.path} as it comes", flush=True)
