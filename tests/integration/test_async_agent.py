@@ -11,6 +11,7 @@ frontend keeps no answered job (``jmap -histo:live``: 0.12.0 kept one RestJob pe
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 import shutil
 import subprocess
@@ -58,22 +59,27 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
         pytest.fail(agent.missing() or "")  # a JDK is here: `make test` builds it first
     if ab.ab_problem():
         pytest.fail(ab.ab_problem() or "")
-    work = tmp_path_factory.mktemp("agent_build")
     store = tmp_path_factory.mktemp("agent_store")
-    config = work / "model-config.yaml"
-    config.write_text("minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nasyncCommunication: true\n")
-    run_archiver(
-        [
-            *("--model-name", MODEL, "--version", "1.0", "--handler", str(HANDLER)),
-            *("--config-file", str(config), "--export-path", str(store)),
-            *("--archive-format", "zip-store"),
-        ]
-    )
+    archive(store, MODEL, "batchSize: 1\n")
     ts = local_server(store, tmp_path_factory.mktemp("agent_torchserve"))
     ts.properties["vmargs"] = agent.vmargs()
     with ts:
         assert ts.register(f"{MODEL}.mar", batch_size=1).status == 200
         yield ts
+
+
+def archive(store: Path, name: str, batching: str) -> None:
+    """The bare handler as ``name``.mar in ``store``, one async worker, ``batching`` its
+    model-config.yaml's batch lines."""
+    config = store / f"{name}-model-config.yaml"
+    config.write_text(f"minWorkers: 1\nmaxWorkers: 1\n{batching}asyncCommunication: true\n")
+    run_archiver(
+        [
+            *("--model-name", name, "--version", "1.0", "--handler", str(HANDLER)),
+            *("--config-file", str(config), "--export-path", str(store)),
+            *("--archive-format", "zip-store"),
+        ]
+    )
 
 
 def frontend_pid(server: TorchServe) -> int:
@@ -144,3 +150,27 @@ def test_async_worker_restart_serves_requests_queued_during_its_load_(server: To
     assert worker_pids(server, MODEL) != [pid_before]
     assert [a.status for a in answers] == [200] * CLIENTS, [a.body[:200] for a in answers]
     assert server.describe(MODEL)["workers"][0]["status"] == "READY"
+
+
+def test_a_request_in_a_batch_still_filling_is_answered_when_its_worker_dies(
+    server: TorchServe,
+) -> None:
+    """Issue 52: the worker killed while one request waited for its batch to fill (batchSize
+    4, maxBatchDelay 8 s): 0.12.0's pollBatch lost it with its local map, no answer in 45 s
+    while the restarted worker answered later requests. It is requeued for the next worker."""
+    name = "bare-async-filling"
+    archive(server.model_store, name, "batchSize: 4\nmaxBatchDelay: 8000\n")
+    assert server.register(f"{name}.mar", batch_size=4, max_batch_delay_ms=8000).status == 200
+    try:
+        (pid_before,) = worker_pids(server, name)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(server.predict, name, b"x", timeout_s=90)
+            time.sleep(1.5)  # polled; its batch fills for 8 s
+            assert not waiting.done()
+            psutil.Process(pid_before).kill()
+            answer = waiting.result(timeout=120)
+        assert "polled jobs requeued" in server.log("ts_log.log")  # the scenario happened
+        assert (answer.status, answer.body) == (200, b"ok")
+        assert worker_pids(server, name) != [pid_before]
+    finally:
+        server.unregister(name)

@@ -1,7 +1,10 @@
 package org.pytorch.serve.wlm;
 
+import java.util.ArrayList;
+import java.util.Collections;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
@@ -185,12 +188,32 @@ public class AsyncBatchAggregator extends BatchAggregator {
         model.addFirst(job);
     }
 
+    /**
+     * Fix: the jobs polled into a batch still filling go back to the front of the model's
+     * queue, in order, when the worker thread is interrupted (its process died, it is scaled
+     * down, its model unregistered), as the synchronous worker's scale-down requeues its jobs.
+     * 0.12.0 lost them with this method's local map: in neither {@code jobs} nor
+     * {@code jobs_in_backend}, no answer ever ({@code batchSize} 4, {@code maxBatchDelay} 8 s,
+     * the worker killed while one request waited: no answer in 45 s).
+     */
     @Override
     public void pollBatch(String threadName, WorkerState state)
             throws InterruptedException, ExecutionException {
         Map<String, Job> polled = new LinkedHashMap<>();
         long waitMs = state == WorkerState.WORKER_MODEL_LOADED ? 0 : Long.MAX_VALUE;
-        model.pollBatch(threadName, waitMs, polled);
+        try {
+            model.pollBatch(threadName, waitMs, polled);
+        } catch (InterruptedException e) {
+            List<Job> back = new ArrayList<>(polled.values());
+            Collections.reverse(back); // addFirst: the last first, so the first stays first
+            for (Job job : back) {
+                model.addFirst(job);
+            }
+            if (!back.isEmpty()) {
+                logger.warn("Worker thread interrupted: {} polled jobs requeued", back.size());
+            }
+            throw e;
+        }
         for (Job job : polled.values()) {
             jobs.put(job.getJobId(), job);
             logger.debug("Adding job to jobs: {}", job.getJobId());
