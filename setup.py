@@ -51,6 +51,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
+            "pytest-xdist>=3.5",  # make test runs today's suite in processes
             # generative tests at the request and output boundaries
             "hypothesis>=6.100",
             # the floor's static check (tests/tools/test_floor.py)
