@@ -174,3 +174,78 @@ def test_a_request_in_a_batch_still_filling_is_answered_when_its_worker_dies(
         assert worker_pids(server, name) != [pid_before]
     finally:
         server.unregister(name)
+
+
+# Another load-time agent, listed before ours, that changes one class's bytes (its minor
+# class-file version: the class stays the same, its SHA-256 does not), as an APM agent
+# instrumenting the frontend would.
+OTHER_AGENT = """
+import java.lang.instrument.ClassFileTransformer;
+import java.lang.instrument.Instrumentation;
+import java.security.ProtectionDomain;
+
+public class Other implements ClassFileTransformer {
+    private final String target;
+
+    Other(String target) { this.target = target; }
+
+    public static void premain(String target, Instrumentation inst) {
+        inst.addTransformer(new Other(target));
+    }
+
+    public byte[] transform(
+            ClassLoader l, String name, Class<?> c, ProtectionDomain d, byte[] bytes) {
+        if (!target.equals(name)) return null;
+        byte[] changed = bytes.clone();
+        changed[5] = (byte) (changed[5] + 1);
+        return changed;
+    }
+}
+"""
+
+
+def other_agent(work: Path) -> Path:
+    (work / "Other.java").write_text(OTHER_AGENT)
+    subprocess.run(
+        ["javac", "--release", "11", "-d", str(work), str(work / "Other.java")], check=True
+    )
+    (work / "MANIFEST.MF").write_text("Premain-Class: Other\n")
+    jar = work / "other.jar"
+    subprocess.run(
+        ["jar", "--create", "--file", str(jar), "--manifest", str(work / "MANIFEST.MF"),
+         "-C", str(work), "Other.class"],
+        check=True,
+    )  # fmt: skip
+    return jar
+
+
+@pytest.mark.parametrize("changed", ["AsyncBatchAggregator", "AsyncWorkerThread"])
+def test_behind_another_agent_both_classes_are_replaced_or_neither(
+    changed: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Issue 52: behind an agent that changed AsyncBatchAggregator, the log said "not
+    patching" for it and then "patched" AsyncWorkerThread: half replaced, requests in
+    flight at a worker death timed out. The first of the two loaded decides for both."""
+    if jdk_problem():
+        pytest.skip(jdk_problem() or "")
+    work = tmp_path_factory.mktemp("other_agent")
+    store = tmp_path_factory.mktemp("other_store")
+    archive(store, MODEL, "batchSize: 1\n")
+    ts = local_server(store, tmp_path_factory.mktemp("other_torchserve"))
+    target = f"org/pytorch/serve/wlm/{changed}"
+    ts.properties["vmargs"] = f"-javaagent:{other_agent(work)}={target} {agent.vmargs()}"
+    with ts:
+        assert ts.register(f"{MODEL}.mar", batch_size=1).status == 200
+        answers = parallel(ts, [b"x"] * 4, MODEL, timeout_s=60)
+        console = ts.log("torchserve.out")
+    lines = [line for line in console.splitlines() if "ts-microbatch-agent: " in line]
+    patched = [line for line in lines if "ts-microbatch-agent: patched" in line]
+    refused = [line for line in lines if "ts-microbatch-agent: not patching" in line]
+    assert len(patched) + len(refused) == 2, lines  # the scenario: both classes loaded
+    assert len(patched) in (0, 2), lines  # both or neither
+    first = (patched + refused)[0]
+    if changed in first:  # the changed class was loaded first: neither is replaced
+        assert refused and "so neither class is replaced" in refused[0], lines
+    else:  # the unchanged one first: both, the changed one over the other agent's change
+        assert any("over another agent's change" in line and changed in line for line in patched)
+    assert [a.status for a in answers] == [200] * 4

@@ -227,3 +227,31 @@ def test_median_over_rounds_that_reached_different_points_a_point_only_some_reac
     saved = json.loads((tmp_path / "curves.json").read_text())
     assert "medians" not in saved and len(saved["runs"]) == 2
     assert not (tmp_path / "p99.png").exists()  # benchmarks/latency_load.py draws it
+
+
+def test_a_busy_point_decides_nothing_and_every_verdict_names_its_answers() -> None:
+    # Issue 50: a user's study flagged the first rate of every server BUSY, and its summary
+    # still called a win from those points. Round 2 at 10 req/s is busy here: the verdict
+    # rests on round 1 alone; at 5 req/s every round is busy: no verdict.
+    runs = []
+    for n in (1, 2):
+        plain = [latency_point(5, draws(n, 100)), latency_point(10, draws(n + 10, 100))]
+        ours = [latency_point(5, draws(n + 20, 10)), latency_point(10, draws(n + 30, 50))]
+        ours[0]["busy"] = True
+        if n == 2:
+            plain[1]["busy"] = True
+        runs.append({"handler": "plain", "repeat": n, "curve": plain})
+        runs.append({"handler": "ours", "repeat": n, "curve": ours})
+    found = curve_report.compare_curves(runs, [("ours", "plain")])
+    assert [(c["offered_per_s"], c["call"]) for c in found] == [(5, "no verdict"), (10, "win")]
+    assert found[0]["busy_rounds"] == [1, 2]
+    assert found[1]["rounds"] == [1] and found[1]["busy_rounds"] == [2]
+    text = curve_report.format_comparisons(found)
+    five, ten = text.splitlines()
+    assert "no verdict, every round's point was busy" in five and "**" not in five
+    assert "busy, left out: rounds 2" in ten and "at least 1500 answers a P99" in ten
+
+
+def test_achieved_above_offered_is_explained() -> None:
+    runs = [{"handler": "ours", "repeat": 1, "curve": [row(80, 87.8, 40)]}]
+    assert "seeded random (Poisson) arrivals" in curve_report.format_curves(runs, None)

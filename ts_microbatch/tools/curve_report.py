@@ -54,20 +54,31 @@ def held_lines(runs: Sequence[Row], names: Sequence[str], slo_p99_ms: float | No
     )
 
 
+NO_VERDICT = "no verdict"
+
+
 def compare_curves(runs: Sequence[Row], pairs: Sequence[tuple[str, str]]) -> list[Row]:
     """For each pair (numerator, denominator variant) and each offered rate both reached in
     some round: P99 numerator / denominator with its 95% interval and call, from the
     rounds in which both reached it (``rounds``; ``all_rounds`` says whether that was every
-    round either ran). Points without stored latencies are left out."""
+    round either ran) and neither point was busy: **a busy point decides nothing** (others
+    used the machine through it), it is left out (``busy_rounds``), and a rate whose every
+    round was busy gets ``NO_VERDICT``. ``answers``: the fewest answers a P99 rests on.
+    Points without stored latencies are left out."""
     points = by_round(runs)
     out = []
     for numerator, denominator in pairs:
         a, b = points.get(numerator, {}), points.get(denominator, {})
         ran = sorted(set(rounds_of(runs, numerator)) | set(rounds_of(runs, denominator)))
         for rate in sorted(set(a) & set(b)):
-            both = [n for n in sorted(set(a[rate]) & set(b[rate]))
-                    if latencies_of(a[rate][n]) and latencies_of(b[rate][n])]  # fmt: skip
+            stored = [n for n in sorted(set(a[rate]) & set(b[rate]))
+                      if latencies_of(a[rate][n]) and latencies_of(b[rate][n])]  # fmt: skip
+            busy = [n for n in stored if a[rate][n].get("busy") or b[rate][n].get("busy")]
+            both = [n for n in stored if n not in busy]
+            head = {"comparison": f"{numerator} / {denominator}", "offered_per_s": rate}
             if not both:
+                if busy:
+                    out.append({**head, "call": NO_VERDICT, "busy_rounds": busy})
                 continue
             found = compare_rounds(
                 [latencies_of(a[rate][n]) for n in both],
@@ -75,9 +86,10 @@ def compare_curves(runs: Sequence[Row], pairs: Sequence[tuple[str, str]]) -> lis
                 99,
             )
             per_round = found.pop("rounds")
+            answers = min(len(latencies_of(p[rate][n])) for p in (a, b) for n in both)
             out.append(
-                {"comparison": f"{numerator} / {denominator}", "offered_per_s": rate,
-                 **found, "rounds": both, "all_rounds": both == ran, "per_round": per_round}
+                {**head, **found, "rounds": both, "all_rounds": both == ran,
+                 "per_round": per_round, "busy_rounds": busy, "answers": answers}
             )  # fmt: skip
     return out
 
@@ -91,8 +103,17 @@ def format_comparisons(comparisons: Sequence[Row]) -> str:
     the rounds it rests on."""
     lines = []
     for c in comparisons:
+        left_out = ", ".join(str(n) for n in c.get("busy_rounds") or ())
+        if c["call"] == NO_VERDICT:
+            lines.append(
+                f"{c['comparison']} at {c['offered_per_s']:g} req/s offered: {NO_VERDICT}, "
+                f"every round's point was busy (rounds {left_out}: others used the machine)"
+            )
+            continue
         rounds = ", ".join(str(n) for n in c["rounds"])
         partial = "" if c["all_rounds"] else " (only these reached it)"
+        if left_out:
+            partial += f"; busy, left out: rounds {left_out}"
         how = "pooled" if c["pooled"] else "per round, each must agree"
         per = "" if c["pooled"] else " (" + "; ".join(
             f"{r['ratio']:.2f}x [{r['low']:.2f}, {r['high']:.2f}] {r['call']}"
@@ -101,7 +122,8 @@ def format_comparisons(comparisons: Sequence[Row]) -> str:
         lines.append(
             f"{c['comparison']} at {c['offered_per_s']:g} req/s offered: P99 "
             f"{c['ratio']:.2f}x [{c['low']:.2f}, {c['high']:.2f}] (95%, {how}): "
-            f"**{c['call']}**; rounds {rounds}{partial}{per}"
+            f"**{c['call']}**; rounds {rounds}{partial}; at least {c.get('answers', '?')} "
+            f"answers a P99{per}"
         )
     return "\n".join(lines)
 
@@ -160,6 +182,15 @@ def format_curves(runs: Sequence[Row], slo_p99_ms: float | None) -> str:
         lines.append("")
     if marked:
         lines.append("† a rate only those rounds reached: the others had stopped before it.")
+    if any(r["achieved_per_s"] > rate for rates in by_round(runs).values()
+           for rate, rows in rates.items() for r in rows.values()):  # fmt: skip
+        lines.append(
+            "achieved/s above offered/s: the offered rate is the schedule's nominal one; its "
+            "seeded random (Poisson) arrivals came a little faster by chance."
+        )
+    if any(r.get("busy") for rates in by_round(runs).values()
+           for rows in rates.values() for r in rows.values()):  # fmt: skip
+        lines.append("BUSY: others used the machine through that point; it decides nothing.")
     return "\n".join(lines)
 
 

@@ -21,9 +21,13 @@ import java.util.Map;
  * <p>It replaces a class only when the bytes the JVM is about to load are exactly TorchServe
  * 0.12.0's (SHA-256 below): a replacement compiled against another version's fields and
  * methods could fail at run time in ways far from here. Both are checked in premain, before
- * anything is installed, so that either both are replaced or neither; the transformer checks
- * again the bytes it is given (another agent may have changed them). Every decision is one
- * line on stderr, which TorchServe's frontend writes to its console output.
+ * anything is installed, so that either both are replaced or neither. Another agent listed
+ * first may change the bytes the JVM loads: the first of the two classes loaded decides for
+ * both (a class file changed since premain means neither is replaced; unchanged means both
+ * are, the second over what that agent changed in it, since its original on the class path
+ * is 0.12.0's), so they never run half replaced, where requests in flight at a worker death
+ * timed out. Every decision is one line on stderr, which TorchServe's frontend writes to its
+ * console output.
  */
 public final class Agent implements ClassFileTransformer {
     static final String TAG = "ts-microbatch-agent: ";
@@ -47,6 +51,9 @@ public final class Agent implements ClassFileTransformer {
     private static final String REPLACEMENTS = "/tsmicrobatch/agent/replacements/";
 
     private final Map<String, byte[]> replacements;
+
+    /** Whether both classes are replaced, decided by the first loaded; null before. */
+    private Boolean both;
 
     private Agent(Map<String, byte[]> replacements) {
         this.replacements = replacements;
@@ -93,12 +100,31 @@ public final class Agent implements ClassFileTransformer {
         if (replacement == null || classBeingRedefined != null) {
             return null; // not ours, or a redefinition: leave it alone
         }
+        String name = className.replace('/', '.');
         String digest = sha256(classfileBuffer);
-        if (!digest.equals(ORIGINALS.get(className))) {
-            refuse(mismatch(className, digest));
-            return null;
+        boolean unchanged = digest.equals(ORIGINALS.get(className));
+        synchronized (this) {
+            if (both == null) { // the first of the two: it decides for both
+                both = unchanged;
+                if (!unchanged) {
+                    refuse(mismatch(className, digest) + ", so neither class is replaced");
+                    return null;
+                }
+            } else if (!both) {
+                refuse(name + ": the other class was left unchanged, so this one is too");
+                return null;
+            }
         }
-        System.err.println(TAG + "patched " + className.replace('/', '.') + " (TorchServe 0.12.0)");
+        if (unchanged) {
+            System.err.println(TAG + "patched " + name + " (TorchServe 0.12.0)");
+        } else {
+            System.err.println(
+                    TAG
+                            + "patched "
+                            + name
+                            + " (TorchServe 0.12.0 on the class path) over another agent's"
+                            + " change to it: the other class was replaced, both or neither");
+        }
         return replacement.clone();
     }
 
