@@ -2,8 +2,8 @@
 
 The jar is built by ``make agent`` from ``java/`` beside this file, committed (a pip install
 from a checkout or a wheel has it without a JDK; CI holds it byte for byte to a fresh
-build) and shipped in the package; this module only finds it. Enable it with the one line :func:`vmargs` gives, in
-config.properties; ``python -m ts_microbatch.agent`` prints it.
+build) and shipped in the package; this module only finds it. Enable it with the one line
+:func:`vmargs` gives, in config.properties; ``python -m ts_microbatch.agent`` prints it.
 """
 
 from __future__ import annotations
