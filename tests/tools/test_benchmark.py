@@ -60,13 +60,14 @@ def test_variants_are_the_baseline_the_mar_as_packaged_and_named_overrides(
     )
     assert benchmark.variants_of(args) == [
         ("plain", {"enabled": False}),
+        ("plain1", {"enabled": False}),
         ("ours", None),
         ("arrival", {"order": "arrival"}),
         ("mbs8", {"micro_batch_size": 8, "parallelism": {"preprocess": 2}}),
     ]
     args.no_baseline = True
     assert [n for n, _ in benchmark.variants_of(args)][0] == "ours"
-    for bad in ("plain={}", "x", "x=[1]", "x={not json", "a b={}"):
+    for bad in ("plain={}", "plain1={}", "x", "x=[1]", "x={not json", "a b={}"):
         with pytest.raises(argparse.ArgumentTypeError):
             benchmark.parse_variant(bad)
     with pytest.raises(SystemExit):
@@ -89,6 +90,7 @@ def test_each_variant_is_the_same_mar_with_its_override_and_the_same_frontend(
         effective[name] = override_mar(mar, tmp_path / f"{name}.mar", override, frontend)
     assert effective == {
         "plain": {"micro_batch_size": 2, "enabled": False},
+        "plain1": {"micro_batch_size": 2, "enabled": False},
         "ours": {"micro_batch_size": 2},
         "mbs8": {"micro_batch_size": 8},
     }

@@ -15,7 +15,7 @@ from tests.helpers import load_module
 from ts_microbatch.tools.runs import round_order
 
 image_sizes = load_module("benchmarks/image_sizes.py", "ts_microbatch_image_sizes_bench")
-VARIANTS = ["plain", "ours", "nogroup", "refused", "mb1"]
+VARIANTS = ["plain", "plain1", "ours", "nogroup", "refused", "mb1"]
 VARIANT_ARGS = [
     'nogroup={"shape_groups": null}',
     'refused={"shape_groups": 0}',
@@ -78,7 +78,7 @@ def test_every_round_serves_each_variant_once_in_a_seeded_shuffled_order(
     assert all(sorted(order) == sorted(set(VARIANTS) - {"refused"}) for order in orders[1:])
     assert len({tuple(o) for o in orders}) > 1  # shuffled, not one fixed order
     assert refused == {"refused": "not registered"}
-    assert [row["repeat"] for row in rows] == [1] * 4 + [2] * 4 + [3] * 4
+    assert [row["repeat"] for row in rows] == [1] * 5 + [2] * 5 + [3] * 5
     kept = tmp_path / "metrics" / "mb1-r3.prom"
     assert kept.read_text() == "mb1 round-3"
     assert (tmp_path / "samples" / "ours-r2.json").read_text() == "ours round-2"

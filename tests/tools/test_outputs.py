@@ -60,6 +60,7 @@ def tiny_mar(path: Path) -> Path:
 
 
 RATES = {"plain-r1": 100.0, "ours-r1": 150.0, "plain-r2": 90.0, "ours-r2": 160.0}
+RATES |= {"plain1-r1": 120.0, "plain1-r2": 110.0}
 
 
 def benchmark_args(tmp_path: Path, out: Path) -> argparse.Namespace:
@@ -96,8 +97,10 @@ def test_the_benchmark_keeps_each_run_as_it_comes_and_a_crash_loses_none(
     assert sorted((r["repeat"], r["handler"], r["requests_per_s"]) for r in kept) == [
         (1, "ours", 150.0),
         (1, "plain", 100.0),
+        (1, "plain1", 120.0),
         (2, "ours", 160.0),
         (2, "plain", 90.0),
+        (2, "plain1", 110.0),
     ]
 
 

@@ -62,7 +62,7 @@ def test_the_benchmark_writes_again_into_a_folder_it_made(
     for _ in range(2):
         assert benchmark.run(benchmark_args(tmp_path, out), None, tmp_path / "runs") == 0
     assert reported == [out, out]
-    assert len(ResultsLog(out / "results.jsonl").read()) == 8  # both runs' lines
+    assert len(ResultsLog(out / "results.jsonl").read()) == 12  # both runs' lines
     assert json.loads((out / MARKER).read_text()) == {"made_by": "ts-microbatch-benchmark"}
 
 

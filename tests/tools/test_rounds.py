@@ -116,13 +116,13 @@ def test_the_benchmark_shuffles_its_rounds_shows_cpu_and_warns_of_the_machine(
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     seed = results["seed"]
     assert isinstance(seed, int) and f"seed {seed}" in printed
-    names = ["plain", "ours", "arrival"]
+    names = ["plain", "plain1", "ours", "arrival"]
     orders = results["round_orders"]
     assert orders == {str(r + 1): runs.round_order(names, r, seed) for r in range(3)}
     # Every run's CPU per request in the tables, and the machine's drift named.
     assert "frontend_cpu_ms_per_request | workers_cpu_ms_per_request" in printed
     per_run = printed.split("every run")[1]
-    assert per_run.count("| 1.00 | 5.00") == 7 and per_run.count("| 1.00 | 10.00") == 2
+    assert per_run.count("| 1.00 | 5.00") == 10 and per_run.count("| 1.00 | 10.00") == 2
     (warning,) = results["cpu_warnings"]
     assert warning.startswith("plain: worker CPU per request moved 2.00x")
     assert f"WARNING {warning}" in printed
@@ -132,3 +132,27 @@ def test_the_benchmark_shuffles_its_rounds_shows_cpu_and_warns_of_the_machine(
     assert benchmark.run(again, None, tmp_path) == 0
     repeated = json.loads((tmp_path / "again" / "results.json").read_text())["round_orders"]
     assert repeated == orders
+
+
+def test_each_variant_says_its_threads_and_a_baseline_at_other_threads_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 50: plain at torch's default intra-op threads had a P99 8-12x its own at one
+    # thread; the benchmark's plain baseline said neither its threads nor that ours differs.
+    import torch
+
+    monkeypatch.setattr(benchmark, "measure", busy_machine_measure())
+    args = benchmark_args(tmp_path, tmp_path / "out")
+    args.rounds = 1
+    assert benchmark.run(args, None, tmp_path) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    threads = {r["handler"]: r["intra_op_threads"] for r in results["runs"]}
+    default = str(torch.get_num_threads())
+    assert threads == {"plain": default, "plain1": "1", "ours": f"1/{default}/1"}
+    assert "intra_op_threads" in printed.split("every run")[0]  # a column of the table
+    comparisons = {c["comparison"] for c in results["comparisons"]}
+    assert comparisons == {"ours / plain", "ours / plain1"}  # each baseline, marked
+    if default != "1":
+        assert results["threads_warning"].startswith("ours runs its stages at 1/")
+        assert f"WARNING {results['threads_warning']}" in printed

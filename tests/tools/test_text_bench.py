@@ -58,6 +58,7 @@ def test_handler_variants_parse_name_file_and_optional_override() -> None:
     )
     assert benchmark.variants_of(args) == [
         ("plain", {"enabled": False}),
+        ("plain1", {"enabled": False}),
         ("ours", None),
         ("upstream4", {"enabled": False, "micro_batch_size": 4}),
         ("mine", {}),
@@ -66,6 +67,7 @@ def test_handler_variants_parse_name_file_and_optional_override() -> None:
         "upstream4": Path(UPSTREAM),
         "mine": Path("dir/my_handler.py"),
         "plain": Path("counted.py"),
+        "plain1": Path("counted.py"),
     }
     for bad in ("x", "x=h.txt", "x=h.py{}", "x=h.py:[1]", "plain=h.py", "ours=h.py:{}"):
         with pytest.raises(argparse.ArgumentTypeError):
@@ -197,6 +199,7 @@ def test_the_plan_runs_what_text_lengths_sh_ran(tmp_path: Path) -> None:
     arrival = {"order": "arrival", "max_micro_batch_tokens": None, "parallelism": stages}
     assert benchmark.variants_of(parsed) == [
         ("plain", {"enabled": False}),
+        ("plain1", {"enabled": False}),
         ("ours", None),
         ("arrival4", {**arrival, "micro_batch_size": 4}),
         ("arrival8", {**arrival, "micro_batch_size": 8}),
@@ -207,12 +210,14 @@ def test_the_plan_runs_what_text_lengths_sh_ran(tmp_path: Path) -> None:
         "upstream4": Path(UPSTREAM),
         "upstream8": Path(UPSTREAM),
         "plain": Path("benchmarks/handlers/plain_bert_handler.py"),
+        "plain1": Path("benchmarks/handlers/plain_bert_handler.py"),
     }
     second = parser().parse_args(
         ["--mar", "m.mar", *text_study.load_arguments(loads["long-b32-budget2048"])]
     )
     assert [name for name, _ in benchmark.variants_of(second)] == [
         "plain",
+        "plain1",
         "ours",
         "budget2048",
         "upstream4",

@@ -4,7 +4,9 @@
         --variant arrival='{"order": "arrival"}' --rounds 3 --out runs/my_model
 
 Variants: ``ours`` as packaged, ``plain`` with ``{"enabled": false}`` (the handler's own
-stages on the whole batch), each ``--variant`` and ``--handler-variant``. Each round serves
+stages on the whole batch) at torch's default intra-op threads and ``plain1`` the same at
+one (``OMP_NUM_THREADS=1``), each ``--variant`` and ``--handler-variant``; every ratio is
+given to both baselines, each variant's threads beside it. Each round serves
 every variant once on a fresh TorchServe, in an order shuffled from a recorded seed; the
 rows, medians, ratios and files are ts_microbatch.tools.runs'.
 """
@@ -27,8 +29,10 @@ from .intervals import MIN_ANSWERS
 from .mar import (
     AS_PACKAGED,
     BASELINE,
+    BASELINE_ONE,
     FRONTEND_KEYS,
     PLAIN_OVERRIDE,
+    VARIANT_ENV,
     MarError,
     override_mar,
     split_frontend,
@@ -36,7 +40,15 @@ from .mar import (
 from .mar import frontend_of as packaged_frontend
 from .measure import RegistrationError, Send, corpus_sender, measure
 from .results import ResultsLog, claimed_dir
-from .runs import CPU_SIDES, cpu_drift, new_seed, report, round_order, shown
+from .runs import (
+    CPU_SIDES,
+    cpu_drift,
+    intra_op_threads,
+    new_seed,
+    report,
+    round_order,
+    shown,
+)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
@@ -44,10 +56,10 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     """``NAME=JSON``: a variant's name and its override of the micro_batching section."""
     name, sep, raw = text.partition("=")
-    if not sep or not _NAME.match(name) or name in (BASELINE, AS_PACKAGED):
+    if not sep or not _NAME.match(name) or name in (BASELINE, BASELINE_ONE, AS_PACKAGED):
         raise argparse.ArgumentTypeError(
             f"got {text!r}, expected NAME=JSON with NAME of letters, digits, - and _ "
-            f"(not {BASELINE!r} or {AS_PACKAGED!r})"
+            f"(not {BASELINE!r}, {BASELINE_ONE!r} or {AS_PACKAGED!r})"
         )
     try:
         override = json.loads(raw)
@@ -80,8 +92,8 @@ def parse_handler_variant(text: str) -> tuple[str, dict[str, Any], Path]:
 def variants_of(args: argparse.Namespace) -> list[tuple[str, dict[str, Any] | None]]:
     """(name, override) in the order each round serves them; None: as packaged."""
     variants: list[tuple[str, dict[str, Any] | None]] = []
-    if not args.no_baseline:
-        variants.append((BASELINE, PLAIN_OVERRIDE))
+    if not args.no_baseline:  # both thread settings: either may be the better baseline
+        variants += [(BASELINE, PLAIN_OVERRIDE), (BASELINE_ONE, PLAIN_OVERRIDE)]
     variants.append((AS_PACKAGED, None))
     for name, override, *_ in [*args.variant, *args.handler_variant]:
         if name in dict(variants):
@@ -94,7 +106,7 @@ def handlers_of(args: argparse.Namespace) -> dict[str, Path]:
     """The handler file each variant swaps in; a variant not named keeps the .mar's."""
     handlers = {name: path for name, _, path in args.handler_variant}
     if args.baseline_handler is not None:
-        handlers[BASELINE] = args.baseline_handler
+        handlers[BASELINE] = handlers[BASELINE_ONE] = args.baseline_handler
     return handlers
 
 
@@ -129,7 +141,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='serve the "plain" baseline with this handler file swapped in (e.g. one that '
         "also counts its padded tokens)",
     )
-    group.add_argument("--no-baseline", action="store_true", help='skip the "plain" variant')
+    what = 'skip the baselines: "plain" at torch\'s default intra-op threads, "plain1" at one'
+    group.add_argument("--no-baseline", action="store_true", help=what)
     group.add_argument("--batch-size", type=int, help="default: the .mar's batchSize, else 32")
     group.add_argument("--max-batch-delay", type=int, help="ms; default: the .mar's, else 50")
     group.add_argument("--concurrency", type=int, help="parallel clients (default 2 x batch)")
@@ -247,7 +260,8 @@ def package(
         effective[name] = override_mar(mar, store / f"{name}.mar", section, sizes, handler)
         log(
             f"variant {name}: batchSize {sizes['batchSize']}, maxBatchDelay "
-            f"{sizes['maxBatchDelay']}, micro_batching {json.dumps(effective[name])}"
+            f"{sizes['maxBatchDelay']}, micro_batching {json.dumps(effective[name])}, "
+            f"intra-op threads {intra_op_threads(effective[name], VARIANT_ENV.get(name))}"
             + (f", handler {handler}" if handler else "")
         )
     return effective, served
@@ -321,13 +335,15 @@ def run_rounds(
                     (first.data, first.content_type),
                     archive=f"{name}.mar",
                     base_config=base_config,
+                    env=VARIANT_ENV.get(name),
                 )
             except RegistrationError as err:
                 refused[name] = str(err)
                 if results is not None:
                     results.append({"kind": "not_measured", "handler": name, "why": str(err)})
                 hint = " (the baseline needs the 'enabled' key: --no-baseline skips it)"
-                log(f"{label}: NOT MEASURED, {err}{hint if name == BASELINE else ''}")
+                baseline = name in (BASELINE, BASELINE_ONE)
+                log(f"{label}: NOT MEASURED, {err}{hint if baseline else ''}")
                 continue
             cpu = [result.get(k, float("nan")) for _, k in CPU_SIDES]
             log(
@@ -344,6 +360,7 @@ def run_rounds(
                     "micro_batch_size": micro_batch_size,
                     "parallelism": parallelism,
                     "micro_batching": effective[name],
+                    "intra_op_threads": intra_op_threads(effective[name], VARIANT_ENV.get(name)),
                     "override": overrides[name],
                     "repeat": repeat,
                     "position": step,

@@ -27,6 +27,11 @@ DEFAULT_YAML = "model-config.yaml"
 BASELINE = "plain"
 AS_PACKAGED = "ours"
 PLAIN_OVERRIDE = {"enabled": False}  # the plain-handler baseline
+# The plain baseline at one torch intra-op thread (its workers get OMP_NUM_THREADS=1): at
+# torch's default, a plain handler's P99 was 8-12x its P99 at one thread in a user's study,
+# so a ratio to plain alone mixes threading with batching.
+BASELINE_ONE = "plain1"
+VARIANT_ENV = {BASELINE_ONE: {"OMP_NUM_THREADS": "1"}}
 # An override's keys that go to model-config.yaml's frontend batching, not the section.
 FRONTEND_KEYS = {"batchSize": 1, "maxBatchDelay": 0}  # key -> its least value
 

@@ -27,7 +27,7 @@ from typing import Any
 from .corpus import Corpus
 from .curve_report import compare_curves, held_lines, write_curves
 from .intervals import percentile
-from .mar import AS_PACKAGED, BASELINE
+from .mar import AS_PACKAGED, BASELINE, BASELINE_ONE
 
 Row = dict[str, Any]
 Tag = Callable[[Row], str]
@@ -43,6 +43,7 @@ TABLE_COLUMNS = (
     "concurrency",
     "workers",
     "parallelism",
+    "intra_op_threads",
     "mean_micro_batch_size",
     "requests_per_s",
     "spread",
@@ -243,6 +244,33 @@ def shown(effective: dict[str, Any]) -> tuple[Any, str]:
     return effective.get("micro_batch_size", 1), "/".join(str(threads.get(s, 1)) for s in stages)
 
 
+def intra_op_threads(effective: dict[str, Any], env: dict[str, str] | None = None) -> str:
+    """A variant's torch intra-op threads per stage, as its worker runs them: a stage's own
+    setting (``intra_op_threads``), else the process's (``OMP_NUM_THREADS`` in ``env``, else
+    torch's default on this machine); the whole batch's when micro-batching is off."""
+    import torch
+
+    process = (env or {}).get("OMP_NUM_THREADS") or str(torch.get_num_threads())
+    if effective.get("enabled", True) is False:
+        return process
+    own = {"preprocess": 1, "postprocess": 1, **(effective.get("intra_op_threads") or {})}
+    return "/".join(str(own.get(s) or process) for s in ("preprocess", "inference", "postprocess"))
+
+
+def threads_warning(rows: list[Row]) -> str | None:
+    """A warning when a variant's stages run at other intra-op threads than a baseline's:
+    a ratio to that baseline then mixes threading with batching."""
+    threads = {row["handler"]: row.get("intra_op_threads") for row in rows}
+    plain, one, ours = threads.get(BASELINE), threads.get(BASELINE_ONE), threads.get(AS_PACKAGED)
+    if plain is None or ours is None or set(ours.split("/")) == {plain}:
+        return None
+    also = f"; {BASELINE_ONE} (the same handler at {one}) is the baseline at one" if one else ""
+    return (
+        f"{AS_PACKAGED} runs its stages at {ours} intra-op threads (pre/inference/post), "
+        f"{BASELINE} at {plain}: a ratio to {BASELINE} mixes threading with batching{also}"
+    )
+
+
 def load_tag(row: Row) -> str:
     """What every variant of a run shares: the load, not the micro-batching settings."""
     return f"{row['body']}|{row['batch_size']}|{row['max_batch_delay']}|{row['concurrency']}"
@@ -264,14 +292,15 @@ def report(
     settings, medians, every run, ratios), results.csv, runs.csv, comparisons.json, with
     ``--rates`` the curves; the table, every run and the ratios printed."""
     names = list(dict.fromkeys(row["handler"] for row in rows))
-    reference = BASELINE if BASELINE in names else AS_PACKAGED
-    pairs = [(name, reference) for name in names if name != reference]
+    baselines = [b for b in (BASELINE, BASELINE_ONE) if b in names] or [AS_PACKAGED]
+    pairs = [(name, ref) for ref in baselines for name in names if name not in baselines]
     middle = medians(rows, load_tag)
     curve = any(row.get("curve") for row in rows)
     # --rates: P99 at equal offered load, with an interval; a sweep's throughput is the
     # schedule's, the same for every variant.
     comparisons = compare_curves(rows, pairs) if curve else compare_rounds(rows, pairs, load_tag)
     warnings = cpu_drift(rows)
+    threads = threads_warning(rows)
     orders: dict[int, list[str]] = {}
     for row in sorted(rows, key=lambda r: (r["repeat"], r["position"])):
         orders.setdefault(row["repeat"], []).append(row["handler"])
@@ -297,6 +326,7 @@ def report(
         "seed": args.seed,
         "round_orders": orders,
         "cpu_warnings": warnings,
+        "threads_warning": threads,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     write_csv(rows, out / "runs.csv")
@@ -306,7 +336,7 @@ def report(
     print(f"\nevery run (rounds shuffled with seed {args.seed}):\n" + format_runs(rows))
     if comparisons and not curve:
         print("\n" + format_comparisons(comparisons))
-    for warning in warnings:
+    for warning in [*warnings, *([threads] if threads else [])]:
         print(f"\nWARNING {warning}")
     for name, why in refused.items():
         print(f"\n{name}: not measured: {why.splitlines()[0]}")
