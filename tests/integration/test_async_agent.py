@@ -249,3 +249,33 @@ def test_behind_another_agent_both_classes_are_replaced_or_neither(
     else:  # the unchanged one first: both, the changed one over the other agent's change
         assert any("over another agent's change" in line and changed in line for line in patched)
     assert [a.status for a in answers] == [200] * 4
+
+
+def test_response_timeout_answers_a_job_the_handler_never_answers(server: TorchServe) -> None:
+    """Issue 52: a handler awaiting for an hour, ``responseTimeout`` 3: the synchronous
+    worker answers 500 after 3 s; 0.12.0's asynchronous one never did, and its RestJob
+    stayed live for the worker's life. Each job now gets its timeout as on the other."""
+    name = "hang-async"
+    handler = Path(__file__).parent / "handlers" / "hang_async_handler.py"
+    config = server.model_store / f"{name}-model-config.yaml"
+    # responseTimeout in the .mar's config: 0.12.0 takes it over the registration's.
+    config.write_text(
+        "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nresponseTimeout: 3\nasyncCommunication: true\n"
+    )
+    run_archiver(
+        [
+            *("--model-name", name, "--version", "1.0", "--handler", str(handler)),
+            *("--config-file", str(config), "--export-path", str(server.model_store)),
+            *("--archive-format", "zip-store"),
+        ]
+    )
+    registered = server.register(f"{name}.mar", batch_size=1, response_timeout_s=3)
+    assert registered.status == 200
+    try:
+        # Answered by the frontend (the client would give up at 60 s with an exception).
+        hung = server.predict(name, b"hang", timeout_s=60)
+        assert hung.status == 500 and b"responseTimeout" in hung.body, (hung.status, hung.body)
+        assert server.predict(name, b"x", timeout_s=60).status == 200  # it serves on
+        assert "no answer within responseTimeout" in server.log("ts_log.log")
+    finally:
+        server.unregister(name)

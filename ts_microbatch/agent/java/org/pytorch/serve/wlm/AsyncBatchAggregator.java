@@ -37,6 +37,12 @@ public class AsyncBatchAggregator extends BatchAggregator {
 
     private static final Logger logger = LoggerFactory.getLogger(AsyncBatchAggregator.class);
 
+    /** When each job in the backend was written (or last answered in part), by request id. */
+    private final Map<String, Long> sentAt = new ConcurrentHashMap<>();
+
+    /** When the backend last answered anything. */
+    private volatile long lastAnswer = System.nanoTime();
+
     public AsyncBatchAggregator() {
         super();
     }
@@ -80,6 +86,7 @@ public class AsyncBatchAggregator extends BatchAggregator {
             }
             req.addRequest(job.getPayload());
             // Put before the request is written: its answer can only come after.
+            sentAt.put(job.getJobId(), System.nanoTime());
             jobs_in_backend.put(job.getJobId(), job);
             polled.remove();
         }
@@ -97,6 +104,7 @@ public class AsyncBatchAggregator extends BatchAggregator {
             jobs.clear(); // the LOAD job getRequest left there
             return true;
         }
+        lastAnswer = System.nanoTime();
         for (Predictions prediction : message.getPredictions()) {
             String jobId = prediction.getRequestId();
             Map<String, String> headers = prediction.getHeaders();
@@ -106,6 +114,11 @@ public class AsyncBatchAggregator extends BatchAggregator {
             // plain answer stayed for the life of the worker, the request's body with it.
             boolean last = message.getCode() != 200 || !"true".equals(streamNext);
             Job job = last ? jobs_in_backend.remove(jobId) : jobs_in_backend.get(jobId);
+            if (last) {
+                sentAt.remove(jobId);
+            } else if (job != null) {
+                sentAt.put(jobId, lastAnswer); // a stream's timeout counts from its last part
+            }
             if (job == null) {
                 // Fix: logged, not thrown. Thrown from Netty's handler it closed the channel:
                 // one answer for a job already gone (failed at a worker restart, answered
@@ -181,6 +194,36 @@ public class AsyncBatchAggregator extends BatchAggregator {
                 job.sendError(500, "Worker died.");
             }
         }
+    }
+
+    /**
+     * Fix: {@code responseTimeout} applies per job, as on the synchronous worker: each job in
+     * the backend longer than {@code timeoutMs} without an answer leaves the map (to get 500).
+     * 0.12.0's asynchronous worker never read the timeout: a handler that never answered a job
+     * (an await that never returns, an encode error outside predict's try) kept its client
+     * waiting and its RestJob live for the worker's life. Returns them, for the caller to
+     * answer.
+     */
+    public List<Job> expire(long timeoutMs) {
+        long now = System.nanoTime();
+        List<Job> expired = new ArrayList<>();
+        for (Map.Entry<String, Long> sent : sentAt.entrySet()) {
+            String id = sent.getKey();
+            if (now - sent.getValue() < timeoutMs * 1_000_000L && jobs_in_backend.containsKey(id)) {
+                continue;
+            }
+            sentAt.remove(id);
+            Job job = jobs_in_backend.remove(id); // null: answered or failed meanwhile
+            if (job != null) {
+                expired.add(job);
+            }
+        }
+        return expired;
+    }
+
+    /** Whether the backend has answered nothing for {@code ms} milliseconds. */
+    public boolean silentFor(long ms) {
+        return System.nanoTime() - lastAnswer >= ms * 1_000_000L;
     }
 
     @Override

@@ -11,9 +11,12 @@ import io.netty.channel.SimpleChannelInboundHandler;
 import java.io.IOException;
 import java.net.HttpURLConnection;
 import java.net.SocketAddress;
+import java.util.List;
 import java.util.UUID;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
+import org.pytorch.serve.job.Job;
 import org.pytorch.serve.job.RestJob;
 import org.pytorch.serve.util.ConfigManager;
 import org.pytorch.serve.util.Connector;
@@ -166,6 +169,7 @@ public class AsyncWorkerThread extends WorkerThread {
             throw new WorkerInitializationException("Failed to connect to worker: " + e, e);
         }
         backendChannel.add(channel);
+        watchResponseTimeout(channel);
         channel.closeFuture()
                 .addListener(
                         (ChannelFutureListener)
@@ -188,6 +192,52 @@ public class AsyncWorkerThread extends WorkerThread {
                 new RestJob(
                         null, model.getModelName(), model.getVersion(), WorkerCommands.LOAD, input));
         running.set(true);
+    }
+
+    /**
+     * Fix: {@code responseTimeout} per job (AsyncBatchAggregator.expire), checked every second
+     * on the channel's event loop while the channel lives; a worker that lets a job time out
+     * and has answered nothing for as long is restarted (its channel closed), as the
+     * synchronous worker is at a timeout. One that still answers others keeps running.
+     */
+    private void watchResponseTimeout(Channel channel) {
+        if (!(aggregator instanceof AsyncBatchAggregator)) {
+            return;
+        }
+        AsyncBatchAggregator jobs = (AsyncBatchAggregator) aggregator;
+        Runnable check =
+                () -> {
+                    long timeoutMs = responseTimeout * 1000L;
+                    List<Job> expired = jobs.expire(timeoutMs);
+                    if (expired.isEmpty()) {
+                        return;
+                    }
+                    logger.error(
+                            "{} jobs got no answer within responseTimeout {} s",
+                            expired.size(),
+                            responseTimeout);
+                    Runnable answer =
+                            () -> {
+                                for (Job job : expired) {
+                                    job.sendError(
+                                            HttpURLConnection.HTTP_INTERNAL_ERROR,
+                                            "Worker timed out: no answer within responseTimeout "
+                                                    + responseTimeout
+                                                    + " s");
+                                }
+                            };
+                    if (jobs.silentFor(timeoutMs)) {
+                        // Answered once the channel is closed: a client that sends again on
+                        // this answer finds the worker restarting, its request queued.
+                        logger.error("Worker answers nothing: restarting it");
+                        channel.close().addListener(closed -> answer.run());
+                    } else {
+                        answer.run();
+                    }
+                };
+        ScheduledFuture<?> watch =
+                channel.eventLoop().scheduleAtFixedRate(check, 1, 1, TimeUnit.SECONDS);
+        channel.closeFuture().addListener(future -> watch.cancel(false));
     }
 
     /** The backend channel's handlers: the request encoder, the answer decoder, the answers. */
