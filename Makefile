@@ -155,7 +155,9 @@ $(AGENT_JAR): $(AGENT_SRC) $(STAMP)
 # /usr/bin/time counts; in 3 processes 10.6 min at 0.8), so CI fits 20 minutes with both.
 TEST_PROCESSES ?= 3
 FLOOR_LOG := build/test-floor.log
-test: venv kserve-venv agent floor-venv ab
+test:
+	@# What the suites need, set up side by side (each mostly waits on pip or the disk).
+	$(MAKE) --no-print-directory -j4 venv kserve-venv agent floor-venv ab
 	@mkdir -p $(dir $(FLOOR_LOG))
 	@$(MAKE) --no-print-directory test-floor > $(FLOOR_LOG) 2>&1 & floor=$$!; \
 	  $(VENV)/bin/pytest -n $(TEST_PROCESSES) --dist loadfile; today=$$?; \
