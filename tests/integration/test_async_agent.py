@@ -236,7 +236,9 @@ def test_behind_another_agent_both_classes_are_replaced_or_neither(
     ts.properties["vmargs"] = f"-javaagent:{other_agent(work)}={target} {agent.vmargs()}"
     with ts:
         assert ts.register(f"{MODEL}.mar", batch_size=1).status == 200
-        answers = parallel(ts, [b"x"] * 4, MODEL, timeout_s=60)
+        # One at a time: with neither replaced, 0.12.0's own classes serve (and parallel
+        # requests meet their defects, which are not what this tests).
+        answers = [ts.predict(MODEL, b"x", timeout_s=60) for _ in range(2)]
         console = ts.log("torchserve.out")
     lines = [line for line in console.splitlines() if "ts-microbatch-agent: " in line]
     patched = [line for line in lines if "ts-microbatch-agent: patched" in line]
@@ -248,7 +250,7 @@ def test_behind_another_agent_both_classes_are_replaced_or_neither(
         assert refused and "so neither class is replaced" in refused[0], lines
     else:  # the unchanged one first: both, the changed one over the other agent's change
         assert any("over another agent's change" in line and changed in line for line in patched)
-    assert [a.status for a in answers] == [200] * 4
+    assert [a.status for a in answers] == [200] * 2
 
 
 def test_response_timeout_answers_a_job_the_handler_never_answers(server: TorchServe) -> None:

@@ -48,7 +48,9 @@ def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> Non
         for base in ("plain", "plain1")
         for rate in (10, 20)
     }
-    assert all(c["low"] <= c["ratio"] <= c["high"] for c in saved["comparisons"])
+    # A point others kept busy gives no verdict (CI runs suites side by side).
+    called = [c for c in saved["comparisons"] if c["call"] != "no verdict"]
+    assert all(c["low"] <= c["ratio"] <= c["high"] for c in called)
     assert all("other_cpu_cores" in p for points in curves.values() for p in points)
     variants = json.loads((out / "results.json").read_text())["variants"]
     assert variants["w5"]["frontend"] == {"batchSize": 4, "maxBatchDelay": 5}

@@ -4,9 +4,8 @@
         --variant arrival='{"order": "arrival"}' --rounds 3 --out runs/my_model
 
 Variants: ``ours`` as packaged, ``plain`` with ``{"enabled": false}`` (the handler's own
-stages on the whole batch) at torch's default intra-op threads and ``plain1`` the same at
-one (``OMP_NUM_THREADS=1``), each ``--variant`` and ``--handler-variant``; every ratio is
-given to both baselines, each variant's threads beside it. Each round serves
+stages on the whole batch) at torch's default intra-op threads and ``plain1`` at one (every
+ratio given to both), each ``--variant`` and ``--handler-variant``. Each round serves
 every variant once on a fresh TorchServe, in an order shuffled from a recorded seed; the
 rows, medians, ratios and files are ts_microbatch.tools.runs'.
 """
@@ -40,15 +39,7 @@ from .mar import (
 from .mar import frontend_of as packaged_frontend
 from .measure import RegistrationError, Send, corpus_sender, measure
 from .results import ResultsLog, claimed_dir
-from .runs import (
-    CPU_SIDES,
-    cpu_drift,
-    intra_op_threads,
-    new_seed,
-    report,
-    round_order,
-    shown,
-)
+from .runs import CPU_SIDES, cpu_drift, intra_op_threads, new_seed, report, round_order, shown
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
