@@ -281,3 +281,41 @@ def test_response_timeout_answers_a_job_the_handler_never_answers(server: TorchS
         assert "no answer within responseTimeout" in server.log("ts_log.log")
     finally:
         server.unregister(name)
+
+
+def test_an_answer_over_max_response_size_fails_its_own_request_alone(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Issue 52: ``max_response_size=100000``, six slow requests in flight (4 s here), then
+    one whose answer is 200 kB: it got 500, and so did the six ("Worker died."), the worker
+    restarted; the synchronous worker answered the six 200. Now only the over-long one
+    fails."""
+    if jdk_problem():
+        pytest.skip(jdk_problem() or "")
+    name = "big-async"
+    store = tmp_path_factory.mktemp("big_store")
+    handler = Path(__file__).parent / "handlers" / "big_async_handler.py"
+    config = store / "model-config.yaml"
+    config.write_text("minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nasyncCommunication: true\n")
+    run_archiver(
+        [
+            *("--model-name", name, "--version", "1.0", "--handler", str(handler)),
+            *("--config-file", str(config), "--export-path", str(store)),
+            *("--archive-format", "zip-store"),
+        ]
+    )
+    ts = local_server(store, tmp_path_factory.mktemp("big_torchserve"))
+    ts.properties["vmargs"] = agent.vmargs()
+    ts.properties["max_response_size"] = "100000"
+    with ts:
+        assert ts.register(f"{name}.mar", batch_size=1).status == 200
+        (pid_before,) = worker_pids(ts, name)
+        with concurrent.futures.ThreadPoolExecutor(7) as pool:
+            slow = [pool.submit(ts.predict, name, b"x", timeout_s=60) for _ in range(6)]
+            time.sleep(0.5)  # the six are in the worker, awaiting
+            big = ts.predict(name, b"big", timeout_s=60)
+            assert not any(f.done() for f in slow)  # the scenario: in flight meanwhile
+            answers = [f.result() for f in slow]
+        assert big.status == 500 and b"max_response_size" in big.body, (big.status, big.body)
+        assert [(a.status, a.body) for a in answers] == [(200, b"ok")] * 6
+        assert worker_pids(ts, name) == [pid_before]  # no restart

@@ -1,6 +1,7 @@
 package org.pytorch.serve.wlm;
 
 import io.netty.bootstrap.Bootstrap;
+import io.netty.buffer.ByteBuf;
 import io.netty.channel.Channel;
 import io.netty.channel.ChannelFutureListener;
 import io.netty.channel.ChannelHandler;
@@ -8,9 +9,13 @@ import io.netty.channel.ChannelHandlerContext;
 import io.netty.channel.ChannelInitializer;
 import io.netty.channel.EventLoopGroup;
 import io.netty.channel.SimpleChannelInboundHandler;
+import io.netty.handler.codec.ByteToMessageDecoder;
+import io.netty.handler.codec.http.multipart.HttpPostRequestDecoder.NotEnoughDataDecoderException;
 import java.io.IOException;
 import java.net.HttpURLConnection;
 import java.net.SocketAddress;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.UUID;
 import java.util.concurrent.CountDownLatch;
@@ -20,9 +25,10 @@ import org.pytorch.serve.job.Job;
 import org.pytorch.serve.job.RestJob;
 import org.pytorch.serve.util.ConfigManager;
 import org.pytorch.serve.util.Connector;
-import org.pytorch.serve.util.codec.ModelResponseDecoder;
+import org.pytorch.serve.util.codec.CodecUtils;
 import org.pytorch.serve.util.messages.InputParameter;
 import org.pytorch.serve.util.messages.ModelWorkerResponse;
+import org.pytorch.serve.util.messages.Predictions;
 import org.pytorch.serve.util.messages.RequestInput;
 import org.pytorch.serve.util.messages.WorkerCommands;
 import org.slf4j.Logger;
@@ -252,8 +258,93 @@ public class AsyncWorkerThread extends WorkerThread {
         public void initChannel(Channel ch) {
             ch.pipeline()
                     .addLast(ENCODER)
-                    .addLast(new ModelResponseDecoder(maxResponseSize))
+                    .addLast(new AnswerDecoder(maxResponseSize))
                     .addLast(new ResponseHandler());
+        }
+    }
+
+    /**
+     * 0.12.0's ModelResponseDecoder, but an answer over {@code max_response_size} fails its
+     * own request and nothing else.
+     *
+     * <p>Fix: 0.12.0's decoder threw TooLongFrameException on it; the handler closed the
+     * channel, and every request in flight on the worker got 500 "Worker died." and the worker
+     * restarted (the synchronous worker holds one batch at a time: there only that batch
+     * fails). Here the frame is read whole as before, the over-long answer's bytes are
+     * dropped, and its request gets a 500 that says why.
+     */
+    protected static class AnswerDecoder extends ByteToMessageDecoder {
+        private final int maxResponseSize;
+
+        AnswerDecoder(int maxResponseSize) {
+            this.maxResponseSize = maxResponseSize;
+        }
+
+        @Override
+        protected void decode(ChannelHandlerContext ctx, ByteBuf in, List<Object> out) {
+            if (in.readableBytes() < 9) {
+                return;
+            }
+            in.markReaderIndex();
+            boolean completed = false;
+            try {
+                ModelWorkerResponse response = new ModelWorkerResponse();
+                response.setCode(in.readInt());
+                response.setMessage(CodecUtils.readString(in, length(in)));
+                List<Predictions> predictions = new ArrayList<>();
+                int len;
+                while ((len = length(in)) != CodecUtils.END) {
+                    Predictions prediction = new Predictions();
+                    prediction.setRequestId(CodecUtils.readString(in, len));
+                    prediction.setContentType(CodecUtils.readString(in, length(in)));
+                    if (in.readableBytes() < 4) {
+                        return;
+                    }
+                    prediction.setStatusCode(in.readInt());
+                    prediction.setReasonPhrase(CodecUtils.readString(in, length(in)));
+                    prediction.setHeaders(CodecUtils.readMap(in, length(in)));
+                    len = CodecUtils.readLength(in, Integer.MAX_VALUE); // checked here
+                    if (len > maxResponseSize) {
+                        in.skipBytes(len);
+                        tooLong(prediction, len);
+                    } else {
+                        prediction.setResp(CodecUtils.read(in, len));
+                    }
+                    predictions.add(prediction);
+                }
+                response.setPredictions(predictions);
+                out.add(response);
+                completed = true;
+            } catch (NotEnoughDataDecoderException e) {
+                // the frame is not all here yet
+            } finally {
+                if (!completed) {
+                    in.resetReaderIndex();
+                }
+            }
+        }
+
+        private int length(ByteBuf in) {
+            return CodecUtils.readLength(in, maxResponseSize);
+        }
+
+        private void tooLong(Predictions prediction, int len) {
+            logger.error(
+                    "Answer of {} bytes for {} is over max_response_size {}: that request gets 500",
+                    len,
+                    prediction.getRequestId(),
+                    maxResponseSize);
+            String why =
+                    "{\"code\": 500, \"type\": \"ResponseTooLarge\", \"message\": \"the answer"
+                            + " is "
+                            + len
+                            + " bytes, over max_response_size "
+                            + maxResponseSize
+                            + "\"}";
+            prediction.setStatusCode(HttpURLConnection.HTTP_INTERNAL_ERROR);
+            prediction.setReasonPhrase("Answer over max_response_size");
+            prediction.setContentType("application/json");
+            prediction.setResp(why.getBytes(StandardCharsets.UTF_8));
         }
     }
 
