@@ -68,14 +68,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
         yield ts
 
 
-def archive(store: Path, name: str, batching: str) -> None:
-    """The bare handler as ``name``.mar in ``store``, one async worker, ``batching`` its
-    model-config.yaml's batch lines."""
+def archive(store: Path, name: str, batching: str, handler: Path = HANDLER) -> None:
+    """``handler`` (the bare one by default) as ``name``.mar in ``store``, one async worker,
+    ``batching`` its model-config.yaml's batch lines."""
     config = store / f"{name}-model-config.yaml"
     config.write_text(f"minWorkers: 1\nmaxWorkers: 1\n{batching}asyncCommunication: true\n")
     run_archiver(
         [
-            *("--model-name", name, "--version", "1.0", "--handler", str(HANDLER)),
+            *("--model-name", name, "--version", "1.0", "--handler", str(handler)),
             *("--config-file", str(config), "--export-path", str(store)),
             *("--archive-format", "zip-store"),
         ]
@@ -259,18 +259,8 @@ def test_response_timeout_answers_a_job_the_handler_never_answers(server: TorchS
     stayed live for the worker's life. Each job now gets its timeout as on the other."""
     name = "hang-async"
     handler = Path(__file__).parent / "handlers" / "hang_async_handler.py"
-    config = server.model_store / f"{name}-model-config.yaml"
     # responseTimeout in the .mar's config: 0.12.0 takes it over the registration's.
-    config.write_text(
-        "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nresponseTimeout: 3\nasyncCommunication: true\n"
-    )
-    run_archiver(
-        [
-            *("--model-name", name, "--version", "1.0", "--handler", str(handler)),
-            *("--config-file", str(config), "--export-path", str(server.model_store)),
-            *("--archive-format", "zip-store"),
-        ]
-    )
+    archive(server.model_store, name, "batchSize: 1\nresponseTimeout: 3\n", handler)
     registered = server.register(f"{name}.mar", batch_size=1, response_timeout_s=3)
     assert registered.status == 200
     try:
@@ -294,15 +284,8 @@ def test_an_answer_over_max_response_size_fails_its_own_request_alone(
         pytest.skip(jdk_problem() or "")
     name = "big-async"
     store = tmp_path_factory.mktemp("big_store")
-    handler = Path(__file__).parent / "handlers" / "big_async_handler.py"
-    config = store / "model-config.yaml"
-    config.write_text("minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nasyncCommunication: true\n")
-    run_archiver(
-        [
-            *("--model-name", name, "--version", "1.0", "--handler", str(handler)),
-            *("--config-file", str(config), "--export-path", str(store)),
-            *("--archive-format", "zip-store"),
-        ]
+    archive(
+        store, name, "batchSize: 1\n", Path(__file__).parent / "handlers" / "big_async_handler.py"
     )
     ts = local_server(store, tmp_path_factory.mktemp("big_torchserve"))
     ts.properties["vmargs"] = agent.vmargs()

@@ -83,19 +83,28 @@ class Worker:
     batch (on the asynchronous worker, one predict coroutine run on an event loop) and
     gives each its (status, body)."""
 
-    def __init__(self, kind: str, directory: Path, micro_batch_size: int) -> None:
+    def __init__(
+        self,
+        kind: str,
+        directory: Path,
+        micro_batch_size: int,
+        handler: tuple[str, str] = (HANDLER, TEXT_HANDLER),
+        **section: Any,
+    ) -> None:
+        """``handler``: its file name (a module name of its own: TorchServe imports a handler
+        by name, and the text example's tests import theirs as "text_handler" in this
+        process) and source; ``section``: more micro_batching keys."""
         self.kind = kind
         directory.mkdir()
-        # A module name of its own: TorchServe imports a handler by name, and the text
-        # example's tests import theirs as "text_handler" in this process.
-        (directory / HANDLER).write_text(TEXT_HANDLER, encoding="utf-8")
-        section = {"micro_batch_size": micro_batch_size}
+        name, source = handler
+        (directory / name).write_text(source, encoding="utf-8")
+        section = {"micro_batch_size": micro_batch_size, **section}
         config = f"batchSize: 64\nmicro_batching: {json.dumps(section)}\n"
         if kind == "asynchronous":
             config = "asyncCommunication: true\n" + config
         (directory / "model-config.yaml").write_text(config, encoding="utf-8")
-        write_manifest(directory, "text", HANDLER, configFile="model-config.yaml")
-        service = load_service(directory, model_name="text", handler=HANDLER)
+        write_manifest(directory, "text", name, configFile="model-config.yaml")
+        service = load_service(directory, model_name="text", handler=name)
         self.handler = service._entry_point.__self__
         self.service = service
         self.asynchronous = AsyncService(service) if kind == "asynchronous" else None

@@ -13,15 +13,11 @@ call) before its answers are asserted.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from ts.async_service import AsyncService
 
-from tests.torchserve.ts_machinery import decode, load_service, request, write_manifest
+from tests.torchserve.test_known_good_service import Worker
 
 SLOW_HANDLER = """
 import time
@@ -54,37 +50,7 @@ class SlowToRefuse(MicroBatchingMixin, BaseHandler):
         return [{"length": n} for n in lengths]
 """
 
-HANDLER = "slow_to_refuse_handler.py"
-
-
-class Worker:
-    def __init__(self, kind: str, directory: Path, micro_batch_size: int) -> None:
-        directory.mkdir()
-        (directory / HANDLER).write_text(SLOW_HANDLER, encoding="utf-8")
-        section = {"micro_batch_size": micro_batch_size, "timeout_s": 2}
-        config = f"batchSize: 64\nmicro_batching: {json.dumps(section)}\n"
-        if kind == "asynchronous":
-            config = "asyncCommunication: true\n" + config
-        (directory / "model-config.yaml").write_text(config, encoding="utf-8")
-        write_manifest(directory, "slow", HANDLER, configFile="model-config.yaml")
-        self.service = load_service(directory, model_name="slow", handler=HANDLER)
-        self.handler = self.service._entry_point.__self__
-        self.asynchronous = kind == "asynchronous"
-        if self.asynchronous:
-            AsyncService(self.service)  # binds the asynchronous predict to the service
-
-    def send(self, texts: list[str]) -> list[tuple[int, Any]]:
-        rows = [request(i, text.encode(), "text/plain") for i, text in enumerate(texts)]
-        if self.asynchronous:
-            message = asyncio.run(self.service.predict(rows))
-        else:
-            message = self.service.predict(rows)
-        code, answers = decode(message)
-        assert code == 200
-        return [(status, json.loads(body)) for _, status, body in answers]
-
-    def close(self) -> None:
-        self.handler.micro_batching.shutdown()
+HANDLER = ("slow_to_refuse_handler.py", SLOW_HANDLER)
 
 
 @pytest.mark.parametrize("kind", ["synchronous", "asynchronous"])
@@ -95,7 +61,7 @@ class Worker:
 def test_slow_failures_never_make_a_good_request_time_out(
     kind: str, micro_batch_size: int, bad_at: tuple[int, ...], tmp_path: Path
 ) -> None:
-    worker = Worker(kind, tmp_path / "slow", micro_batch_size)
+    worker = Worker(kind, tmp_path / "slow", micro_batch_size, HANDLER, timeout_s=2)
     try:
         warm = [f"good {n}" for n in range(16)]  # its passing calls: the stage's pace
         assert [status for status, _ in worker.send(warm)] == [200] * 16
