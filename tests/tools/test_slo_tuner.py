@@ -17,7 +17,6 @@ from ts_microbatch.tools.batching_model import Tail, service_curve, sustained
 from ts_microbatch.tools.merge import MergeError, backup_path, write_merged
 from ts_microbatch.tools.results import ResultsLog
 from ts_microbatch.tools.slo_confirm import (
-    best_confirmed,
     confirm_slots,
     ladder,
     ladder_sender,
@@ -122,17 +121,6 @@ def test_confirm_slots_went_to_configs_differing_only_in_the_window_() -> None:
     assert confirm_slots(ranked, 3) == [ranked[0], ranked[3], ranked[4]]
     ranked[3].tail = None  # the model holds nothing with it: never confirmed
     assert confirm_slots(ranked, 2) == [ranked[0], ranked[4]]
-
-
-def test_best_confirmed_is_never_a_config_the_server_rejected() -> None:
-    first, second = candidate(4, 16, 1, 1166.0), candidate(2, 8, 1, 1000.0)
-    first.measured_per_s, second.measured_per_s = 0.0, 0.0
-    assert best_confirmed([first, second]) is None
-    second.measured_per_s = 287.0
-    assert best_confirmed([first, second]) is second
-    first.measured_per_s = 523.0
-    assert best_confirmed([first, second]) is first
-    assert best_confirmed([first, second], rate=600.0) is None  # --rate: held at least it
 
 
 def test_the_cpu_caps_what_the_model_holds() -> None:

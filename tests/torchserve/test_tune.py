@@ -12,7 +12,7 @@ import yaml
 
 from tests.helpers import ROOT, load_module
 from ts_microbatch import load_config
-from ts_microbatch.tools import slo_confirm, tune
+from ts_microbatch.tools import slo_confirm, slo_replace, tune
 from ts_microbatch.tools.bundle import run_archiver
 from ts_microbatch.tools.tune import main
 
@@ -81,8 +81,10 @@ def test_benchmark_serves_a_mar_with_each_micro_batching_config(tmp_path: Path) 
 
 class FakeServer:
     """``slo_confirm.measure`` for servers that hold the objective up to ``limits[name]``
-    req/s (0: nothing held): each rate of the confirm's ladder answered within the objective
-    up to the limit, far over it past; the frontend's CPU run reports 2 ms a request."""
+    req/s (0, or a name not given: nothing held; ``current`` is the user's configuration):
+    each rate of the confirm's ladder answered within the objective up to the limit, far
+    over it past, on 400 answers with intervals that part; the frontend's CPU run reports
+    2 ms a request."""
 
     def __init__(self, limits: dict[str, float], slo_p99_ms: float) -> None:
         self.limits = limits
@@ -101,15 +103,16 @@ class FakeServer:
             return {"frontend_cpu_ms_per_request": 2.0, "complete_requests": point["requests"]}
         sender = args[1]
         rates = list(sender.rates)
-        limit = self.limits[model]
-        curve = [
-            {
+        limit = self.limits.get(model, 0.0)
+        curve = []
+        for rate in rates:
+            p99 = self.slo_p99_ms / 2 if rate <= limit else 5 * self.slo_p99_ms
+            curve.append({
                 "offered_per_s": rate, "realized_per_s": rate, "achieved_per_s": rate,
-                "requests": 50, "errors": 0, "timeouts": 0, "queue_growth_ms": 0.0,
-                "p99_ms": self.slo_p99_ms / 2 if rate <= limit else 5 * self.slo_p99_ms,
-            }
-            for rate in rates
-        ]  # fmt: skip
+                "requests": 400, "answers": 400, "errors": 0, "timeouts": 0,
+                "queue_growth_ms": 0.0, "busy": False,
+                "p99_ms": p99, "p99_low_ms": 0.9 * p99, "p99_high_ms": 1.1 * p99,
+            })  # fmt: skip
         self.served[model] = {"point": point, "rates": rates}
         return {"curve": curve, "frontend_cpu_ms_per_request": 2.5}
 
@@ -144,9 +147,10 @@ def test_slo_tuner_wrote_its_rank_1_although_every_confirm_held_nothing_(
     out = tmp_path / "model-config.yaml"
     out.write_text(USERS_CONFIG)
     assert main(slo_argv(mar, out, tmp_path)) == 1
-    assert sorted(server.served) == ["c1", "c2", "cpu"]  # the scenario: both were confirmed
-    confirmed = confirmed_lines(out)
-    assert [c["measured_per_s"] for c in confirmed] == [0.0, 0.0]
+    # The scenario: both were confirmed, and the user's configuration beside them.
+    assert sorted(server.served) == ["c1", "c2", "cpu", "current"]
+    current, *confirmed = confirmed_lines(out)
+    assert [c["measured_per_s"] for c in [current, *confirmed]] == [0.0, 0.0, 0.0]
     # Confirm slots went to configurations that differ in more than the window.
     first, second = confirmed
     assert (first["batchSize"], first["micro_batching"]) != (
@@ -161,7 +165,8 @@ def test_slo_tuner_wrote_its_rank_1_although_every_confirm_held_nothing_(
     assert out.read_text() == USERS_CONFIG  # untouched
     assert not list(tmp_path.glob("model-config.yaml.bak*"))
     printed = capsys.readouterr().out
-    assert "Nothing written to" in printed and "for any of the 2 configurations" in printed
+    assert "Nothing written to" in printed
+    assert "for any of the 3 configurations confirmed, yours included" in printed
     table = printed.split("On TorchServe")[1]
     assert all(f"| {c['predicted_per_s']:.0f} | 0 |" in table for c in confirmed)
     assert "the frontend's CPU 2.00 ms a request" in printed  # the calibration was used
@@ -172,14 +177,15 @@ def test_slo_tuner_writes_the_best_confirmed_when_rank_1_was_rejected(
 ) -> None:
     from ts_microbatch.torchserve.timeouts import default_timeout_s
 
-    server = FakeServer({"c1": 0.0, "c2": 1e9}, 1000.0)  # rank 1 holds nothing, rank 2 all
+    # Rank 1 holds nothing, rank 2 all, the user's configuration nothing.
+    server = FakeServer({"c1": 0.0, "c2": 1e9}, 1000.0)
     monkeypatch.setattr(slo_confirm, "measure", server)
     monkeypatch.setattr(tune, "java_problem", lambda: None)
     mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
     out = tmp_path / "model-config.yaml"
     out.write_text(USERS_CONFIG)
     assert main(slo_argv(mar, out, tmp_path)) == 0
-    first, second = confirmed_lines(out)
+    _, first, second = confirmed_lines(out)
     assert first["measured_per_s"] == 0 and second["measured_per_s"] > 0  # the scenario
     written = yaml.safe_load(out.read_text())
     assert (written["batchSize"], written["maxBatchDelay"]) == (
@@ -191,7 +197,43 @@ def test_slo_tuner_writes_the_best_confirmed_when_rank_1_was_rejected(
     # The user's keys kept, their file backed up first.
     assert written["responseTimeout"] == 30 and default_timeout_s(written) == 27.0
     assert (tmp_path / "model-config.yaml.bak").read_text() == USERS_CONFIG
-    assert "held " in capsys.readouterr().out
+    assert "Replacing your configuration" in capsys.readouterr().out
+
+
+def test_the_tuner_replaced_a_configuration_that_beat_every_candidate_(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The incident: the tuner wrote its pick over the user's micro_batch_size "auto" without
+    # ever serving "auto". Theirs now runs the same ladder, and here holds every rate.
+    users = "batchSize: 8\nmaxBatchDelay: 3\nmicro_batching:\n  micro_batch_size: auto\n"
+    server = FakeServer({"current": 1e9, "c1": 30.0, "c2": 30.0}, 1000.0)
+    monkeypatch.setattr(slo_confirm, "measure", server)
+    monkeypatch.setattr(tune, "java_problem", lambda: None)
+    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    out = tmp_path / "model-config.yaml"
+    out.write_text(users)
+    assert main(slo_argv(mar, out, tmp_path)) == 0
+    lines = [json.loads(line) for line in out.with_name("model-config.trials.jsonl").open()]
+    current = confirmed_lines(out)[0]
+    # The scenario: their configuration as their file and the .mar say, on the same ladder.
+    assert (current["batchSize"], current["maxBatchDelay"]) == (8, 3)
+    assert current["micro_batching"]["micro_batch_size"] == "auto"
+    assert server.served["current"]["rates"] == server.served["c1"]["rates"]
+    assert server.served["current"]["rates"] == server.served["c2"]["rates"]
+    assert out.read_text() == users and not list(tmp_path.glob("model-config.yaml.bak*"))
+    assert [line["kind"] for line in lines][-1] == "kept"
+    printed = capsys.readouterr().out
+    assert f"{out} left as it is: your configuration held" in printed
+    # A candidate that beat it with intervals that part replaces it, the margin said.
+    server.limits.update({"current": 30.0, "c1": 1e9})
+    assert main(slo_argv(mar, out, tmp_path)) == 0
+    written = yaml.safe_load(out.read_text())
+    assert written["micro_batching"]["micro_batch_size"] != "auto"
+    printed = capsys.readouterr().out
+    held = confirmed_lines(out)[-2]["measured_per_s"]  # c1, this run
+    assert "Replacing your configuration" in printed and "the intervals part at" in printed
+    assert "for your configuration" in printed and "x)" in printed
+    assert out.read_text().startswith(f"# ts-microbatch-tune --slo-p99-ms 1000 (held {held:g}")
 
 
 def test_confirm_out_deleted_the_store_and_servers_of_a_users_folder_(
@@ -220,7 +262,7 @@ def test_confirm_out_deleted_the_store_and_servers_of_a_users_folder_(
     assert not (project / MARKER).exists() and not out.exists()
     # A folder the tuner made is its own: confirmed into, its scratch folders removed.
     assert main(slo_argv(mar, out, tmp_path)) == 0
-    assert sorted(server.served) == ["c1", "c2", "cpu"]  # the scenario: the servers ran
+    assert sorted(server.served) == ["c1", "c2", "cpu", "current"]  # the servers ran
     assert sorted(p.name for p in (tmp_path / "confirm").iterdir()) == [MARKER]
 
 
@@ -249,7 +291,7 @@ def test_slo_tuner_merged_frontend_keys_into_a_micro_batching_json_(
     ]  # fmt: skip
     # The model-config.yaml it names is written, the frontend's keys at its top level.
     assert main(slo_argv(mar, conf / "model-config.yaml", tmp_path)) == 0
-    assert sorted(server.served) == ["c1", "c2", "cpu"]  # the scenario: it was tuned
+    assert sorted(server.served) == ["c1", "c2", "cpu", "current"]  # it was tuned
     written = yaml.safe_load((conf / "model-config.yaml").read_text())
     assert {"batchSize", "maxBatchDelay", "micro_batching"} <= set(written)
     assert (conf / "micro_batching.json").read_text() == users
@@ -299,10 +341,10 @@ def test_confirm_on_a_corpus_sends_the_corpus(
         sent.append(args[1].corpus)
         real_confirm(*args)
 
-    real_confirm = tune.confirm
+    real_confirm = slo_replace.confirm
     server = FakeServer({"c1": 1e9, "c2": 1e9}, 1000.0)
     monkeypatch.setattr(slo_confirm, "measure", server)
-    monkeypatch.setattr(tune, "confirm", confirm_corpus)
+    monkeypatch.setattr(slo_replace, "confirm", confirm_corpus)
     monkeypatch.setattr(tune, "java_problem", lambda: None)
     mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
     corpus = tmp_path / "texts.jsonl"
@@ -335,12 +377,15 @@ def test_confirm_keeps_each_run_as_it_comes_and_a_crash_loses_none(
     out = tmp_path / "model-config.yaml"
     with pytest.raises(RuntimeError, match="the last run crashed"):
         main(slo_argv(mar, out, tmp_path))
-    assert sorted(server.served) == ["c1", "cpu"]  # the scenario: c1 ran, c2 crashed
-    assert [c["measured_per_s"] > 0 for c in confirmed_lines(out)] == [True]
+    # The scenario: yours and c1 ran, c2 crashed.
+    assert sorted(server.served) == ["c1", "cpu", "current"]
+    assert [c["measured_per_s"] > 0 for c in confirmed_lines(out)] == [False, True]
     assert not out.exists()
 
 
-def test_tuner_wrote_over_the_users_file_(tmp_path: Path) -> None:
+def test_tuner_wrote_over_the_users_file_(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
     out = tmp_path / "model-config.yaml"
     users = (
@@ -349,7 +394,14 @@ def test_tuner_wrote_over_the_users_file_(tmp_path: Path) -> None:
     out.write_text(users)
     argv = ["--mar", str(mar), "--input", SAMPLE, "--slo-p99-ms", "1000", "--repeats", "1"]
     argv += ["--micro-batch-sizes", "4", "--threads", "1", "--batch-sizes", "4", "--windows", "1"]
+    # Without --confirm nothing was measured against the user's file: it stays.
     assert main([*argv, "--out", str(out)]) == 0
+    assert out.read_text() == users and "left as it is" in capsys.readouterr().out
+    # Beaten on a server, it is merged into, every key the tuner does not set kept.
+    monkeypatch.setattr(slo_confirm, "measure", FakeServer({"c1": 1e9}, 1000.0))
+    monkeypatch.setattr(tune, "java_problem", lambda: None)
+    confirming = ["--confirm", "1", "--confirm-out", str(tmp_path / "confirm")]
+    assert main([*argv, *confirming, "--out", str(out)]) == 0
     written = yaml.safe_load(out.read_text())["micro_batching"]
     assert written["micro_batch_size"] == 4  # the scenario: the tuner wrote its choice
     assert (written["timeout_s"], written["max_queued_micro_batches"]) == (9, 7)
@@ -359,5 +411,3 @@ def test_tuner_wrote_over_the_users_file_(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="cannot parse the existing file"):
         main([*argv, "--out", str(out)])
     assert out.read_text() == "micro_batching: [unclosed\n"
-    trials = out.with_name("model-config.trials.jsonl").read_text().splitlines()
-    assert len(trials) == 3  # the first run's stage costs, model and best: nothing measured

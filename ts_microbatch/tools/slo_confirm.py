@@ -2,12 +2,14 @@
 configurations on a real TorchServe (``measure.measure``), and the frontend's CPU read
 from one.
 
-Each configuration gets a geometric ladder of rates (``LADDER``) from an eighth of its
-prediction to 1.4x it, lowest first, so a prediction 8x too optimistic still finds the rate
-held; the ladder stops after ``MISSES_TO_STOP`` rates in a row missed the objective. Slots
-go to configurations that differ in more than maxBatchDelay (``confirm_slots``), and a
-rejected configuration is never the answer (``best_confirmed`` returns None). The frontend's
-and the worker's CPU per request (``calibrate_frontend_cpu``) feed the model's CPU cap.
+Every configuration confirmed, the user's current one among them, gets the same geometric
+ladder of rates (``LADDER``), from an eighth of the best prediction to 1.4x it, lowest
+first, so a prediction 8x too optimistic still finds the rate held; a ladder stops after
+``MISSES_TO_STOP`` rates in a row missed the objective. Each rate is offered for at least
+``slo_verdict.MIN_ANSWERS`` requests, so its P99 can decide (``slo_verdict``). Slots go to
+configurations that differ in more than maxBatchDelay (``confirm_slots``). The frontend's
+and the worker's CPU per request and what a server answers closed loop
+(``calibrate``) feed the model's CPU cap and its capacity.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ from .mar import override_mar
 from .measure import RegistrationError, Send, corpus_sender, measure
 from .results import ResultsLog
 from .slo_plan import Candidate
+from .slo_verdict import MIN_ANSWERS, point
 
 # Rates offered, as shares of the model's prediction: geometric, sqrt(2) apart.
 LADDER = (0.125, 0.177, 0.25, 0.354, 0.5, 0.707, 1.0, 1.414)
 SECONDS_PER_RATE = 4.0
-# A rate is offered for at least this many requests (a P99 of fewer is their maximum) but
-# never for more than ``MAX_SECONDS_PER_RATE``.
-MIN_REQUESTS_PER_RATE = 50
-MAX_SECONDS_PER_RATE = 12.0
+# A rate is offered for at least as many requests as a verdict needs, but never for more
+# than ``MAX_SECONDS_PER_RATE`` (at a rate that low, a point decides nothing: said).
+MIN_REQUESTS_PER_RATE = MIN_ANSWERS
+MAX_SECONDS_PER_RATE = 60.0
 # A request not answered in this long has missed any objective the tuner is asked for;
 # waiting longer only makes a rate past capacity cost more.
 REQUEST_TIMEOUT_S = 10.0
@@ -134,10 +137,19 @@ class Servers(NamedTuple):
             shutil.rmtree(self.out / scratch, ignore_errors=True)
 
 
-def calibrate_frontend_cpu(candidate: Candidate, servers: Servers) -> tuple[float, float] | None:
-    """The frontend's and the worker's CPU milliseconds per request, from a short
-    closed-loop run of ``candidate`` (about 5 s of its predicted rate, 100 to 1,000
-    requests); None when the server refused the model."""
+class Calibration(NamedTuple):
+    """What a short closed-loop run of one configuration measured: the frontend's and the
+    worker's CPU milliseconds a request, and the requests answered a second."""
+
+    frontend_cpu_ms: float
+    worker_cpu_ms: float
+    answered_per_s: float
+
+
+def calibrate(candidate: Candidate, servers: Servers) -> Calibration | None:
+    """A short closed-loop run of ``candidate`` (about 5 s of its predicted rate, 100 to
+    1,000 requests, ``2 x batchSize`` clients: its batches full); None when the server
+    refused the model."""
     requests = int(min(1000, max(100, 5 * candidate.held_per_s)))
     label = f"[frontend CPU] {candidate.describe()}, {requests} requests"
     print(f"\n{label}", flush=True)
@@ -148,44 +160,61 @@ def calibrate_frontend_cpu(candidate: Candidate, servers: Servers) -> tuple[floa
         servers.clean()
     if result is None:
         return None
-    frontend_ms = float(result["frontend_cpu_ms_per_request"])
-    worker_ms = float(result.get("workers_cpu_ms_per_request") or 0.0)
+    measured = Calibration(
+        float(result["frontend_cpu_ms_per_request"]),
+        float(result.get("workers_cpu_ms_per_request") or 0.0),
+        float(result.get("requests_per_s") or 0.0),
+    )
     servers.record.append(
         {
             "kind": "frontend-cpu",
             **candidate.model_config(),
             "requests": result.get("complete_requests"),
-            "frontend_cpu_ms_per_request": frontend_ms,
+            "frontend_cpu_ms_per_request": measured.frontend_cpu_ms,
             "workers_cpu_ms_per_request": result.get("workers_cpu_ms_per_request"),
+            "answered_per_s": measured.answered_per_s,
         }
     )
     print(
-        f"{label}: the frontend spent {frontend_ms:.2f} ms of CPU a request, the worker "
-        f"{worker_ms:.2f}",
+        f"{label}: {measured.answered_per_s:.1f} req/s answered; the frontend spent "
+        f"{measured.frontend_cpu_ms:.2f} ms of CPU a request, the worker "
+        f"{measured.worker_cpu_ms:.2f}",
         flush=True,
     )
-    return frontend_ms, worker_ms
+    return measured
 
 
 def confirm(top: list[Candidate], servers: Servers, slo_p99_ms: float) -> None:
-    """Each of ``top`` on a real TorchServe, its ladder offered open loop; sets each one's
-    ``measured_per_s`` (0 when nothing held or the server refused it)."""
+    """Each of ``top`` on a real TorchServe, the same ladder offered open loop to each (from
+    the best prediction among them); sets each one's ``curve`` (None when the server
+    refused it) and ``measured_per_s`` (0 when nothing held or refused)."""
+    rates = ladder(max([c.held_per_s for c in top] + [1.0]))
+    # At most each rate's schedule, its last requests waiting out the timeout.
+    most_s = sum(rate_requests(rate) / rate + REQUEST_TIMEOUT_S for rate in rates)
+    few = [rate for rate in rates if rate_requests(rate) < MIN_ANSWERS]
+    print(
+        f"\nEach configuration is offered {', '.join(f'{r:g}' for r in rates)} req/s, "
+        f"{rate_requests(rates[-1])} requests or more a rate (at most about {most_s:.0f} s "
+        "and a server's start each)"
+        + (
+            f"; {', '.join(f'{r:g}' for r in few)} req/s get fewer than {MIN_ANSWERS} in "
+            f"{MAX_SECONDS_PER_RATE:g} s and decide nothing"
+            if few
+            else ""
+        ),
+        flush=True,
+    )
+    names = iter(f"c{n}" for n in range(1, len(top) + 1))
     for index, candidate in enumerate(top, start=1):
+        name = "current" if candidate.current else next(names)
         label = f"[confirm {index}/{len(top)}] {candidate.describe()}"
-        rates = ladder(max(candidate.held_per_s, 1.0))
-        # At most each rate's schedule, its last requests waiting out the timeout.
-        most_s = sum(rate_requests(rate) / rate + REQUEST_TIMEOUT_S for rate in rates)
-        print(
-            f"\n{label}: predicted {candidate.held_per_s:.0f} req/s; offering "
-            f"{', '.join(f'{r:g}' for r in rates)} req/s (at most about "
-            f"{most_s:.0f} s and a server's start)",
-            flush=True,
-        )
+        modelled = f"predicted {candidate.held_per_s:.0f} req/s" if candidate.tail else ""
+        print(f"\n{label}: {modelled or 'not modelled'}", flush=True)
         sender = ladder_sender(servers.corpus, rates, slo_p99_ms, 2 * candidate.batch_size)
-        result = servers.serve(candidate, f"c{index}", sender, 1, label)
+        result = servers.serve(candidate, name, sender, 1, label)
         if result is None:  # refused: held nothing
             continue
-        curve = without_latencies(result["curve"])
+        curve = candidate.curve = without_latencies(result["curve"])
         candidate.measured_per_s = sustained(curve, slo_p99_ms)
         candidate.frontend_cpu_ms = result.get("frontend_cpu_ms_per_request")
         servers.record.append(
@@ -196,16 +225,11 @@ def confirm(top: list[Candidate], servers: Servers, slo_p99_ms: float) -> None:
                 "curve": curve,
             }
         )
+        held = [row for row in curve if row["offered_per_s"] == candidate.measured_per_s]
         print(
-            f"{label}: holds {candidate.measured_per_s:g} req/s within P99 {slo_p99_ms:g} ms "
-            f"(predicted {candidate.held_per_s:.0f})",
+            f"{label}: holds {candidate.measured_per_s:g} req/s within P99 {slo_p99_ms:g} ms"
+            + (f" ({point(held[0])})" if held else "")
+            + (f", predicted {candidate.held_per_s:.0f}" if candidate.tail else ""),
             flush=True,
         )
     servers.clean()
-
-
-def best_confirmed(top: list[Candidate], rate: float | None = None) -> Candidate | None:
-    """The confirmed candidate that held the highest rate within the objective (with
-    ``rate``, at least that), the model's rank breaking a tie; None when none held any."""
-    held = [c for c in top if c.measured_per_s > 0 and c.measured_per_s >= (rate or 0.0)]
-    return max(held, key=lambda c: c.measured_per_s, default=None)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..core.config import MicroBatchingConfig
-from .batching_model import Tail, cpu_cap_per_s, service_curve, sustained, tail_at
+from .batching_model import ServiceMs, Tail, cpu_cap_per_s, service_curve, sustained, tail_at
 from .corpus import Corpus
 from .inprocess import measure_with_cpu
 from .results import ResultsLog
@@ -55,6 +55,8 @@ class Candidate:
     flagged: bool = False  # its stage costs were out of order (``StageCosts.not_monotone``)
     measured_per_s: float = 0.0
     frontend_cpu_ms: float | None = None  # per request, measured while confirming
+    curve: list[dict[str, Any]] | None = None  # its confirm points; None: not served
+    current: bool = False  # what the user serves now (``tune.current_candidate``)
 
     @property
     def held_per_s(self) -> float:
@@ -89,7 +91,7 @@ class Candidate:
         return f"{p['preprocess']}/{p['inference']}/{p['postprocess']}"
 
     def describe(self) -> str:
-        return (
+        return ("your configuration: " if self.current else "") + (
             f"micro_batch_size {self.settings['micro_batch_size']}, threads {self.threads()}, "
             f"batchSize {self.batch_size}, maxBatchDelay {self.window_ms} ms"
         )
@@ -176,18 +178,21 @@ def plan(
     frontend_cpu_ms: float | None = None,
     cores: float = 2.0,
     worker_cpu_scale: float = 1.0,
+    capacity_scale: float = 1.0,
 ) -> list[Candidate]:
     """Step 2: every configuration through the batching model, best first: the highest
     rate held within the objective, or with ``rate``, the lowest P99 at it. With
     ``frontend_cpu_ms``, capped at what ``cores`` can do for the frontend and the worker
-    (its in-process CPU times ``worker_cpu_scale``: ``batching_model.cpu_cap_per_s``)."""
+    (its in-process CPU times ``worker_cpu_scale``: ``batching_model.cpu_cap_per_s``).
+    ``capacity_scale``: what a real server answered against the model's capacity
+    (``capacity_scale_of``); every batch's run is divided by it and the cap multiplied."""
     candidates = []
     for cost, size, window in itertools.product(costs, batch_sizes, windows):
-        service = service_curve({n: ms for n, ms in cost.batch_ms.items() if n <= size})
+        service = scaled_service(cost, size, capacity_scale)
         cap = None
         if frontend_cpu_ms is not None:
             worker_ms = worker_cpu_scale * cost.cpu_per_request_ms(size)
-            cap = cpu_cap_per_s(frontend_cpu_ms, worker_ms, cores)
+            cap = capacity_scale * cpu_cap_per_s(frontend_cpu_ms, worker_ms, cores)
         tail: Tail | None
         if rate is None:
             tail = sustained(slo_p99_ms, size, window, service, max_rate_per_s=cap)
@@ -201,6 +206,29 @@ def plan(
     if rate is None:
         return sorted(candidates, key=lambda c: -c.held_per_s)
     return sorted(candidates, key=lambda c: c.tail.p99_ms if c.tail else float("inf"))
+
+
+def scaled_service(cost: StageCosts, batch_size: int, capacity_scale: float = 1.0) -> ServiceMs:
+    """``cost``'s batch times up to ``batch_size`` as a service curve, each divided by
+    ``capacity_scale``."""
+    measured = {n: ms / capacity_scale for n, ms in cost.batch_ms.items() if n <= batch_size}
+    return service_curve(measured)
+
+
+def capacity_per_s(
+    cost: StageCosts,
+    batch_size: int,
+    frontend_cpu_ms: float | None,
+    cores: float,
+    worker_cpu_scale: float = 1.0,
+) -> float:
+    """The most requests a second the model lets one worker answer with ``cost`` at
+    ``batch_size``: full batches back to back, capped by the CPU when it is known."""
+    worker = 1000 * batch_size / scaled_service(cost, batch_size)(batch_size)
+    if frontend_cpu_ms is None:
+        return worker
+    worker_ms = worker_cpu_scale * cost.cpu_per_request_ms(batch_size)
+    return min(worker, cpu_cap_per_s(frontend_cpu_ms, worker_ms, cores))
 
 
 def worker_cpu_scale(costs: list[StageCosts], candidate: Candidate, worker_ms: float) -> float:

@@ -8,10 +8,12 @@ Below saturation the frontend's window and batch size set most of a request's la
 the frontend's batchSize and maxBatchDelay are searched with the pipeline's settings, in
 three steps that take minutes: stage costs in-process (ts_microbatch.tools.inprocess) and
 every configuration through a model of TorchServe's batching (slo_plan, batching_model),
-then with ``--confirm K`` the best few on a real server (slo_confirm). With ``--confirm``,
-what is written is the best the server confirmed, or nothing (exit 1). The result is merged
-into ``--out`` (ts_microbatch.tools.merge). One worker: on two cores one worker's pipeline
-keeps both busy.
+then with ``--confirm K`` the best few on a real server beside the configuration the user
+serves now (slo_confirm). The user's configuration is replaced only by one that beat it
+with intervals that part (slo_verdict); the winner is merged into ``--out``
+(ts_microbatch.tools.merge). Without ``--confirm`` the model's best is written only to an
+``--out`` that does not exist yet. One worker: on two cores one worker's pipeline keeps
+both busy.
 
 There is no throughput tuner: at saturation ``"auto"`` served as much as the best an
 in-process grid found (docs/tuning.md); a generous objective asks this one for the most load.
@@ -34,14 +36,24 @@ from .inprocess import load_handler, make_context, model_dir_of
 from .merge import MergeError, read_existing, write_merged
 from .results import OutputError, ResultsLog, claimed_dir, output_file
 from .server import java_problem
-from .slo_confirm import Servers, best_confirmed, calibrate_frontend_cpu, confirm, confirm_slots
-from .slo_plan import Candidate, StageCosts, plan, stage_costs, worker_cpu_scale
+from .slo_confirm import Servers, calibrate
+from .slo_plan import (
+    Candidate,
+    StageCosts,
+    capacity_per_s,
+    plan,
+    stage_costs,
+    worker_cpu_scale,
+)
+from .slo_replace import confirm_best, current_candidate
 
 # The micro_batching keys the tuner chooses; the others of a section it merges into stay.
 TUNED_KEYS = ("micro_batch_size", "parallelism")
 PLAN_HEADER = (
     "rank | micro_batch_size | threads | batchSize | maxBatchDelay | held req/s | P99 ms | bound"
 )
+# The calibration run and the model disagreeing by more than this is said above the plan.
+FITS = 1.5
 
 
 def available_cores() -> int:
@@ -65,25 +77,10 @@ def print_plan(candidates: list[Candidate], slo_p99_ms: float, frontend: str) ->
         print("  ! stage costs not monotone in the batch size (the warnings above)")
 
 
-def print_confirmed(top: list[Candidate], ranked: list[Candidate], slo_p99_ms: float) -> None:
-    print(f"\nOn TorchServe, within P99 {slo_p99_ms:g} ms:")
-    print("model rank | configuration | predicted req/s | held req/s | frontend CPU ms/req")
-    for c in top:
-        cpu = "-" if c.frontend_cpu_ms is None else f"{c.frontend_cpu_ms:.2f}"
-        print(
-            f"{ranked.index(c) + 1:10} | {c.describe()} | {c.held_per_s:.0f} | "
-            f"{c.measured_per_s:g} | {cpu}"
-        )
-
-
-def write_winner(winner: Candidate, out: Path, slo_p99_ms: float) -> None:
+def write_winner(winner: Candidate, out: Path, slo_p99_ms: float, how: str) -> None:
     """``winner`` merged into ``out``: batchSize, maxBatchDelay and the tuned
-    micro_batching keys set; one worker and the whole section where the file has none."""
-    how = (
-        f"held {winner.measured_per_s:g} req/s on TorchServe, predicted {winner.held_per_s:.0f}"
-        if winner.measured_per_s  # confirmed: best_confirmed takes none that held nothing
-        else "modelled, not confirmed"
-    )
+    micro_batching keys set; one worker and the whole section where the file has none.
+    ``how``: why it was chosen, for the file's first line."""
     tuned = {key: winner.settings[key] for key in TUNED_KEYS}
     values = {**winner.frontend(), "micro_batching": tuned}
     header = f"ts-microbatch-tune --slo-p99-ms {slo_p99_ms:g} ({how})"
@@ -148,25 +145,36 @@ def measure_costs(args: argparse.Namespace, corpus: Corpus, trials: ResultsLog) 
 
 
 def model(
-    args: argparse.Namespace, costs: list[StageCosts], servers: Servers
-) -> tuple[list[Candidate], str]:
-    """Step 2: every configuration through the model, best first, and what it knew of the
-    CPU. With ``--confirm`` and no ``--frontend-cpu-ms``, the frontend's and the worker's
-    CPU are read from the model's rank 1 on a real server, and the model run again."""
+    args: argparse.Namespace, costs: list[StageCosts], servers: Servers, current: Candidate
+) -> tuple[list[Candidate], list[str]]:
+    """Step 2: every configuration through the model, best first (``current`` predicted
+    too when its settings were measured), and what it knew of the CPU. With ``--confirm``
+    and no ``--frontend-cpu-ms``, the model's rank 1 is served closed loop: the frontend's
+    and the worker's CPU feed its CPU cap, what the server answered against the model's
+    capacity scales every configuration's (said first when they differ by over ``FITS``)."""
     cores = available_cores()
+    frontend_ms, scale, capacity = args.frontend_cpu_ms or None, 1.0, 1.0
 
-    def planned(frontend_ms: float | None, scale: float) -> list[Candidate]:
+    def planned(cost: list[StageCosts], sizes: list[int], windows: list[int]) -> list[Candidate]:
         slo, rate = args.slo_p99_ms, args.rate
-        return plan(costs, args.batch_sizes, args.windows, slo, rate, frontend_ms, cores, scale)
+        return plan(cost, sizes, windows, slo, rate, frontend_ms, cores, scale, capacity)
 
-    frontend_ms, scale = args.frontend_cpu_ms or None, 1.0
-    candidates = planned(frontend_ms, scale)
+    candidates = planned(costs, args.batch_sizes, args.windows)
+    said: list[str] = []
     if args.confirm and args.frontend_cpu_ms is None and candidates[0].tail is not None:
-        calibrated = calibrate_frontend_cpu(candidates[0], servers)
+        first = candidates[0]
+        calibrated = calibrate(first, servers)
         if calibrated:
-            frontend_ms, worker_ms = calibrated
-            scale = worker_cpu_scale(costs, candidates[0], worker_ms)
-            candidates = planned(frontend_ms, scale)
+            frontend_ms = calibrated.frontend_cpu_ms
+            scale = worker_cpu_scale(costs, first, calibrated.worker_cpu_ms)
+            cost = next(c for c in costs if c.settings == first.settings)
+            modelled = capacity_per_s(cost, first.batch_size, frontend_ms, cores, scale)
+            capacity = calibrated.answered_per_s / modelled if calibrated.answered_per_s else 1.0
+            said = fit(capacity, modelled, calibrated.answered_per_s, scale, first)
+            candidates = planned(costs, args.batch_sizes, args.windows)
+    same = [c for c in costs if c.settings == current.settings]
+    if same:
+        current.tail = planned(same, [current.batch_size], [current.window_ms])[0].tail
     for c in candidates:
         servers.record.append(
             {
@@ -177,23 +185,48 @@ def model(
                 "bound": c.tail.bound if c.tail else None,
                 "frontend_cpu_ms": frontend_ms,
                 "worker_cpu_scale": scale,
+                "capacity_scale": capacity,
                 "not_monotone": c.flagged,
             }
         )
     if not frontend_ms:
-        return candidates, "the frontend's CPU left out"
-    return candidates, (
+        return candidates, [*said, "the frontend's CPU left out"]
+    return candidates, [
+        *said,
         f"the frontend's CPU {frontend_ms:.2f} ms a request, the worker's {scale:.2f}x its "
         f"in-process CPU, {cores} cores"
-    )
+        + (f", capacities x{capacity:.2f} from the calibration run" if capacity != 1.0 else ""),
+    ]
+
+
+def fit(
+    capacity: float, modelled: float, answered: float, scale: float, first: Candidate
+) -> list[str]:
+    """What the calibration run says of the model: a line when it is within ``FITS``,
+    a warning first in the plan when not, with what the run measured."""
+    if 1 / FITS <= capacity <= FITS:
+        return []
+    side = "optimistic" if capacity < 1 else "pessimistic"
+    return [
+        f"WARNING: the model does not fit this model as measured in-process: serving "
+        f"{first.describe()} closed loop, the server answered {answered:.1f} req/s where the "
+        f"in-process stage costs and the CPU give {modelled:.1f} ({1 / capacity:.2f}x "
+        f"{side}; the worker's CPU was {scale:.2f}x its in-process CPU). On a machine whose "
+        "cores the frontend and the clients share, a model whose operators run on several "
+        "intra-op threads slows down more than its CPU share says. Every configuration's "
+        f"capacity below is scaled by {capacity:.2f}; the confirm step decides.",
+    ]
 
 
 def run(args: argparse.Namespace, trials: ResultsLog) -> int:
     """``ts-microbatch-tune --slo-p99-ms``: the three steps, the winner merged into --out."""
     corpus = tuning_corpus(args)
+    current = current_candidate(args.mar, args.out)  # unreadable: refused before measuring
     servers = Servers(args.mar, corpus, args.confirm_out, trials, args.ts_config)
-    candidates, frontend = model(args, measure_costs(args, corpus, trials), servers)
-    print_plan(candidates, args.slo_p99_ms, frontend)
+    candidates, frontend = model(args, measure_costs(args, corpus, trials), servers, current)
+    for line in frontend[:-1]:
+        print(f"\n{line}")
+    print_plan(candidates, args.slo_p99_ms, frontend[-1])
     if candidates[0].tail is None:
         at = f" at {args.rate:g} req/s" if args.rate else ""
         print(
@@ -201,44 +234,27 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
             "nothing written (try longer objectives, smaller batches or windows)"
         )
         return 1
-    winner = confirm_best(candidates, args, servers) if args.confirm else candidates[0]
-    if winner is None:
-        return 1
+    if not args.confirm:
+        if args.out.exists():
+            print(
+                f"\n{args.out} left as it is: without --confirm nothing was measured against "
+                "your configuration (run with --confirm K to replace it only by one that beat "
+                f"it on a server). The model's best: {candidates[0].describe()}"
+            )
+            return 0
+        winner, how = candidates[0], "modelled, not confirmed"
+    else:
+        chosen = confirm_best(candidates, current, args, servers)
+        if chosen is None:
+            return 0 if current.measured_per_s > 0 else 1
+        winner, how = chosen
     try:
-        write_winner(winner, args.out, args.slo_p99_ms)
+        write_winner(winner, args.out, args.slo_p99_ms, how)
     except MergeError as err:
         print(f"\nerror: {err}")
         return 1
     trials.append({"kind": "best", **winner.model_config(), "out": str(args.out)})
     return 0
-
-
-def confirm_best(
-    candidates: list[Candidate], args: argparse.Namespace, servers: Servers
-) -> Candidate | None:
-    """Step 3: the best that differ in more than the window on a real server; the one that
-    held the most, or None (recorded as refused, and said)."""
-    top = confirm_slots(candidates, args.confirm)
-    skipped = [c for c in candidates[: candidates.index(top[-1])] if c not in top]
-    if skipped:
-        ranks = ", ".join(str(candidates.index(c) + 1) for c in skipped)
-        print(
-            "\nNot confirmed, as each differs from one confirmed in maxBatchDelay alone: "
-            f"model ranks {ranks}"
-        )
-    confirm(top, servers, args.slo_p99_ms)
-    print_confirmed(top, candidates, args.slo_p99_ms)
-    confirmed = best_confirmed(top, args.rate)
-    if confirmed is None:
-        servers.record.append({"kind": "refused", "tried": [c.outcome() for c in top]})
-        at = f" at {args.rate:g} req/s or more" if args.rate else ""
-        print(
-            f"\nNothing written to {args.out}: the server held nothing within P99 "
-            f"{args.slo_p99_ms:g} ms{at} for any of the {len(top)} configurations confirmed "
-            "(above: what each was predicted and held). Try a longer objective, smaller batches "
-            "or windows, or measure at the loads you run with ts-microbatch-benchmark --rates."
-        )
-    return confirmed
 
 
 def ints(text: str) -> list[int]:
