@@ -4,6 +4,7 @@ in tests/helpers.py."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -37,3 +38,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for wing in WINGS:
             if wing in parts:
                 item.add_marker(getattr(pytest.mark, wing))
+
+
+@pytest.fixture(autouse=True)
+def _no_gc_freeze_in_the_test_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handler started in-process would freeze pytest's own objects (and spend a full
+    collection on each start): tests/torchserve/test_gc_freeze.py runs the real one, and
+    every TorchServe a test starts freezes its worker as production does. Only where the
+    adapter is imported already: the others never start a handler here."""
+    mixin = sys.modules.get("ts_microbatch.torchserve.mixin")
+    if mixin is not None:
+        monkeypatch.setattr(mixin, "freeze_loaded", lambda: 0)

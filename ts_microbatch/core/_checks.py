@@ -191,6 +191,7 @@ _FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "max_micro_batch_size": _positive_int,
     "max_queued_micro_batches": _positive_int,
     "isolate_failures": _boolean,
+    "freeze_gc": _boolean,
     "timeout_s": lambda v, k: _positive_seconds(v, k, allow_none=True),
     "join_timeout_s": lambda v, k: _positive_seconds(v, k, allow_none=False),
     "allowed_micro_batch_sizes": _sizes,

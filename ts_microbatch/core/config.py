@@ -67,6 +67,8 @@ Schema (every key optional)::
                                      # interval (a mean, or for counters a sum), so a busy
                                      # worker writes a few lines a second; 0: one line per
                                      # micro-batch and stage; at most 3600 (torchserve.metrics)
+    freeze_gc: true                  # gc.freeze() once loaded and warmed: full collections
+                                     # skip the model's objects (torchserve._gc says why)
     kserve: auto                     # which bodies are KServe requests (torchserve.kserve):
                                      # "auto" only a body of the strict single-input OIP v2
                                      # shape ({"inputs": [{"name", "shape", "datatype",
@@ -138,6 +140,7 @@ class MicroBatchingConfig:
     on_recompile: str = "warn"
     kserve: bool | str = "auto"  # "auto" | True | False: see ts_microbatch.torchserve.kserve
     metrics_interval_s: float = 1.0
+    freeze_gc: bool = True
     enabled: bool = True
     order: str = "arrival"
     max_micro_batch_tokens: int | None = None

@@ -32,6 +32,7 @@ from typing import Any
 from ..core.config import YAML_SECTION, MicroBatchingConfig, WarmupConfig, load_config
 from ..core.errors import ConfigError
 from ..core.metrics import PipelineObserver
+from ._gc import freeze_loaded
 from .compiled import check_inference_threads, is_compiled, recompile_limit
 from .metrics import TorchServeMetricsObserver
 from .micro_batching import MicroBatching
@@ -88,6 +89,8 @@ class MicroBatchingMixin:
         )
         if config.warmup is not None:
             self._warm_up(pipeline, context, config.warmup)
+        if config.freeze_gc:
+            freeze_loaded()
 
     def _checked_config(self, context: Any) -> MicroBatchingConfig:
         warn_if_async_batches_break(context)
