@@ -3,11 +3,18 @@ replayed as Model.pollBatch forms them, and the rate an objective allows."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
 
-from ts_microbatch.tools.batching_model import replay, service_curve, sustained, tail_at
+from ts_microbatch.tools.batching_model import (
+    replay,
+    service_curve,
+    shared_cores,
+    sustained,
+    tail_at,
+)
 
 
 def flat(ms: float) -> Callable[[int], float]:
@@ -64,3 +71,25 @@ def test_a_looser_objective_or_a_shorter_window_holds_more() -> None:
     short = sustained(60, 32, 5, service)
     assert loose is not None and short is not None
     assert loose.p99_ms <= 200 and short.p99_ms <= 60 and short.rate_per_s > 0
+
+
+def test_a_batch_runs_longer_as_the_frontend_takes_the_cores_it_would_use() -> None:
+    # A batch keeping 1.5 cores busy alone, the frontend 5 ms of CPU a request, 2 cores.
+    stretch = shared_cores(5.0, 1.5, 2.0)
+    assert stretch(10.0) == 1.0  # 1.95 cores left: as fast as alone
+    assert stretch(200.0) == pytest.approx(1.5)  # 1 core left
+    assert stretch(400.0) == math.inf  # the frontend takes both
+    service = service_curve({8: 40.0})  # 200 req/s alone
+    alone = sustained(100.0, 8, 1, service)
+    shared = sustained(100.0, 8, 1, service, stretch=stretch)
+    assert alone is not None and shared is not None
+    assert shared.rate_per_s < 0.9 * alone.rate_per_s  # the replay no longer ignores it
+
+
+def test_a_length_mix_makes_some_batches_slow_and_the_p99_says_so() -> None:
+    # The embedding workload: the median batch replayed for every batch put P99 near the
+    # median; one body in twenty five times slower than the median is the P99's floor.
+    service = service_curve({1: 10.0})
+    even = tail_at(20.0, 1, 1, service)
+    mixed = tail_at(20.0, 1, 1, service, jitter=lambda n: (0.8,) * 19 + (5.0,))
+    assert even.p99_ms < 30.0 and mixed.p99_ms >= 50.0

@@ -137,3 +137,22 @@ def test_a_hint_names_the_command_it_asks_for_not_the_running_one(
     assert prog("ts_microbatch.tools.serve") == "ts-microbatch-serve"
     monkeypatch.setattr(sys, "argv", ["-m"])
     assert prog("ts_microbatch.tools.scrape") == "python -m ts_microbatch.tools.scrape"
+
+
+def test_a_killed_tool_stopped_without_its_finally_blocks_(tmp_path: Path) -> None:
+    # The incident: `kill` on ts-microbatch-tune left its confirm step's TorchServe serving
+    # (Python's default for SIGTERM ends the process at once, no finally runs).
+    script = (
+        "import os, signal, time\n"
+        "from ts_microbatch.tools._cli import start_tool\n"
+        "start_tool('ts_microbatch.tools.tune')\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+        "finally:\n"
+        "    print('the servers stopped', flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.stdout == "the servers stopped\n" and done.returncode == 128 + 15

@@ -50,11 +50,13 @@ def scripted(costs_ms: dict[int, list[float]]) -> tuple[Any, list[int]]:
     the same); and the sizes measured, in order."""
     calls: list[int] = []
 
-    def measure(mb: Any, context: Any, batches: list[list[int]]) -> tuple[float, float]:
+    def measure(
+        mb: Any, context: Any, batches: list[list[int]]
+    ) -> tuple[float, float, tuple[float, ...]]:
         n = len(batches[0])
         calls.append(n)
         ms = costs_ms[n].pop(0)
-        return ms / 1000, ms / 1000
+        return ms / 1000, ms / 1000, (ms / 1000,)
 
     return measure, calls
 
@@ -69,15 +71,16 @@ def test_stage_costs_not_monotone_in_batch_size_went_unflagged_(
 ) -> None:
     # The incident: at micro-batch 4 a batch of 8 measured 71.2 ms and one of 16 20.2 ms,
     # and nothing said so. Measured again, still so: flagged.
-    measure, calls = scripted({4: [9.0], 8: [71.2, 70.0], 16: [20.2, 21.0]})
+    measure, calls = scripted({1: [3.0], 4: [9.0], 8: [71.2, 70.0], 16: [20.2, 21.0]})
     record = ResultsLog(tmp_path / "trials.jsonl")
     costs = stage_costs(
         FakeMicroBatching(), None, FakeCorpus(), MicroBatchingConfig(), [combo(4)],
         [4, 8, 16], 2, record, measure=measure,
     )  # fmt: skip
-    assert calls == [4, 8, 16, 8, 16]  # the scenario: the pair out of order measured again
+    # The scenario: the pair out of order measured again (batches of one always measured).
+    assert calls == [1, 4, 8, 16, 8, 16]
     assert costs[0].not_monotone == ((8, 16),)
-    assert costs[0].batch_ms == {4: 9.0, 8: 70.0, 16: 21.0}
+    assert costs[0].batch_ms == {1: 3.0, 4: 9.0, 8: 70.0, 16: 21.0}
     printed = capsys.readouterr().out
     assert "warning: not monotone: a batch of 16 took 21.0 ms, one of 8 70.0 ms" in printed
     (line,) = record.read()
@@ -90,13 +93,14 @@ def test_stage_costs_not_monotone_in_batch_size_went_unflagged_(
 def test_stage_costs_out_of_order_once_then_in_order_are_not_flagged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    measure, calls = scripted({4: [9.0], 8: [71.2, 15.0], 16: [20.2, 25.0]})
+    measure, calls = scripted({1: [3.0], 4: [9.0], 8: [71.2, 15.0], 16: [20.2, 25.0]})
     costs = stage_costs(
         FakeMicroBatching(), None, FakeCorpus(), MicroBatchingConfig(), [combo(4)],
         [4, 8, 16], 2, ResultsLog(tmp_path / "trials.jsonl"), measure=measure,
     )  # fmt: skip
-    assert calls == [4, 8, 16, 8, 16]
-    assert costs[0].not_monotone == () and costs[0].batch_ms == {4: 9.0, 8: 15.0, 16: 25.0}
+    assert calls == [1, 4, 8, 16, 8, 16]
+    assert costs[0].not_monotone == ()
+    assert costs[0].batch_ms == {1: 3.0, 4: 9.0, 8: 15.0, 16: 25.0}
     assert "warning" not in capsys.readouterr().out
 
 
@@ -210,7 +214,8 @@ def test_confirm_sweep_started_above_what_the_server_held_(
             return [0] * n
 
     lines: list[str] = []
-    sender = ladder_sender(Corpus(), rates, 25.0, 32, lines.append)  # type: ignore[arg-type]
+    # No meter: the fake answers at once, and the machine's other load is not the question.
+    sender = ladder_sender(Corpus(), rates, 25.0, 32, lines.append, meter=None)  # type: ignore[arg-type]
     summary, _ = sender("http://127.0.0.1:1/predictions/m", None, 1, Path("."), "[confirm 1/1]")
     held = curves.sustained(summary["curve"], 25.0)
     assert 0.25 * 1166 <= held <= 1166 / 3  # found, within one step of the truth

@@ -48,6 +48,17 @@ def test_a_candidate_beats_the_current_only_where_the_intervals_part() -> None:
     assert decide(current, [pick], SLO, rate=50.0) is None  # --rate: it must hold that
 
 
+def test_a_miss_below_a_rate_the_current_surely_held_is_a_hiccup_not_its_limit() -> None:
+    # The embedding run: yours missed 15 req/s (128 ms [107, 163]) and held 21.6 (85 [76,
+    # 90]); the pick held 30.6. The parting is where yours missed above what it held.
+    current = served([row(15, 128, 107, 163), row(21.6, 85, 76, 90), row(30.6, 90, 80, 110)], 21.6)
+    pick = served([row(15, 40, 35, 45), row(21.6, 60, 55, 70), row(30.6, 88, 85, 97)], 30.6)
+    assert beats(pick, current, SLO) is None  # yours' 30.6 straddles the objective
+    current.curve[-1] = row(30.6, 150, 120, 180)  # type: ignore[index]
+    parting = beats(pick, current, SLO)
+    assert parting is not None and parting.missed["offered_per_s"] == 30.6  # type: ignore[index]
+
+
 def test_a_busy_or_thin_point_decides_nothing() -> None:
     current = served([row(20, 50, 45, 60), row(40, 150, 120, 180, busy=True)], 20)
     pick = served([row(20, 40, 35, 45), row(40, 60, 55, 70)], 40)
@@ -93,3 +104,24 @@ def test_the_calibration_scales_every_configurations_capacity() -> None:
     (scaled,) = plan([cost], [4], [1], 1000.0, capacity_scale=0.25)  # served 100, not 400
     assert free.held_per_s == pytest.approx(4 * scaled.held_per_s, rel=0.05)
     assert scaled.held_per_s <= 100.0
+
+
+def test_what_a_request_alone_takes_outside_the_stages_counts_in_every_p99() -> None:
+    from ts_microbatch.tools.slo_confirm import Calibration, fit
+    from ts_microbatch.tools.slo_plan import floor_ms
+
+    threads = {"preprocess": 1, "inference": 1, "postprocess": 1}
+    cost = StageCosts({"micro_batch_size": 4, "parallelism": threads}, {1: 5.0, 4: 10.0}, {})
+    alone = floor_ms([cost], cost, 4, 1, 1.0)
+    assert alone == pytest.approx(6.0)  # a batch of one, the 1 ms window waited out
+    # The embedding workload: the server's P99 alone was 60 ms against the model's 17.
+    (free,) = plan([cost], [4], [1], 100.0)
+    (counted,) = plan([cost], [4], [1], 100.0, overhead_ms=60.0 - alone)
+    assert counted.tail is not None and free.tail is not None
+    assert counted.tail.p99_ms <= 100.0 and counted.held_per_s < free.held_per_s
+    first = Candidate(cost.settings, 4, 1, counted.tail)
+    said = fit(Calibration(2.0, 5.0, 390.0, 60.0), 400.0, alone, 1.0, first)
+    assert len(said) == 1 and "one request at a time, the server's P99 was 60.0 ms" in said[0]
+    assert fit(Calibration(2.0, 5.0, 390.0, 7.0), 400.0, alone, 1.0, first) == []
+    capacity = fit(Calibration(2.0, 5.0, 100.0, 7.0), 400.0, alone, 1.0, first)
+    assert len(capacity) == 1 and "answered 100.0 req/s" in capacity[0] and "4.00x" in capacity[0]

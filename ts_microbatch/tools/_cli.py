@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 import sys
 from pathlib import Path
 
@@ -28,6 +29,22 @@ def require_tools(module: str) -> None:
             f"{prog(module)} needs {' and '.join(missing)}, of the tools extra: "
             "pip install 'ts_microbatch[tools]'"
         )
+
+
+def exit_on_sigterm() -> None:
+    """A ``kill`` (SIGTERM) ends the tool as Ctrl-C does, through its ``finally`` blocks: the
+    TorchServes it started are stopped, not left serving (Python's default dies at once)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def start_tool(module: str) -> None:
+    """Before a tool that starts TorchServes runs: ``require_tools``, ``exit_on_sigterm``."""
+    require_tools(module)
+    exit_on_sigterm()
 
 
 SAFE_BESIDE = (  # ts_microbatch.tools.ports says why

@@ -10,7 +10,12 @@ request waited for the worker, for its batch to fill and for the batch to run.
 The replay's worker has the cores to itself, but the frontend (Java: HTTP, batching, the
 bodies' bytes) shares them: ``cpu_cap_per_s`` caps the rate at what the cores can give the
 frontend and the worker together, ``1000 * cores / (frontend_cpu_ms + worker_cpu_ms)``
-(an MLP modelled at 1,166 req/s held 287-523 on two cores without it).
+(an MLP modelled at 1,166 req/s held 287-523 on two cores without it). Below the cap the
+frontend's share still slows the worker: at rate r it keeps ``r * frontend_cpu_ms / 1000``
+cores busy, and a batch whose run wants more cores than are left runs that much longer
+(``shared_cores``; at the cap exactly as long as the cap allows). Without it a
+transformer's batches were replayed at their in-process speed up to the cap, and the tuner
+predicted 1.4-2.1x what the server held.
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 ServiceMs = Callable[[int], float]
+# A rate -> how many times longer a batch runs at that rate than alone (``shared_cores``).
+Stretch = Callable[[float], float]
+# A batch's size -> the factors its run takes over the median, one drawn per batch (bodies
+# of different lengths: some batches run much longer than the median).
+Jitter = Callable[[int], Sequence[float]]
 REPLAYED = 6000  # arrivals a replay takes (``tail_at``)
 SCAN_STEPS = 12  # rates ``sustained`` tries up to the capacity before it halves
 # What bounds the rate held (``Tail.bound``), as the tuner says it.
@@ -72,9 +82,17 @@ class Waits:
 
 
 def replay(
-    arrivals_s: Sequence[float], batch_size: int, window_ms: float, service_ms: ServiceMs
+    arrivals_s: Sequence[float],
+    batch_size: int,
+    window_ms: float,
+    service_ms: ServiceMs,
+    jitter: Jitter | None = None,
+    rng: random.Random | None = None,
 ) -> list[Waits]:
-    """Each request's waits, for ``arrivals_s`` (rising) served as pollBatch batches them."""
+    """Each request's waits, for ``arrivals_s`` (rising) served as pollBatch batches them.
+    ``jitter``: each batch's run is ``service_ms`` times one of its factors for the batch's
+    size, drawn by ``rng``."""
+    draw = rng or random.Random(1)
     window_s = window_ms / 1000
     waits: list[Waits] = []
     free_s, i, n = 0.0, 0, len(arrivals_s)
@@ -89,7 +107,7 @@ def replay(
         # out the window.
         full = k - i == batch_size or window_ms <= 0
         dispatch = max(start, arrivals_s[k - 1]) if full else deadline
-        run_s = service_ms(k - i) / 1000
+        run_s = service_ms(k - i) / 1000 * (draw.choice(jitter(k - i)) if jitter else 1.0)
         for j in range(i, k):
             joined = max(start, arrivals_s[j])
             waits.append(
@@ -120,16 +138,41 @@ class Tail:
         return max(parts, key=lambda name: parts[name])
 
 
-def tail_at(rate_per_s: float, batch_size: int, window_ms: float, service_ms: ServiceMs) -> Tail:
+def shared_cores(frontend_cpu_ms: float, worker_cores: float, cores: float) -> Stretch:
+    """The stretch of a batch that keeps ``worker_cores`` busy alone, when the frontend
+    spends ``frontend_cpu_ms`` of CPU a request on the same ``cores``: at rate r the cores
+    left are ``cores - r * frontend_cpu_ms / 1000``; never below 1 (no faster than alone)."""
+
+    def stretch(rate_per_s: float) -> float:
+        left = cores - rate_per_s * frontend_cpu_ms / 1000
+        return max(1.0, worker_cores / left) if left > 0 else math.inf
+
+    return stretch
+
+
+def tail_at(
+    rate_per_s: float,
+    batch_size: int,
+    window_ms: float,
+    service_ms: ServiceMs,
+    stretch: Stretch | None = None,
+    jitter: Jitter | None = None,
+) -> Tail:
     """Replays ``REPLAYED`` Poisson arrivals at ``rate_per_s`` (the first tenth left out:
     the queue starts empty) and returns the tail: a P99 over 5,400 requests, the mean of
-    their slowest 54, however fast the model (a replay's cost is its number of requests)."""
+    their slowest 54, however fast the model (a replay's cost is its number of requests).
+    ``stretch``: each batch's run times its value at this rate; ``jitter``: as ``replay``
+    takes it."""
+    if stretch is not None:
+        factor, alone = stretch(rate_per_s), service_ms
+        service_ms = lambda n: factor * alone(n)  # noqa: E731
     rng = random.Random(0)
     arrivals, now = [], 0.0
     for _ in range(REPLAYED):
         now += rng.expovariate(rate_per_s)
         arrivals.append(now)
-    waits = replay(arrivals, batch_size, window_ms, service_ms)[len(arrivals) // 10 :]
+    waits = replay(arrivals, batch_size, window_ms, service_ms, jitter, random.Random(1))
+    waits = waits[len(arrivals) // 10 :]
     ranked = sorted(waits, key=lambda w: w.total_ms)
     slowest = ranked[max(0, math.ceil(0.99 * len(ranked)) - 1) :]
     count = len(slowest)
@@ -161,17 +204,23 @@ def sustained(
     service_ms: ServiceMs,
     *,
     max_rate_per_s: float | None = None,
+    stretch: Stretch | None = None,
+    jitter: Jitter | None = None,
 ) -> Tail | None:
     """The highest Poisson rate whose replayed P99 is within ``slo_p99_ms`` (a scan up to the
     worker's capacity, or ``max_rate_per_s`` when lower: the CPU's cap, then halving
     between the last rate held and the first not), and its tail; None when even the lowest
-    rate misses it."""
-    worker_capacity = 1000 * batch_size / service_ms(batch_size)
+    rate misses it. ``stretch`` and ``jitter``: as ``tail_at`` takes them."""
+    factors = jitter(batch_size) if jitter else (1.0,)
+    mean_factor = sum(factors) / len(factors)
+    worker_capacity = 1000 * batch_size / (service_ms(batch_size) * mean_factor)
     capacity = min(worker_capacity, max_rate_per_s or worker_capacity)
     held: Tail | None = None
     missed = capacity
     for step in range(1, SCAN_STEPS + 1):
-        tail = tail_at(capacity * step / SCAN_STEPS, batch_size, window_ms, service_ms)
+        tail = tail_at(
+            capacity * step / SCAN_STEPS, batch_size, window_ms, service_ms, stretch, jitter
+        )
         if tail.p99_ms > slo_p99_ms:
             missed = tail.rate_per_s
             break
@@ -179,7 +228,7 @@ def sustained(
     low = held.rate_per_s if held else 0.0
     for _ in range(5):
         middle = (low + missed) / 2  # > 0: ``missed`` is a rate replayed, or the capacity
-        tail = tail_at(middle, batch_size, window_ms, service_ms)
+        tail = tail_at(middle, batch_size, window_ms, service_ms, stretch, jitter)
         if tail.p99_ms <= slo_p99_ms:
             held, low = tail, middle
         else:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._cli import SAFE_BESIDE, prog, require_tools
+from ._cli import SAFE_BESIDE, prog, start_tool
 from .corpus import Corpus, CorpusError, read_corpus
 from .curves import CurveSender, parse_rates
 from .intervals import MIN_ANSWERS
@@ -390,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    require_tools("ts_microbatch.tools.benchmark")
+    start_tool("ts_microbatch.tools.benchmark")
     if args.mar is None:
         parser.error("--mar is required")
     return run(args, args.ts_config, Path("runs"))

@@ -101,10 +101,11 @@ def fresh_batch(context: Any, batch_size: int) -> None:
 
 def measure_with_cpu(
     mb: MicroBatching, context: Any, batches: list[list[Body]]
-) -> tuple[float, float]:
-    """Seconds per batch (the median over ``batches`` after the first, a warm-up) and the
+) -> tuple[float, float, tuple[float, ...]]:
+    """Seconds per batch (the median over ``batches`` after the first, a warm-up), the
     process's CPU seconds per batch over the same batches (the mean: every stage thread's
-    CPU, the cost a worker would put on the cores)."""
+    CPU, the cost a worker would put on the cores) and each batch's seconds (bodies of
+    different lengths make some batches much slower than the median)."""
     times, cpu_s = [], 0.0
     for i, batch in enumerate(batches):
         rows = rows_of(batch)
@@ -124,4 +125,4 @@ def measure_with_cpu(
             )
     if not times:
         raise ValueError("measure: got one batch, expected a warm-up and at least one more")
-    return sorted(times)[len(times) // 2], cpu_s / len(times)
+    return sorted(times)[len(times) // 2], cpu_s / len(times), tuple(times)

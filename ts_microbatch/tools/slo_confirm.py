@@ -8,21 +8,24 @@ first, so a prediction 8x too optimistic still finds the rate held; a ladder sto
 ``MISSES_TO_STOP`` rates in a row missed the objective. Each rate is offered for at least
 ``slo_verdict.MIN_ANSWERS`` requests, so its P99 can decide (``slo_verdict``). Slots go to
 configurations that differ in more than maxBatchDelay (``confirm_slots``). The frontend's
-and the worker's CPU per request and what a server answers closed loop
-(``calibrate``) feed the model's CPU cap and its capacity.
+and the worker's CPU per request, what a server answers closed loop and a request's P99
+sent alone (``calibrate``) feed the model's CPU cap, its capacity and its floor, and
+``fit`` says where they disagree with the model by more than ``FITS``.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from .corpus import Corpus
-from .curves import CurveSender, sustained, without_latencies
+from .curves import CurveSender, OtherCpu, sustained, without_latencies
+from .drive import send_corpus
 from .mar import override_mar
-from .measure import RegistrationError, Send, corpus_sender, measure
+from .measure import RegistrationError, Send, measure
 from .results import ResultsLog
 from .slo_plan import Candidate
 from .slo_verdict import MIN_ANSWERS, point
@@ -69,10 +72,13 @@ def ladder_sender(
     slo_p99_ms: float,
     concurrency: int,
     log: Callable[[str], None] = print,
+    meter: Callable[[], OtherCpu] | None = OtherCpu,
 ) -> CurveSender:
     """A ``measure.Send``: the warm-up from parallel clients, then the ladder's rates offered
     open loop (``curves.CurveSender``), lowest first, until ``MISSES_TO_STOP`` in a row
-    missed the objective; the curve rides in the summary under ``"curve"``."""
+    missed the objective; the curve rides in the summary under ``"curve"``. A rate during
+    which other processes kept the machine busy is run once more, and if busy again is
+    marked so: it decides nothing (``slo_verdict``)."""
 
     def stop(rows: list[dict[str, Any]]) -> str:
         last = rows[-MISSES_TO_STOP:]  # none of them held (``curves.sustained``): each missed
@@ -82,7 +88,7 @@ def ladder_sender(
 
     return CurveSender(
         corpus, rates, SECONDS_PER_RATE, concurrency, log, seed=1, stop=stop,
-        requests_per_rate=rate_requests, meter=None, timeout_s=REQUEST_TIMEOUT_S,
+        requests_per_rate=rate_requests, timeout_s=REQUEST_TIMEOUT_S, meter=meter,
     )  # fmt: skip
 
 
@@ -139,11 +145,39 @@ class Servers(NamedTuple):
 
 class Calibration(NamedTuple):
     """What a short closed-loop run of one configuration measured: the frontend's and the
-    worker's CPU milliseconds a request, and the requests answered a second."""
+    worker's CPU milliseconds a request, the requests answered a second, and the floor: the
+    P99 of ``FLOOR_REQUESTS`` sent one at a time to the otherwise idle server."""
 
     frontend_cpu_ms: float
     worker_cpu_ms: float
     answered_per_s: float
+    floor_p99_ms: float
+
+
+# Requests sent one at a time after the calibration's warm-up: a request's latency alone.
+FLOOR_REQUESTS = 200
+# The calibration run and the model disagreeing by more than this is said above the plan.
+FITS = 1.5
+
+
+class CalibrationSender:
+    """A ``measure.Send`` for ``calibrate``: the warm-up from ``concurrency`` clients, then
+    the floor (``FLOOR_REQUESTS`` one at a time, before the CPU is read); the measured run
+    from ``concurrency`` clients, the floor's P99 in its summary (``floor_p99_ms``)."""
+
+    def __init__(self, corpus: Corpus, concurrency: int) -> None:
+        self.corpus, self.concurrency = corpus, concurrency
+        self.floor_p99_ms = math.nan
+
+    def __call__(
+        self, url: str, token: str | None, requests: int, work: Path, label: str
+    ) -> tuple[dict[str, Any], dict[str, float]]:
+        summary, latency = send_corpus(url, self.corpus, requests, self.concurrency, token=token)
+        if label.endswith("warm-up"):
+            _, alone = send_corpus(url, self.corpus, FLOOR_REQUESTS, 1, token=token)
+            self.floor_p99_ms = alone["p99_ms"]
+            return summary, latency
+        return {**summary, "floor_p99_ms": self.floor_p99_ms}, latency
 
 
 def calibrate(candidate: Candidate, servers: Servers) -> Calibration | None:
@@ -153,7 +187,7 @@ def calibrate(candidate: Candidate, servers: Servers) -> Calibration | None:
     requests = int(min(1000, max(100, 5 * candidate.held_per_s)))
     label = f"[frontend CPU] {candidate.describe()}, {requests} requests"
     print(f"\n{label}", flush=True)
-    send = corpus_sender(servers.corpus, 2 * candidate.batch_size)
+    send = CalibrationSender(servers.corpus, 2 * candidate.batch_size)
     try:
         result = servers.serve(candidate, "cpu", send, requests, label)
     finally:
@@ -164,6 +198,7 @@ def calibrate(candidate: Candidate, servers: Servers) -> Calibration | None:
         float(result["frontend_cpu_ms_per_request"]),
         float(result.get("workers_cpu_ms_per_request") or 0.0),
         float(result.get("requests_per_s") or 0.0),
+        float(result.get("floor_p99_ms", math.nan)),
     )
     servers.record.append(
         {
@@ -173,15 +208,45 @@ def calibrate(candidate: Candidate, servers: Servers) -> Calibration | None:
             "frontend_cpu_ms_per_request": measured.frontend_cpu_ms,
             "workers_cpu_ms_per_request": result.get("workers_cpu_ms_per_request"),
             "answered_per_s": measured.answered_per_s,
+            "floor_p99_ms": measured.floor_p99_ms,
         }
     )
     print(
         f"{label}: {measured.answered_per_s:.1f} req/s answered; the frontend spent "
         f"{measured.frontend_cpu_ms:.2f} ms of CPU a request, the worker "
-        f"{measured.worker_cpu_ms:.2f}",
+        f"{measured.worker_cpu_ms:.2f}; one at a time, P99 {measured.floor_p99_ms:.1f} ms",
         flush=True,
     )
     return measured
+
+
+def fit(
+    calibrated: Calibration, modelled: float, alone_ms: float, scale: float, first: Candidate
+) -> list[str]:
+    """What the calibration run says of the model, first above the plan when the two differ
+    by more than ``FITS``: in what a server answers closed loop, or in a request's P99 alone."""
+    said = []
+    capacity = calibrated.answered_per_s / modelled if modelled else 1.0
+    if not 1 / FITS <= capacity <= FITS:
+        side = "optimistic" if capacity < 1 else "pessimistic"
+        said.append(
+            f"WARNING: the model does not fit this model as measured in-process: serving "
+            f"{first.describe()} closed loop, the server answered {calibrated.answered_per_s:.1f} "
+            f"req/s where the in-process stage costs and the CPU give {modelled:.1f} "
+            f"({1 / capacity:.2f}x {side}; the worker's CPU was {scale:.2f}x its in-process "
+            f"CPU). Every configuration's capacity below is scaled by {capacity:.2f}."
+        )
+    floor = calibrated.floor_p99_ms
+    if floor > FITS * alone_ms:
+        said.append(
+            f"WARNING: the model does not fit this model as measured in-process: one request "
+            f"at a time, the server's P99 was {floor:.1f} ms where the model's is "
+            f"{alone_ms:.1f} ({floor / alone_ms:.2f}x): {floor - alone_ms:.1f} ms a request "
+            "goes outside the stages measured in-process (TorchServe's frontend, the "
+            "worker's socket and decoding, the tail of the bodies' lengths). Every P99 below "
+            "counts it: each configuration is held to the objective less that."
+        )
+    return said
 
 
 def confirm(top: list[Candidate], servers: Servers, slo_p99_ms: float) -> None:
@@ -194,8 +259,8 @@ def confirm(top: list[Candidate], servers: Servers, slo_p99_ms: float) -> None:
     few = [rate for rate in rates if rate_requests(rate) < MIN_ANSWERS]
     print(
         f"\nEach configuration is offered {', '.join(f'{r:g}' for r in rates)} req/s, "
-        f"{rate_requests(rates[-1])} requests or more a rate (at most about {most_s:.0f} s "
-        "and a server's start each)"
+        f"{min(rate_requests(r) for r in rates)} requests or more a rate (at most about "
+        f"{most_s:.0f} s and a server's start each)"
         + (
             f"; {', '.join(f'{r:g}' for r in few)} req/s get fewer than {MIN_ANSWERS} in "
             f"{MAX_SECONDS_PER_RATE:g} s and decide nothing"

@@ -12,30 +12,44 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, NamedTuple
 
 from ..core.config import MicroBatchingConfig
-from .batching_model import ServiceMs, Tail, cpu_cap_per_s, service_curve, sustained, tail_at
+from .batching_model import (
+    ServiceMs,
+    Tail,
+    cpu_cap_per_s,
+    service_curve,
+    shared_cores,
+    sustained,
+    tail_at,
+)
 from .corpus import Corpus
 from .inprocess import measure_with_cpu
 from .results import ResultsLog
 
 # Run-to-run noise here is within 10-20%; a batch of twice the requests is not 25% cheaper.
 NOT_MONOTONE_MARGIN = 1.25
+# Batches of one are always measured (below saturation most batches are small), one body
+# each of at least this many: their spread is the corpus's own, the floor of every P99.
+SINGLE_BODIES = 32
 
-# (mb, context, batches) -> (seconds per batch, CPU seconds per batch)
-Measure = Callable[[Any, Any, list[Any]], tuple[float, float]]
+# (mb, context, batches) -> (median seconds per batch, CPU seconds per batch, each's seconds)
+Measure = Callable[[Any, Any, list[Any]], tuple[float, float, tuple[float, ...]]]
 
 
 class StageCosts(NamedTuple):
-    """One combination's milliseconds and CPU milliseconds per batch size, in-process, and
-    the pairs (smaller, larger) of sizes still out of order after a second measurement."""
+    """One combination's milliseconds (the median batch) and CPU milliseconds per batch
+    size, in-process, the pairs (smaller, larger) of sizes still out of order after a
+    second measurement, and per size each batch's time over the median (``spread``)."""
 
     settings: dict[str, Any]
     batch_ms: dict[int, float]
     cpu_ms: dict[int, float]
     not_monotone: tuple[tuple[int, int], ...] = ()
+    spread: dict[int, tuple[float, ...]] = {}  # noqa: RUF012 (a NamedTuple's default)
 
     def cpu_per_request_ms(self, batch_size: int) -> float:
         """A request's CPU at the largest measured batch up to ``batch_size`` (0: none)."""
@@ -122,8 +136,12 @@ def stage_costs(
     """Step 1: per combination, milliseconds (and CPU milliseconds) per batch of each size,
     in-process (``measure``); sizes out of order measured once more, flagged if still."""
 
+    spread: dict[int, tuple[float, ...]] = {}
+
     def costs_of(n: int) -> tuple[float, float]:
-        seconds, cpu_s = measure(mb, context, corpus.batches(n, repeats + 1))
+        count = max(repeats, SINGLE_BODIES) if n == 1 else repeats
+        seconds, cpu_s, each = measure(mb, context, corpus.batches(n, count + 1))
+        spread[n] = tuple(s / seconds for s in each) if seconds > 0 else (1.0,)
         return 1000 * seconds, 1000 * cpu_s
 
     costs = []
@@ -132,25 +150,29 @@ def stage_costs(
         mb.configure(MicroBatchingConfig.from_mapping(settings, base))
         batch_ms: dict[int, float] = {}
         cpu_ms: dict[int, float] = {}
-        for n in batch_sizes:
+        for n in sorted({1, *batch_sizes}):
             batch_ms[n], cpu_ms[n] = costs_of(n)
         first = dict(batch_ms)
         suspects = out_of_order(batch_ms)
         for n in sorted({n for pair in suspects for n in pair}):  # measured once more
             batch_ms[n], cpu_ms[n] = costs_of(n)
         flagged = tuple(out_of_order(batch_ms))
-        costs.append(StageCosts(settings, batch_ms, cpu_ms, flagged))
+        costs.append(StageCosts(settings, batch_ms, cpu_ms, flagged, dict(spread)))
         record.append(
             {
                 "kind": "stage-costs",
                 "settings": settings,
                 "batch_ms": batch_ms,
                 "cpu_ms": cpu_ms,
+                "spread": {n: [round(f, 3) for f in fs] for n, fs in spread.items()},
                 **({"first_batch_ms": first} if suspects else {}),
                 "not_monotone": [list(pair) for pair in flagged],
             }
         )
-        shown = ", ".join(f"{n}: {ms:.1f}" for n, ms in batch_ms.items())
+        shown = ", ".join(
+            f"{n}: {ms:.1f}" + (f" (to {ms * max(spread[n]):.0f})" if max(spread[n]) > 1.5 else "")
+            for n, ms in batch_ms.items()
+        )
         print(f"[{index}/{len(combos)}] {json.dumps(combo)}: ms per batch of n {shown}", flush=True)
         if suspects:
             pairs = [
@@ -179,33 +201,64 @@ def plan(
     cores: float = 2.0,
     worker_cpu_scale: float = 1.0,
     capacity_scale: float = 1.0,
+    overhead_ms: float = 0.0,
 ) -> list[Candidate]:
     """Step 2: every configuration through the batching model, best first: the highest
     rate held within the objective, or with ``rate``, the lowest P99 at it. With
     ``frontend_cpu_ms``, capped at what ``cores`` can do for the frontend and the worker
     (its in-process CPU times ``worker_cpu_scale``: ``batching_model.cpu_cap_per_s``).
-    ``capacity_scale``: what a real server answered against the model's capacity
-    (``capacity_scale_of``); every batch's run is divided by it and the cap multiplied."""
+    ``capacity_scale``: what a real server answered against the model's capacity; every
+    batch's run is divided by it and the cap multiplied. ``overhead_ms``: what a request
+    alone took on a real server over the model's (``floor_ms``), added to every P99."""
     candidates = []
+    slo_p99_ms -= overhead_ms
+    jitter = partial(spread_at, costs)
     for cost, size, window in itertools.product(costs, batch_sizes, windows):
         service = scaled_service(cost, size, capacity_scale)
-        cap = None
+        cap, stretch = None, None
         if frontend_cpu_ms is not None:
             worker_ms = worker_cpu_scale * cost.cpu_per_request_ms(size)
             cap = capacity_scale * cpu_cap_per_s(frontend_cpu_ms, worker_ms, cores)
+            # The cores a batch of ``size`` keeps busy while it runs, as the server spends.
+            busy = worker_ms * size / service(size)
+            stretch = shared_cores(frontend_cpu_ms, busy, cores)
         tail: Tail | None
         if rate is None:
-            tail = sustained(slo_p99_ms, size, window, service, max_rate_per_s=cap)
+            tail = sustained(
+                slo_p99_ms, size, window, service, max_rate_per_s=cap, stretch=stretch,
+                jitter=jitter,
+            )  # fmt: skip
         elif cap is not None and rate > cap:
             tail = None  # the cores cannot answer that many, whatever the batching
         else:
-            at_rate = tail_at(rate, size, window, service)
+            at_rate = tail_at(rate, size, window, service, stretch, jitter)
             tail = at_rate if at_rate.p99_ms <= slo_p99_ms else None
+        if tail is not None and overhead_ms:
+            tail = replace(tail, p99_ms=tail.p99_ms + overhead_ms)
         flagged = any(b <= size for _, b in cost.not_monotone)
         candidates.append(Candidate(cost.settings, size, window, tail, flagged=flagged))
     if rate is None:
         return sorted(candidates, key=lambda c: -c.held_per_s)
     return sorted(candidates, key=lambda c: c.tail.p99_ms if c.tail else float("inf"))
+
+
+def floor_ms(
+    costs: list[StageCosts], cost: StageCosts, batch_size: int, window_ms: int, scale: float
+) -> float:
+    """The model's P99 for one configuration when requests come one at a time (a rate of
+    one every 10 s): its batches of one, their spread, the window waited out."""
+    service = scaled_service(cost, batch_size, scale)
+    return tail_at(0.1, batch_size, window_ms, service, None, partial(spread_at, costs)).p99_ms
+
+
+def spread_at(costs: list[StageCosts], batch_size: int) -> tuple[float, ...]:
+    """Each batch's time over its median, pooled over every combination at the largest
+    measured size up to ``batch_size`` (the corpus's length mix, not the combination's)."""
+    sizes = [n for cost in costs for n in cost.spread if n <= batch_size]
+    if not sizes:
+        return (1.0,)
+    largest = max(sizes)
+    return tuple(f for cost in costs for f in cost.spread.get(largest, ()))
 
 
 def scaled_service(cost: StageCosts, batch_size: int, capacity_scale: float = 1.0) -> ServiceMs:
@@ -223,8 +276,11 @@ def capacity_per_s(
     worker_cpu_scale: float = 1.0,
 ) -> float:
     """The most requests a second the model lets one worker answer with ``cost`` at
-    ``batch_size``: full batches back to back, capped by the CPU when it is known."""
-    worker = 1000 * batch_size / scaled_service(cost, batch_size)(batch_size)
+    ``batch_size``: full batches back to back (their mean time), capped by the CPU when it
+    is known."""
+    factors = spread_at([cost], batch_size)
+    mean_ms = scaled_service(cost, batch_size)(batch_size) * sum(factors) / len(factors)
+    worker = 1000 * batch_size / mean_ms
     if frontend_cpu_ms is None:
         return worker
     worker_ms = worker_cpu_scale * cost.cpu_per_request_ms(batch_size)

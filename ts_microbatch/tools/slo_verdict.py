@@ -5,7 +5,8 @@ with ``--out``'s keys over them, ``"auto"`` included) is confirmed on the same l
 rates as the tuner's candidates, and it stays unless a candidate beat it with intervals
 that part (``beats``): at some rate the candidate's P99 interval lay wholly within the
 objective, and at that rate or a lower one the current configuration's lay wholly above
-it (or it lost or dropped requests there). A point a busy machine measured, or one of fewer
+it (or it lost or dropped requests there), a rate above every one it surely held (a miss
+below a rate it held is a hiccup, not its limit). A point a busy machine measured, or one of fewer
 than ``MIN_ANSWERS`` answers, decides nothing either way. A tie, a difference within the
 noise, or a current configuration that was never surely missed keeps the user's file as it
 is: the tuner never replaces what it did not beat.
@@ -68,10 +69,15 @@ def beats(candidate: Candidate, current: Candidate, slo_p99_ms: float) -> Partin
     best = max(held, key=lambda row: row["offered_per_s"])
     if current.curve is None:  # the server refused the current configuration
         return Parting(best, None)
+    # A miss below a rate it surely held is a hiccup, not its limit.
+    floor = max(
+        (row["offered_per_s"] for row in current.curve if surely_held(row, slo_p99_ms)),
+        default=0.0,
+    )
     missed = [
         row
         for row in current.curve
-        if surely_missed(row, slo_p99_ms) and row["offered_per_s"] <= best["offered_per_s"]
+        if surely_missed(row, slo_p99_ms) and floor < row["offered_per_s"] <= best["offered_per_s"]
     ]
     if not missed:
         return None

@@ -23,24 +23,26 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import sys
 import tempfile
 from pathlib import Path
 
 from ..core.config import load_config
-from ._cli import SAFE_BESIDE, prog, require_tools
+from ._cli import SAFE_BESIDE, prog, start_tool
 from .batching_model import BOUNDS
 from .corpus import OCTET_STREAM, Body, Corpus, CorpusError, content_type_of, read_corpus
 from .inprocess import load_handler, make_context, model_dir_of
 from .merge import MergeError, read_existing, write_merged
 from .results import OutputError, ResultsLog, claimed_dir, output_file
 from .server import java_problem
-from .slo_confirm import Servers, calibrate
+from .slo_confirm import Servers, calibrate, fit
 from .slo_plan import (
     Candidate,
     StageCosts,
     capacity_per_s,
+    floor_ms,
     plan,
     stage_costs,
     worker_cpu_scale,
@@ -52,8 +54,6 @@ TUNED_KEYS = ("micro_batch_size", "parallelism")
 PLAN_HEADER = (
     "rank | micro_batch_size | threads | batchSize | maxBatchDelay | held req/s | P99 ms | bound"
 )
-# The calibration run and the model disagreeing by more than this is said above the plan.
-FITS = 1.5
 
 
 def available_cores() -> int:
@@ -153,11 +153,11 @@ def model(
     and the worker's CPU feed its CPU cap, what the server answered against the model's
     capacity scales every configuration's (said first when they differ by over ``FITS``)."""
     cores = available_cores()
-    frontend_ms, scale, capacity = args.frontend_cpu_ms or None, 1.0, 1.0
+    frontend_ms, scale, capacity, overhead = args.frontend_cpu_ms or None, 1.0, 1.0, 0.0
 
     def planned(cost: list[StageCosts], sizes: list[int], windows: list[int]) -> list[Candidate]:
         slo, rate = args.slo_p99_ms, args.rate
-        return plan(cost, sizes, windows, slo, rate, frontend_ms, cores, scale, capacity)
+        return plan(cost, sizes, windows, slo, rate, frontend_ms, cores, scale, capacity, overhead)
 
     candidates = planned(costs, args.batch_sizes, args.windows)
     said: list[str] = []
@@ -170,7 +170,10 @@ def model(
             cost = next(c for c in costs if c.settings == first.settings)
             modelled = capacity_per_s(cost, first.batch_size, frontend_ms, cores, scale)
             capacity = calibrated.answered_per_s / modelled if calibrated.answered_per_s else 1.0
-            said = fit(capacity, modelled, calibrated.answered_per_s, scale, first)
+            alone = floor_ms(costs, cost, first.batch_size, first.window_ms, capacity)
+            if math.isfinite(calibrated.floor_p99_ms):
+                overhead = max(0.0, calibrated.floor_p99_ms - alone)
+            said = fit(calibrated, modelled, alone, scale, first)
             candidates = planned(costs, args.batch_sizes, args.windows)
     same = [c for c in costs if c.settings == current.settings]
     if same:
@@ -186,6 +189,7 @@ def model(
                 "frontend_cpu_ms": frontend_ms,
                 "worker_cpu_scale": scale,
                 "capacity_scale": capacity,
+                "overhead_ms": overhead,
                 "not_monotone": c.flagged,
             }
         )
@@ -195,26 +199,8 @@ def model(
         *said,
         f"the frontend's CPU {frontend_ms:.2f} ms a request, the worker's {scale:.2f}x its "
         f"in-process CPU, {cores} cores"
-        + (f", capacities x{capacity:.2f} from the calibration run" if capacity != 1.0 else ""),
-    ]
-
-
-def fit(
-    capacity: float, modelled: float, answered: float, scale: float, first: Candidate
-) -> list[str]:
-    """What the calibration run says of the model: a line when it is within ``FITS``,
-    a warning first in the plan when not, with what the run measured."""
-    if 1 / FITS <= capacity <= FITS:
-        return []
-    side = "optimistic" if capacity < 1 else "pessimistic"
-    return [
-        f"WARNING: the model does not fit this model as measured in-process: serving "
-        f"{first.describe()} closed loop, the server answered {answered:.1f} req/s where the "
-        f"in-process stage costs and the CPU give {modelled:.1f} ({1 / capacity:.2f}x "
-        f"{side}; the worker's CPU was {scale:.2f}x its in-process CPU). On a machine whose "
-        "cores the frontend and the clients share, a model whose operators run on several "
-        "intra-op threads slows down more than its CPU share says. Every configuration's "
-        f"capacity below is scaled by {capacity:.2f}; the confirm step decides.",
+        + (f", capacities x{capacity:.2f} from the calibration run" if capacity != 1.0 else "")
+        + (f", {overhead:.1f} ms a request outside the stages" if overhead else ""),
     ]
 
 
@@ -304,7 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--windows", type=ints, default=[1, 2, 5, 10, 20, 50], help="maxBatchDelay values, ms"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="batches measured per combination")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=6,
+        help="batches measured per combination and batch size (their spread is the length "
+        "mix's: more for a corpus of very different bodies)",
+    )
     parser.add_argument(
         "--frontend-cpu-ms",
         type=float,
@@ -370,7 +362,7 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    require_tools("ts_microbatch.tools.tune")
+    start_tool("ts_microbatch.tools.tune")
     args.batch_sizes = sorted(set(args.batch_sizes))  # measured and modelled once, rising
     trials = prepare_outputs(args)
     print(f"Each measurement is appended to {trials.path} as it comes", flush=True)
