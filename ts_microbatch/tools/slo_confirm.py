@@ -226,7 +226,8 @@ def fit(
     """What the calibration run says of the model, first above the plan when the two differ
     by more than ``FITS``: in what a server answers closed loop, or in a request's P99 alone."""
     said = []
-    capacity = calibrated.answered_per_s / modelled if modelled else 1.0
+    answered = calibrated.answered_per_s
+    capacity = answered / modelled if modelled and answered else 1.0  # 0: not read
     if not 1 / FITS <= capacity <= FITS:
         side = "optimistic" if capacity < 1 else "pessimistic"
         said.append(
