@@ -337,10 +337,11 @@ kserve-bundle: $(STAMP)
 	rm -rf $(KSERVE_STAGING)
 
 # The latency tuner on the example (docs/tuning.md): the settings that hold the most load
-# with P99 within SLO_P99_MS. Small grids, a few minutes: the model's best written to a new
-# TUNED_CONFIG. CONFIRM=2 also serves the 2 best and the example as shipped on a real
-# TorchServe, and merges one into TUNED_CONFIG (a copy of MODEL_CONFIG the first time) only
-# if it beat what the file holds there (longer: 400 answers a rate). make serve registers the .mar with BATCH_SIZE
+# with P99 within SLO_P99_MS. Small grids, a few minutes: the model's best written to
+# TUNED_CONFIG, made anew (an earlier one removed: it is this target's). CONFIRM=2 also
+# serves the 2 best and what TUNED_CONFIG holds (a copy of MODEL_CONFIG when there is none)
+# on a real TorchServe, and merges one into it only if it beat that there (longer: 400
+# answers a rate). make serve registers the .mar with BATCH_SIZE
 # and MAX_BATCH_DELAY, so the line printed at the end passes the tuned ones.
 SLO_P99_MS ?= 100
 CONFIRM ?= 0

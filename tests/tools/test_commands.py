@@ -145,14 +145,24 @@ def test_a_killed_tool_stopped_without_its_finally_blocks_(tmp_path: Path) -> No
     script = (
         "import os, signal, time\n"
         "from ts_microbatch.tools._cli import start_tool\n"
-        "start_tool('ts_microbatch.tools.tune')\n"
-        "try:\n"
-        "    os.kill(os.getpid(), signal.SIGTERM)\n"
-        "    time.sleep(30)\n"
-        "finally:\n"
-        "    print('the servers stopped', flush=True)\n"
+        "with start_tool('ts_microbatch.tools.tune'):\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(30)\n"
+        "    finally:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)  # a second one: cleanup goes on\n"
+        "        print('the servers stopped', flush=True)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert done.stdout == "the servers stopped\n" and done.returncode == 128 + 15
+    # In a process that goes on (a test calling a tool's main), the handler is put back.
+    import signal
+
+    from ts_microbatch.tools._cli import start_tool
+
+    before = signal.getsignal(signal.SIGTERM)
+    with start_tool("ts_microbatch.tools.tune"):
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -125,3 +125,21 @@ def test_what_a_request_alone_takes_outside_the_stages_counts_in_every_p99() -> 
     assert fit(Calibration(2.0, 5.0, 390.0, 7.0), 400.0, alone, 1.0, first) == []
     capacity = fit(Calibration(2.0, 5.0, 100.0, 7.0), 400.0, alone, 1.0, first)
     assert len(capacity) == 1 and "answered 100.0 req/s" in capacity[0] and "4.00x" in capacity[0]
+
+
+def test_a_thin_point_that_lost_a_request_decides_nothing_either() -> None:
+    thin = row(4.2, 60, 50, 70, answers=252, requests=252, timeouts=1)
+    current = served([thin], 0.0)
+    pick = served([row(4.2, 40, 35, 45)], 4.2)
+    assert beats(pick, current, SLO) is None  # 252 answers: not the current's limit
+
+
+def test_a_pessimistic_calibration_never_holds_a_rate_the_frontend_alone_cannot_serve() -> None:
+    # The review's case: scaled up by 1.1, the cap passed 1000 * cores / frontend ms; the
+    # frontend left no core, the replay's P99 was NaN, and NaN passed as held.
+    threads = {"preprocess": 1, "inference": 1, "postprocess": 1}
+    batch_ms = {1: 0.5, 2: 0.6, 4: 0.7, 8: 0.8}
+    cost = StageCosts({"micro_batch_size": 4, "parallelism": threads}, batch_ms, {8: 0.08})
+    for scale in (1.1, 2.0, 3.9):
+        (c,) = plan([cost], [8], [1], 50.0, None, 2.0, 2, 1.0, scale)
+        assert c.held_per_s <= 1000.0 and (c.tail is None or c.tail.p99_ms == c.tail.p99_ms)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 # setup.py's tools extra, by import name (tests/tools/test_commands.py holds them equal).
@@ -31,20 +33,23 @@ def require_tools(module: str) -> None:
         )
 
 
-def exit_on_sigterm() -> None:
-    """A ``kill`` (SIGTERM) ends the tool as Ctrl-C does, through its ``finally`` blocks: the
-    TorchServes it started are stopped, not left serving (Python's default dies at once)."""
+@contextlib.contextmanager
+def start_tool(module: str) -> Iterator[None]:
+    """Around a tool that starts TorchServes: ``require_tools`` first, then a ``kill``
+    (SIGTERM) ends it as Ctrl-C does, through its ``finally`` blocks, so the servers it
+    started are stopped, not left serving (Python's default dies at once); further SIGTERMs
+    are ignored while it cleans up, and the previous handler is back when it returns."""
+    require_tools(module)
 
     def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, stop)
-
-
-def start_tool(module: str) -> None:
-    """Before a tool that starts TorchServes runs: ``require_tools``, ``exit_on_sigterm``."""
-    require_tools(module)
-    exit_on_sigterm()
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 SAFE_BESIDE = (  # ts_microbatch.tools.ports says why

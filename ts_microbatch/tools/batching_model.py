@@ -221,7 +221,7 @@ def sustained(
         tail = tail_at(
             capacity * step / SCAN_STEPS, batch_size, window_ms, service_ms, stretch, jitter
         )
-        if tail.p99_ms > slo_p99_ms:
+        if not tail.p99_ms <= slo_p99_ms:  # NaN (a stretch of inf): missed
             missed = tail.rate_per_s
             break
         held = tail
@@ -229,7 +229,7 @@ def sustained(
     for _ in range(5):
         middle = (low + missed) / 2  # > 0: ``missed`` is a rate replayed, or the capacity
         tail = tail_at(middle, batch_size, window_ms, service_ms, stretch, jitter)
-        if tail.p99_ms <= slo_p99_ms:
+        if tail.p99_ms <= slo_p99_ms:  # NaN compares False: missed
             held, low = tail, middle
         else:
             missed = middle

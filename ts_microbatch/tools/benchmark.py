@@ -390,10 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    start_tool("ts_microbatch.tools.benchmark")
     if args.mar is None:
         parser.error("--mar is required")
-    return run(args, args.ts_config, Path("runs"))
+    with start_tool("ts_microbatch.tools.benchmark"):
+        return run(args, args.ts_config, Path("runs"))
 
 
 if __name__ == "__main__":

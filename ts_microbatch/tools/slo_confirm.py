@@ -238,7 +238,7 @@ def fit(
             f"CPU). Every configuration's capacity below is scaled by {capacity:.2f}."
         )
     floor = calibrated.floor_p99_ms
-    if floor > FITS * alone_ms:
+    if alone_ms > 0 and floor > FITS * alone_ms:
         said.append(
             f"WARNING: the model does not fit this model as measured in-process: one request "
             f"at a time, the server's P99 was {floor:.1f} ms where the model's is "
@@ -250,11 +250,16 @@ def fit(
     return said
 
 
-def confirm(top: list[Candidate], servers: Servers, slo_p99_ms: float) -> None:
+def confirm(
+    top: list[Candidate], servers: Servers, slo_p99_ms: float, rate: float | None = None
+) -> None:
     """Each of ``top`` on a real TorchServe, the same ladder offered open loop to each (from
-    the best prediction among them); sets each one's ``curve`` (None when the server
-    refused it) and ``measured_per_s`` (0 when nothing held or refused)."""
+    the best prediction among them, ``rate`` on it when given); sets each one's ``curve``
+    (None when the server refused it) and ``measured_per_s`` (0 when nothing held or
+    refused)."""
     rates = ladder(max([c.held_per_s for c in top] + [1.0]))
+    if rate is not None and rate not in rates:
+        rates = sorted([*rates, rate])
     # At most each rate's schedule, its last requests waiting out the timeout.
     most_s = sum(rate_requests(rate) / rate + REQUEST_TIMEOUT_S for rate in rates)
     few = [rate for rate in rates if rate_requests(rate) < MIN_ANSWERS]

@@ -212,13 +212,22 @@ def plan(
     alone took on a real server over the model's (``floor_ms``), added to every P99."""
     candidates = []
     slo_p99_ms -= overhead_ms
-    jitter = partial(spread_at, costs)
+    spreads: dict[int, tuple[float, ...]] = {}
+
+    def jitter(n: int) -> tuple[float, ...]:
+        if n not in spreads:
+            spreads[n] = spread_at(costs, n)
+        return spreads[n]
+
     for cost, size, window in itertools.product(costs, batch_sizes, windows):
         service = scaled_service(cost, size, capacity_scale)
         cap, stretch = None, None
         if frontend_cpu_ms is not None:
             worker_ms = worker_cpu_scale * cost.cpu_per_request_ms(size)
+            # Scaled up (a pessimistic model) never past what the frontend alone allows.
             cap = capacity_scale * cpu_cap_per_s(frontend_cpu_ms, worker_ms, cores)
+            if frontend_cpu_ms > 0:
+                cap = min(cap, 1000 * cores / frontend_cpu_ms)
             # The cores a batch of ``size`` keeps busy while it runs, as the server spends.
             busy = worker_ms * size / service(size)
             stretch = shared_cores(frontend_cpu_ms, busy, cores)
@@ -232,7 +241,7 @@ def plan(
             tail = None  # the cores cannot answer that many, whatever the batching
         else:
             at_rate = tail_at(rate, size, window, service, stretch, jitter)
-            tail = at_rate if at_rate.p99_ms <= slo_p99_ms else None
+            tail = at_rate if at_rate.p99_ms <= slo_p99_ms else None  # NaN: None
         if tail is not None and overhead_ms:
             tail = replace(tail, p99_ms=tail.p99_ms + overhead_ms)
         flagged = any(b <= size for _, b in cost.not_monotone)

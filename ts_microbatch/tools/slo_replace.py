@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import yaml
+
 from ..core.config import YAML_SECTION, MicroBatchingConfig
 from ..core.errors import ConfigError
 from .mar import MarError, merge, read_entries, settings_of
@@ -37,17 +39,12 @@ def current_candidate(mar: Path, out: Path) -> Candidate:
         users = read_existing(out) or {}
         section = merge(found["effective"], users.get(YAML_SECTION) or {})
         settings = MicroBatchingConfig.from_mapping(section).as_dict()
-    except (MarError, MergeError, ConfigError) as err:
+        frontend = {**(found["yaml"] or {}), **users}
+        batch_size = int(frontend.get("batchSize", TORCHSERVE_BATCH_SIZE))
+        window_ms = int(frontend.get("maxBatchDelay", TORCHSERVE_MAX_BATCH_DELAY_MS))
+    except (MarError, MergeError, ConfigError, TypeError, ValueError, yaml.YAMLError) as err:
         raise SystemExit(f"error: your current configuration: {err}") from None
-    model_yaml = found["yaml"] or {}
-    frontend = {**model_yaml, **users}
-    return Candidate(
-        settings,
-        int(frontend.get("batchSize", TORCHSERVE_BATCH_SIZE)),
-        int(frontend.get("maxBatchDelay", TORCHSERVE_MAX_BATCH_DELAY_MS)),
-        None,
-        current=True,
-    )
+    return Candidate(settings, batch_size, window_ms, None, current=True)
 
 
 def print_confirmed(top: list[Candidate], ranked: list[Candidate], slo_p99_ms: float) -> None:
@@ -82,7 +79,7 @@ def confirm_best(
     if same is not None:
         same.current, current = True, same  # served once, as a candidate and as yours
     served = top if same is not None else [current, *top]
-    confirm(served, servers, args.slo_p99_ms)
+    confirm(served, servers, args.slo_p99_ms, args.rate)
     print_confirmed(served, candidates, args.slo_p99_ms)
     others = [c for c in top if c is not current]
     decided = decide(current, others, args.slo_p99_ms, args.rate)

@@ -46,10 +46,10 @@ def surely_held(row: dict[str, Any], slo_p99_ms: float) -> bool:
 def surely_missed(row: dict[str, Any], slo_p99_ms: float) -> bool:
     """The point missed the objective beyond its noise: its P99 interval above it, or
     requests lost, or the server falling behind."""
-    if row.get("busy"):
+    if not decides(row):
         return False
     lost = row["errors"] > 0 or row["timeouts"] > 0 or behind(row)
-    return lost or (decides(row) and row["p99_low_ms"] > slo_p99_ms)
+    return lost or row["p99_low_ms"] > slo_p99_ms
 
 
 class Parting(NamedTuple):

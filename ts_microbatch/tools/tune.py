@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..core.config import load_config
+from ..core.config import MicroBatchingConfig
 from ._cli import SAFE_BESIDE, prog, start_tool
 from .batching_model import BOUNDS
 from .corpus import OCTET_STREAM, Body, Corpus, CorpusError, content_type_of, read_corpus
@@ -118,8 +118,12 @@ def tuning_corpus(args: argparse.Namespace) -> Corpus:
     return Corpus(str(args.input), (body,))
 
 
-def measure_costs(args: argparse.Namespace, corpus: Corpus, trials: ResultsLog) -> list[StageCosts]:
-    """Step 1: every combination of the grid at each of ``--batch-sizes``, in-process."""
+def measure_costs(
+    args: argparse.Namespace, corpus: Corpus, trials: ResultsLog, current: Candidate
+) -> list[StageCosts]:
+    """Step 1: every combination of the grid at each of ``--batch-sizes``, in-process, over
+    the settings the user serves now (``current``: the .mar's with ``--out``'s keys over
+    them), so what is measured is what would be written."""
     combos = [
         {"micro_batch_size": m, "parallelism": {"preprocess": t, "inference": i, "postprocess": t}}
         for m, t, i in itertools.product(
@@ -134,7 +138,7 @@ def measure_costs(args: argparse.Namespace, corpus: Corpus, trials: ResultsLog) 
     with tempfile.TemporaryDirectory(prefix="ts-microbatch-slo-") as scratch:
         model_dir = model_dir_of(args.mar, Path(scratch) / "model")
         context = make_context(model_dir, max(args.batch_sizes))
-        base = load_config(model_dir, context.model_yaml_config)
+        base = MicroBatchingConfig.from_mapping(current.settings)
         _, mb = load_handler(model_dir, context)
         try:
             return stage_costs(
@@ -209,7 +213,9 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
     corpus = tuning_corpus(args)
     current = current_candidate(args.mar, args.out)  # unreadable: refused before measuring
     servers = Servers(args.mar, corpus, args.confirm_out, trials, args.ts_config)
-    candidates, frontend = model(args, measure_costs(args, corpus, trials), servers, current)
+    candidates, frontend = model(
+        args, measure_costs(args, corpus, trials, current), servers, current
+    )
     for line in frontend[:-1]:
         print(f"\n{line}")
     print_plan(candidates, args.slo_p99_ms, frontend[-1])
@@ -241,6 +247,17 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
         return 1
     trials.append({"kind": "best", **winner.model_config(), "out": str(args.out)})
     return 0
+
+
+def counts(text: str) -> int:
+    """An integer >= 0 (``--confirm``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
 
 
 def ints(text: str) -> list[int]:
@@ -312,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     confirming = parser.add_argument_group("confirming on a real TorchServe")
     confirming.add_argument(
-        "--confirm", type=int, default=0, metavar="K", help="run the K best (default 0: no)"
+        "--confirm", type=counts, default=0, metavar="K", help="run the K best (default 0: no)"
     )
     confirming.add_argument(
         "--confirm-out",
@@ -362,11 +379,11 @@ def prepare_outputs(args: argparse.Namespace) -> ResultsLog:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    start_tool("ts_microbatch.tools.tune")
-    args.batch_sizes = sorted(set(args.batch_sizes))  # measured and modelled once, rising
-    trials = prepare_outputs(args)
-    print(f"Each measurement is appended to {trials.path} as it comes", flush=True)
-    return run(args, trials)
+    with start_tool("ts_microbatch.tools.tune"):
+        args.batch_sizes = sorted(set(args.batch_sizes))  # measured and modelled once, rising
+        trials = prepare_outputs(args)
+        print(f"Each measurement is appended to {trials.path} as it comes", flush=True)
+        return run(args, trials)
 
 
 if __name__ == "__main__":
