@@ -34,7 +34,9 @@ ratios are taken within a round and their medians reported. Next to each: the CP
 request cost the frontend and the worker (each of its threads, by the OS thread name: stage
 threads are ``tsmb-<stage>-<i>``, their OpenMP workers inherit it; read by
 ts_microbatch.tools.cpu, which ts-microbatch-benchmark uses too), their wake-ups, and the
-machine's bound, the requests per second two cores allow at that CPU cost.
+machine's bound, the requests per second two cores allow at that CPU cost; and the CPU
+ledger of every run (ts_microbatch.tools.ledger): the cores the frontend, the worker, ``ab``,
+other processes, the hypervisor's steal and idleness took, summing to the machine's.
 """
 
 from __future__ import annotations
@@ -65,13 +67,10 @@ import prepare  # noqa: E402
 import yaml  # noqa: E402
 from ab import AbError, parse_ab, parse_gnuplot  # noqa: E402
 
-from ts_microbatch.tools.cpu import (  # noqa: E402
-    frontend_pid,
-    process_cpu,
-    thread_cpu,
-    thread_group,
-)
+from ts_microbatch.tools.cpu import cpu_per_request, frontend_pid  # noqa: E402
 from ts_microbatch.tools.intervals import percentile  # noqa: E402
+from ts_microbatch.tools.ledger import MAIN_PARTS, format_ledger, ledger, read_ledger  # noqa: E402
+from ts_microbatch.tools.ledger import summary as ledger_summary  # noqa: E402
 from ts_microbatch.tools.runs import round_order  # noqa: E402
 
 WORKTREE = "worktree"
@@ -246,25 +245,35 @@ class Target:
     model: str
     url: str
     token: str | None
-    worker_pid: int
+    worker_pids: list[int]
     frontend_pid: int
 
 
 def register(
-    server: Any, name: str, model: str, body: Path, content_type: str, frontend: int
+    server: Any,
+    name: str,
+    model: str,
+    body: Path,
+    content_type: str,
+    frontend: int,
+    **settings: Any,
 ) -> Target:
-    resp = server.register(
-        name, batch_size=FRONTEND["batch_size"], max_batch_delay_ms=FRONTEND["max_batch_delay_ms"]
-    )
+    """``name`` registered at FRONTEND's batch size and window (``settings``: the
+    registration's own, such as ``initial_workers``), answering a first request."""
+    asked = {
+        "batch_size": FRONTEND["batch_size"],
+        "max_batch_delay_ms": FRONTEND["max_batch_delay_ms"],
+    }
+    resp = server.register(name, **{**asked, **settings})
     if resp.status != 200:
         raise RuntimeError(f"register {name}: {resp.status} {resp.body!r}")
+    name = str(settings.get("model_name", name))  # a .mar registered under a name of its own
     described = server.describe(name)
-    worker_pid = int(described["workers"][0]["pid"])
     target = Target(
         model,
         f"{server.inference_url}/predictions/{name}",
         server.token("inference"),
-        worker_pid,
+        [int(worker["pid"]) for worker in described["workers"]],
         frontend,
     )
     answer = server.predict(name, body.read_bytes(), content_type=content_type)
@@ -282,9 +291,9 @@ def ab_run(
     cmd += ["-T", content_type, "-s", "180", "-g", str(times)]
     if target.token:
         cmd += ["-H", f"Authorization: Bearer {target.token}"]
-    frontend0, worker0 = process_cpu(target.frontend_pid), thread_cpu(target.worker_pid)
+    before = read_ledger(target.frontend_pid, target.worker_pids)
     out = subprocess.run([*cmd, target.url], capture_output=True, text=True)
-    frontend1, worker1 = process_cpu(target.frontend_pid), thread_cpu(target.worker_pid)
+    after = read_ledger(target.frontend_pid, target.worker_pids)
     if out.returncode != 0:
         raise AbError(f"ab failed for {target.model}: {out.stderr[-500:]}")
     summary = parse_ab(out.stdout)
@@ -294,15 +303,9 @@ def ab_run(
         raise RuntimeError(f"{target.model}: {errors:.0f} of {done:.0f} requests failed")
     latencies = parse_gnuplot(times.read_text())
     times.unlink()
-    threads: dict[str, float] = {}
-    wakeups: dict[str, int] = {}
-    for name, (seconds, sleeps) in worker1.items():
-        group = thread_group(name)
-        seconds0, sleeps0 = worker0.get(name, (0.0, 0))
-        threads[group] = threads.get(group, 0.0) + seconds - seconds0
-        wakeups[group] = wakeups.get(group, 0) + sleeps - sleeps0
-    per_request = {group: 1000 * s / done for group, s in sorted(threads.items())}
-    frontend_ms = 1000 * (frontend1 - frontend0) / done
+    used = cpu_per_request(before.server, after.server, done)
+    frontend_ms = used["frontend_cpu_ms_per_request"]
+    per_request = used["worker_threads_ms_per_request"]
     worker_ms = sum(per_request.values())
     return {
         "requests": done,
@@ -311,7 +314,8 @@ def ab_run(
         "p99_ms": percentile(latencies, 99),
         "cpu_ms_per_request": {"frontend": frontend_ms, "worker": worker_ms},
         "worker_threads_ms_per_request": per_request,
-        "worker_threads_wakeups_per_request": {g: n / done for g, n in sorted(wakeups.items())},
+        "worker_threads_wakeups_per_request": used["worker_threads_wakeups_per_request"],
+        "ledger": ledger(before, after),
         # Two busy cores allow at most this many requests a second at this CPU cost.
         "bound_requests_per_s": 1000 * CORES / (frontend_ms + worker_ms),
     }
@@ -382,7 +386,7 @@ def run_round(
             f"  {layout:6} {workload:8} {body:5} round {round_no + 1} {model:13} "
             f"{result['requests_per_s']:7.1f} req/s  P99 {result['p99_ms']:7.0f} ms  "
             f"CPU/req {result['cpu_ms_per_request']['frontend']:.2f} + "
-            f"{result['cpu_ms_per_request']['worker']:.2f} ms"
+            f"{result['cpu_ms_per_request']['worker']:.2f} ms; {format_ledger(result['ledger'])}"
         )
 
 
@@ -493,9 +497,49 @@ def model_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "threads_ms": {g: statistics.median(v) for g, v in sorted(threads.items())},
                 "threads_wakeups": {g: statistics.median(v) for g, v in sorted(wakeups.items())},
                 "bound_requests_per_s": statistics.median(r["bound_requests_per_s"] for r in runs),
+                "ledger": ledger_medians(runs),
             }
         )
     return rows
+
+
+def ledger_medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each of the ledger's main parts (cores), its share accounted for, the median over
+    runs; empty for results that have no ledger (older results.json)."""
+    entries = [r["ledger"] for r in runs if r.get("ledger")]
+    if not entries:
+        return {}
+    folded = [ledger_summary(e) for e in entries]
+    medians = {part: statistics.median(f[part] for f in folded) for part in MAIN_PARTS}
+    medians["accounted"] = statistics.median(e["accounted"] for e in entries)
+    return medians
+
+
+def ledger_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The ledger of each model's runs: where the machine's cores went (medians), and the
+    share of what a client elsewhere would leave the server that it used."""
+    lines = [
+        "",
+        f"Where the {CORES} cores went (the CPU ledger, ts_microbatch.tools.ledger; cores, "
+        "medians over rounds; `ab` is the load generator; 'served' is frontend + worker "
+        "over the cores ab left them):",
+        "",
+        "| layout | workload | body | model | frontend | worker | ab | others | steal | idle "
+        "| accounted | served |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cores = row["ledger"]
+        if not cores:
+            continue
+        left = CORES - cores["generator"]
+        served = (cores["frontend"] + cores["worker"]) / left if left > 0 else float("nan")
+        lines.append(
+            f"| {row['layout']} | {row['workload']} | {row['body']} | {row['model']} | "
+            + " | ".join(f"{cores[p]:.2f}" for p in MAIN_PARTS)
+            + f" | {cores['accounted']:.0%} | {served:.0%} |"
+        )
+    return lines
 
 
 def report(plan_info: dict[str, Any], results: list[dict[str, Any]]) -> str:
@@ -521,7 +565,8 @@ def report(plan_info: dict[str, Any], results: list[dict[str, Any]]) -> str:
         "| worker threads: CPU ms (wake-ups) per request | bound req/s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in model_rows(results):
+    rows = model_rows(results)
+    for row in rows:
         wakeups = row["threads_wakeups"]
         threads = ", ".join(
             f"{g} {ms:.2f}" + (f" ({wakeups[g]:.1f})" if g in wakeups else "")
@@ -532,6 +577,7 @@ def report(plan_info: dict[str, Any], results: list[dict[str, Any]]) -> str:
             f"{row['requests_per_s']:.1f} | {row['p99_ms']:.0f} | {row['frontend_ms']:.2f} + "
             f"{row['worker_ms']:.2f} | {threads} | {row['bound_requests_per_s']:.0f} |"
         )
+    lines += ledger_table(rows)
     return "\n".join(lines) + "\n"
 
 

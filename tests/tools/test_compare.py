@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import ROOT
+from ts_microbatch.tools.cpu import thread_group
 
 sys.path[:0] = [str(Path(ROOT) / "benchmarks"), str(Path(ROOT) / "examples/image_classifier")]
 compare = pytest.importorskip("compare")
@@ -71,12 +72,39 @@ def test_model_rows_give_medians_and_the_bound_two_cores_allow() -> None:
     )
 
 
+def test_the_report_gives_each_models_ledger_in_cores() -> None:
+    results = []
+    for r, idle in enumerate((0.4, 0.5, 0.6)):
+        row = result("head-example", r, 300, 200, other=3)
+        parts = {"frontend": 0.5, "frontend children": 0.1, "worker tsmb-infer": 0.6}
+        parts |= {"worker other": 0.2, "generator": 0.1, "others": 0.1, "steal": 0.0}
+        parts["idle"] = idle
+        row["ledger"] = {"parts": parts, "cores": 2, "seconds": 10.0, "accounted": 0.95}
+        results.append(row)
+    (row,) = compare.model_rows(results)
+    assert row["ledger"]["frontend"] == pytest.approx(0.6)  # its exited children with it
+    assert row["ledger"]["worker"] == pytest.approx(0.8)
+    assert row["ledger"]["idle"] == pytest.approx(0.5)
+    text = compare.report({"head": "h", "base": "b", "rounds": 3, "machine": "2 cores"}, results)
+    # frontend, worker, ab, others, steal, idle; accounted; served over what ab left
+    assert "| head-example | 0.60 | 0.80 | 0.10 | 0.10 | 0.00 | 0.50 | 95% | 74% |" in text
+
+
+def test_a_result_without_a_ledger_is_reported_without_one() -> None:
+    text = compare.report(
+        {"head": "h", "base": "b", "rounds": 1, "machine": "2 cores"},
+        [result("head-same", 0, 200, 300, other=5)],
+    )
+    assert "| head-same | 200.0 |" in text
+    assert "| head-same | 0." not in text.split("Where the")[-1]
+
+
 @pytest.mark.parametrize(
     ("name", "group"),
     [("tsmb-prepr-0", "tsmb-prepr"), ("tsmb-infer-12", "tsmb-infer"), ("python3", "other")],
 )
 def test_worker_threads_are_grouped_by_stage(name: str, group: str) -> None:
-    assert compare.thread_group(name) == group
+    assert thread_group(name) == group
 
 
 def test_a_commit_side_holds_that_commits_package_handler_and_configs(tmp_path: Path) -> None:

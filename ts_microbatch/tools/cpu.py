@@ -109,7 +109,11 @@ class CpuReading:
 
 def read_cpu(server: Any) -> CpuReading:
     """What ``server`` (a running ts_microbatch.tools.server.TorchServe) has used so far."""
-    frontend, workers = server_pids(server)
+    return read_pids(*server_pids(server))
+
+
+def read_pids(frontend: int | None, workers: list[int]) -> CpuReading:
+    """What a frontend and its worker processes have used so far."""
     reading = CpuReading(frontend_s=process_cpu(frontend) if frontend is not None else 0.0)
     for pid in workers:
         reading.workers_s += process_cpu(pid)

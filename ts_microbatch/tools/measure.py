@@ -5,7 +5,8 @@ The one runner under ``ts-microbatch-benchmark`` (and benchmarks/) and the laten
 loopback, warms it up, sends the measured load through a ``Send`` (``corpus_sender``
 or an open-loop sweep such as ``curves.CurveSender``) and returns one row:
 throughput and latency, the CPU each request cost the frontend and the worker
-(ts_microbatch.tools.cpu), sample answers, and the pipeline's own numbers from the
+(ts_microbatch.tools.cpu), where the machine's cores went (ts_microbatch.tools.ledger),
+sample answers, and the pipeline's own numbers from the
 difference of two ``/metrics`` scrapes.
 """
 
@@ -19,8 +20,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .corpus import Corpus
-from .cpu import cpu_per_request, read_cpu
+from .cpu import cpu_per_request, read_cpu, server_pids
 from .drive import send_corpus
+from .ledger import ledger, read_ledger
 from .runs import summarize
 from .scrape import summarize as summarize_scrape
 from .server import DEFAULT_PROPERTIES, TorchServe, TorchServeError
@@ -103,9 +105,11 @@ def measure(
             warmup = max(config["warmup_requests"], point["concurrency"])
             send(url, token, warmup, server_dir, f"{label} warm-up")
         before = settled_scrape(server)
-        cpu_before = read_cpu(server)
+        pids = server_pids(server)
+        cpu_before = read_ledger(*pids)
         summary, latency = send(url, token, point["requests"], server_dir, label)
-        cpu_ms = cpu_per_request(cpu_before, read_cpu(server), summary["complete_requests"])
+        cpu_after = read_ledger(*pids)
+        cpu_ms = cpu_per_request(cpu_before.server, cpu_after.server, summary["complete_requests"])
         samples: list[dict[str, Any]] = []
         if sample is not None:
             samples = sample_responses(server, model, *sample)
@@ -121,6 +125,7 @@ def measure(
         **summary,
         **latency,
         **cpu_ms,
+        "ledger": ledger(cpu_before, cpu_after),
         "served_frontend": frontend,
         "errors": int(summary["failed_requests"] + summary["non_2xx_responses"]),
         "server_queue_ms": summarize(queue_times),

@@ -27,6 +27,8 @@ from typing import Any
 from .corpus import Corpus
 from .curve_report import compare_curves, held_lines, write_curves
 from .intervals import percentile
+from .ledger import MAIN_PARTS
+from .ledger import summary as ledger_summary
 from .mar import AS_PACKAGED, BASELINE, BASELINE_ONE
 
 Row = dict[str, Any]
@@ -104,15 +106,24 @@ def _markdown(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
 
 
 def format_runs(runs: Sequence[Row]) -> str:
-    """Every run in the order it ran, with its CPU per request: a Markdown table."""
+    """Every run in the order it ran, with its CPU per request and its ledger (the cores
+    each part used, ts_microbatch.tools.ledger): a Markdown table."""
     header = ["round", "position", "variant", "req/s", "p99 ms", "CPU ms/req frontend", "worker"]
+    header += [f"cores {part}" for part in MAIN_PARTS] + ["accounted"]
     lines = []
     for run in sorted(runs, key=lambda r: (r["repeat"], r.get("position", 0))):
         cpu = [run.get(key) for _, key in CPU_SIDES]
         shown = [f"{v:.2f}" if isinstance(v, (int, float)) else "-" for v in cpu]
+        entry = run.get("ledger") or {}
+        cores = (
+            [f"{v:.2f}" for v in ledger_summary(entry).values()]
+            if entry
+            else ["-"] * len(MAIN_PARTS)
+        )
+        accounted = f"{entry['accounted']:.0%}" if entry else "-"
         lines.append(
             [str(run["repeat"]), str(run.get("position", "-")), run["handler"]]
-            + [f"{run['requests_per_s']:.1f}", f"{run['p99_ms']:.0f}", *shown]
+            + [f"{run['requests_per_s']:.1f}", f"{run['p99_ms']:.0f}", *shown, *cores, accounted]
         )
     return _markdown(header, lines)
 

@@ -1,0 +1,84 @@
+"""The CPU ledger (ts_microbatch.tools.ledger): its parts sum to the machine's cores, each
+process lands in its own part, and what no part explains shows as ``others``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ts_microbatch.tools.cpu import CpuReading
+from ts_microbatch.tools.ledger import (
+    MAIN_PARTS,
+    LedgerReading,
+    MachineTimes,
+    format_ledger,
+    ledger,
+    read_ledger,
+    summary,
+)
+
+SPIN = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n"
+
+
+def reading(at: float, busy: float, idle: float, frontend: float, infer: float) -> LedgerReading:
+    server = CpuReading(frontend_s=frontend, workers_s=infer, threads={"tsmb-infer": (infer, 0)})
+    return LedgerReading(at, MachineTimes(busy, idle, 0.0), server, 0.0, 0.0)
+
+
+def test_the_parts_sum_to_the_cores_and_the_rest_is_others() -> None:
+    before = reading(0.0, busy=100.0, idle=50.0, frontend=10.0, infer=20.0)
+    # 10 s on 2 cores: 14 busy (4 frontend, 8 inference, 2 nobody named), 6 idle
+    after = reading(10.0, busy=114.0, idle=56.0, frontend=14.0, infer=28.0)
+    entry = ledger(before, after, ncores=2)
+    parts = entry["parts"]
+    assert parts["frontend"] == pytest.approx(0.4)
+    assert parts["worker tsmb-infer"] == pytest.approx(0.8)
+    assert parts["others"] == pytest.approx(0.2)
+    assert parts["idle"] == pytest.approx(0.6)
+    assert sum(parts.values()) == pytest.approx(2.0)
+    assert entry["accounted"] == pytest.approx(0.9)
+    assert summary(entry) == pytest.approx(
+        {"frontend": 0.4, "worker": 0.8, "generator": 0.0, "others": 0.2, "steal": 0.0, "idle": 0.6}
+    )
+    assert list(summary(entry)) == list(MAIN_PARTS)
+    assert "accounted" in format_ledger(entry)
+
+
+def test_processes_counting_more_ticks_than_the_machine_are_scaled_to_its_cores() -> None:
+    before = reading(0.0, busy=0.0, idle=0.0, frontend=0.0, infer=0.0)
+    after = reading(1.0, busy=1.9, idle=0.0, frontend=1.0, infer=1.0)  # a tick apart
+    entry = ledger(before, after, ncores=2)
+    assert entry["parts"]["others"] == 0.0
+    assert sum(entry["parts"].values()) == pytest.approx(2.0)
+
+
+def test_a_spinning_frontend_and_its_exited_child_land_in_their_parts() -> None:
+    # A stand-in frontend: spins 0.6 s of CPU itself, after a child that spins 0.3 s and
+    # is reaped (as TorchServe's metrics collector is each minute).
+    child = SPIN.format(seconds=0.3)
+    script = (
+        f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {child!r}], check=True)\n"
+        + SPIN.format(seconds=0.6)
+        + "sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+    try:
+        before = read_ledger(proc.pid, [])
+        deadline = time.monotonic() + 30
+        # done once it has used its 0.6 s: the stat is read until then, never a sleep's guess
+        while read_ledger(proc.pid, []).server.frontend_s - before.server.frontend_s < 0.55:
+            assert time.monotonic() < deadline, "the stand-in frontend never spun"
+            time.sleep(0.05)
+        after = read_ledger(proc.pid, [])
+    finally:
+        proc.communicate(b"", timeout=30)
+    entry = ledger(before, after)
+    wall = entry["seconds"]
+    # CPU seconds back from cores: what each process used, whatever the wall time was
+    assert entry["parts"]["frontend"] * wall == pytest.approx(0.6, abs=0.15)
+    assert entry["parts"]["frontend children"] * wall == pytest.approx(0.3, abs=0.15)
+    assert sum(entry["parts"].values()) == pytest.approx(entry["cores"])
+    assert 0.0 <= entry["accounted"] <= 1.0

@@ -1,0 +1,172 @@
+"""Where the machine's cores went during one run: the CPU ledger.
+
+A run is read before and after its load (``read_ledger``); ``ledger`` turns the two into
+cores (CPU seconds over the run's wall seconds), in parts that sum to the cores this
+process may run on:
+
+* ``frontend``: the server's Java process (HTTP, batching, the bodies' bytes, its GC);
+* ``frontend children``: the frontend's children that exited during the run (TorchServe
+  runs ``metric_collector.py`` every ``metric_time_interval``; a worker that ended);
+* ``worker <group>``: each worker thread group (ts_microbatch.tools.cpu.thread_group:
+  ``tsmb-<stage>`` for the stage threads, ``other`` for TorchServe's own thread and the
+  rest);
+* ``generator``: the load: this process and the children it reaped (``ab``);
+* ``others``: every other busy second on these cores (other processes, kernel threads,
+  interrupts not charged to a process): what the parts above leave of the machine's busy
+  time, so a large ``others`` says the ledger did not account for the run;
+* ``steal``: time the hypervisor gave another guest (a virtual machine's lost cores);
+* ``idle``: no runnable thread.
+
+``accounted`` is the share of the machine the named parts explain (1 - others / cores): a
+production client runs elsewhere, so the bound it would leave the server is the cores minus
+the generator's.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .cpu import CpuReading, read_pids
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class MachineTimes:
+    """CPU seconds since boot, summed over the cores this process may run on."""
+
+    busy_s: float  # user, nice, system, irq, softirq
+    idle_s: float  # idle and iowait
+    steal_s: float
+
+
+def machine_times() -> MachineTimes:
+    import psutil
+
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    busy = idle = steal = 0.0
+    for index, times in enumerate(psutil.cpu_times(percpu=True)):
+        if cores is not None and index not in cores:
+            continue
+        # user includes guest time on Linux: a guest's seconds are counted once
+        guests = getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+        idle += times.idle + getattr(times, "iowait", 0.0)
+        steal += getattr(times, "steal", 0.0)
+        busy += sum(times) - guests - times.idle - getattr(times, "iowait", 0.0)
+    busy -= steal
+    return MachineTimes(busy, idle, steal)
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def generator_s() -> float:
+    """CPU seconds of this process and of the children it has reaped (``ab``)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def exited_children_s(pid: int | None) -> float:
+    """CPU seconds of ``pid``'s children that exited and were reaped (fields 16-17)."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[13]) + int(fields[14])) / _TICKS
+
+
+@dataclass(frozen=True)
+class LedgerReading:
+    at_s: float  # time.monotonic()
+    machine: MachineTimes
+    server: CpuReading
+    frontend_children_s: float
+    generator_s: float
+
+
+def read_ledger(frontend: int | None, workers: list[int]) -> LedgerReading:
+    """The machine, a server's frontend and workers (ts_microbatch.tools.cpu.server_pids)
+    and this process's load, read now."""
+    return LedgerReading(
+        time.monotonic(),
+        machine_times(),
+        read_pids(frontend, workers),
+        exited_children_s(frontend),
+        generator_s(),
+    )
+
+
+def ledger(
+    before: LedgerReading, after: LedgerReading, ncores: int | None = None
+) -> dict[str, Any]:
+    """Cores each part used between two readings (the module's parts, ``cores``,
+    ``accounted``, ``seconds``); the parts sum to ``cores``."""
+    wall = after.at_s - before.at_s
+    ncores = ncores or cores()
+    if wall <= 0:
+        return {}
+
+    def per_s(seconds: float) -> float:
+        return max(0.0, seconds) / wall
+
+    parts: dict[str, float] = {
+        "frontend": per_s(after.server.frontend_s - before.server.frontend_s),
+        "frontend children": per_s(after.frontend_children_s - before.frontend_children_s),
+    }
+    for group, (seconds, _) in sorted(after.server.threads.items()):
+        parts[f"worker {group}"] = per_s(seconds - before.server.threads.get(group, (0.0, 0))[0])
+    parts["generator"] = per_s(after.generator_s - before.generator_s)
+    busy = per_s(after.machine.busy_s - before.machine.busy_s)
+    steal = per_s(after.machine.steal_s - before.machine.steal_s)
+    idle = per_s(after.machine.idle_s - before.machine.idle_s)
+    named = sum(parts.values())
+    parts["others"] = max(0.0, busy - named)
+    parts["steal"] = steal
+    # The tick counts of /proc/stat and of the processes disagree by a tick or so; the
+    # parts are scaled to the cores they were measured on, so they sum to them.
+    total = named + parts["others"] + steal + idle
+    parts["idle"] = idle
+    scale = ncores / total if total > 0 else 1.0
+    parts = {k: v * scale for k, v in parts.items()}
+    return {
+        "parts": parts,
+        "cores": ncores,
+        "seconds": wall,
+        "accounted": 1.0 - parts["others"] / ncores,
+    }
+
+
+def format_ledger(entry: dict[str, Any]) -> str:
+    """One line: each part's cores, then idle and what was accounted for."""
+    if not entry:
+        return "no ledger"
+    parts = entry["parts"]
+    shown = ", ".join(f"{name} {value:.2f}" for name, value in parts.items() if value >= 0.005)
+    return f"{shown} of {entry['cores']} cores ({entry['accounted']:.0%} accounted for)"
+
+
+MAIN_PARTS = ("frontend", "worker", "generator", "others", "steal", "idle")
+
+
+def summary(entry: dict[str, Any]) -> dict[str, float]:
+    """The ledger folded into MAIN_PARTS (worker groups summed, the frontend's children
+    with the frontend, steal with others), in cores."""
+    parts = entry.get("parts", {})
+    folded = dict.fromkeys(MAIN_PARTS, 0.0)
+    for name, value in parts.items():
+        if name.startswith("worker "):
+            folded["worker"] += value
+        elif name.startswith("frontend"):
+            folded["frontend"] += value
+        else:
+            folded[name] += value
+    return folded
