@@ -45,7 +45,9 @@ capacity (the most the shipped window's variant, ``ours-w2``, answered per secon
 point; a point past capacity may answer more than it is offered while its backlog drains,
 so read capacity off the curves too), the ratios of rates held, and P99 at equal offered
 load, each window of ours against upstream's and plain's best (plain at either intra-op
-setting), called a win or a loss only when the ratio's interval excludes 1.
+setting), called a win or a loss only when the ratio's interval excludes 1; and each
+round's floor: ``--min-answers`` requests sent one at a time before the sweep (one request's
+unloaded latency, P99 with its interval), with the P99 at 25% of capacity over it.
 """
 
 from __future__ import annotations
@@ -151,6 +153,26 @@ def p99_near(rows: list[dict[str, Any]], name: str, rate: float) -> str:
     return f"{nearest:g}/s: " + " · ".join(shown(run) for run in runs)
 
 
+def floor_near(rows: list[dict[str, Any]], name: str, rate: float) -> str:
+    """Each round's floor (one request at a time, before its sweep: P99 [95% interval]) and
+    the P99 at the offered rate nearest ``rate`` over it; "-" for a round without one."""
+    runs = sorted((r for r in rows if r["handler"] == name), key=lambda r: r["repeat"])
+    points = [p for r in runs for p in r["curve"]]
+    if not points:
+        return "-"
+    nearest = min({p["offered_per_s"] for p in points}, key=lambda offered: abs(offered - rate))
+
+    def shown(run: dict[str, Any]) -> str:
+        alone = run.get("floor")
+        p = next((p for p in run["curve"] if p["offered_per_s"] == nearest), None)
+        if not alone:
+            return "-"
+        cell = f"{alone['p99_ms']:.0f} [{alone['p99_low_ms']:.0f}, {alone['p99_high_ms']:.0f}]"
+        return cell + (f" ({p['p99_ms'] / alone['p99_ms']:.2f}x)" if p else "")
+
+    return " · ".join(shown(run) for run in runs)
+
+
 PLAIN = ("plain-", "plain1-")  # plain at either intra-op setting: one baseline
 
 
@@ -214,8 +236,9 @@ def report(
         f"answered/s of {reference}): {ours_capacity:.0f} req/s.",
         "",
         f"| variant | {within} | P99 at 25% / 50% / 75% of ours' capacity, ms, "
-        "each round [95% interval] |",
-        "|---|" + "---|" * (len(slos) + 1),
+        "each round [95% interval] | one at a time: P99 ms [95% interval] (P99 at 25% over it), "
+        "each round |",
+        "|---|" + "---|" * (len(slos) + 2),
     ]
     for name in names:
         shown = " / ".join(p99_near(rows, name, f * ours_capacity) for f in (0.25, 0.5, 0.75))
@@ -223,7 +246,9 @@ def report(
             f"**{median[name, slo]:g}** ({', '.join(f'{v:g}' for v in held[name, slo])})"
             for slo in slos
         )
-        lines.append(f"| {name} | {cells} | {shown} |")
+        lines.append(
+            f"| {name} | {cells} | {shown} | {floor_near(rows, name, ours_capacity / 4)} |"
+        )
     lines.append("")
 
     for slo in slos:
@@ -366,7 +391,7 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
             }
             sender = CurveSender(
                 corpus, args.rates, args.rate_seconds, 64, print, args.seed,
-                min_answers=args.min_answers, nice=args.nice,
+                min_answers=args.min_answers, nice=args.nice, floor_requests=args.min_answers,
             )  # fmt: skip
             label = f"[round {round_no + 1}/{args.rounds}] {name}"
             print(f"{label}: starting TorchServe", flush=True)
@@ -388,6 +413,7 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
                     "handler": name,
                     "repeat": round_no + 1,
                     "curve": result["curve"],
+                    "floor": result.get("floor"),
                     "served_frontend": result["served_frontend"],
                     "cpu": {k: v for k, v in result.items() if "cpu" in k},
                 }

@@ -57,3 +57,13 @@ def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> Non
     assert variants["ours"]["frontend"]["maxBatchDelay"] != 5
     assert not (out / "p99.png").exists()  # benchmarks/latency_load.py draws it
     assert "holds" in (out / "curves.md").read_text()
+    # Each sweep began with its floor: --min-answers requests one at a time, all answered.
+    floors = {r["handler"]: r["floor"] for r in runs if r.get("kind") == "run"}
+    assert all(f["answers"] == 50 and f["errors"] == 0 for f in floors.values())
+    assert all(f["p99_low_ms"] <= f["p99_ms"] <= f["p99_high_ms"] for f in floors.values())
+    assert (out / "curves.md").read_text().count("one request at a time") == 4
+    # Each run's CPU ledger: its parts sum to the machine's cores, the frontend's among them.
+    for r in (r for r in runs if r.get("kind") == "run"):
+        parts = r["ledger"]["parts"]
+        assert abs(sum(parts.values()) - r["ledger"]["cores"]) < 1e-6
+        assert parts["frontend"] > 0 and any(k.startswith("worker ") for k in parts)

@@ -255,3 +255,55 @@ def test_a_busy_point_decides_nothing_and_every_verdict_names_its_answers() -> N
 def test_achieved_above_offered_is_explained() -> None:
     runs = [{"handler": "ours", "repeat": 1, "curve": [row(80, 87.8, 40)]}]
     assert "seeded random (Poisson) arrivals" in curve_report.format_curves(runs, None)
+
+
+class Sent:
+    status = 200
+    latency_s = 0.01
+
+
+class SweptPoint(FakeResult):
+    sends = [Sent()] * 3
+    elapsed_s = 1.0
+    cpu_s = 0.1
+
+    def latencies_ms(self) -> list[float]:
+        return [10.0] * 3
+
+
+@pytest.mark.parametrize("floor_requests", [0, 1500])
+def test_a_sweep_starts_with_its_floor_one_request_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, floor_requests: int
+) -> None:
+    from ts_microbatch.tools.corpus import Body, Corpus
+
+    order: list[tuple[str, int]] = []
+
+    def fake_floor(url: str, corpus: Any, requests: int, *, token: Any = None) -> dict[str, Any]:
+        order.append(("floor", requests))
+        return {"requests": requests, "answers": requests, "errors": 0, "p50_ms": 9.0,
+                "p99_ms": 12.0, "p99_low_ms": 11.0, "p99_high_ms": 14.0}  # fmt: skip
+
+    def fake_sweep(url: str, bodies: Any, rates: list[float], **kw: Any) -> list[SweptPoint]:
+        order.append(("sweep", len(rates)))
+        for rate in rates:
+            kw["progress"](row(rate, rate, 30, other_cpu_cores=float("nan"), busy=False,
+                               p99_low_ms=25, p99_high_ms=35, requests=3), "")  # fmt: skip
+        return [SweptPoint(row(rate, rate, 30)) for rate in rates]
+
+    monkeypatch.setattr(curves, "floor", fake_floor)
+    monkeypatch.setattr(curves, "sweep", fake_sweep)
+    logs: list[str] = []
+    corpus = Corpus("one", (Body("x", b"x", "text/plain"),))
+    sender = curves.CurveSender(corpus, [10.0], 1.0, 4, logs.append, floor_requests=floor_requests)
+    summary, _ = sender("http://127.0.0.1:1/p", None, 1, Path("."), "ours")
+    runs = [{"handler": "ours", "repeat": 1, "curve": summary["curve"], **summary}]
+    table = curve_report.format_curves(runs, None)
+    if not floor_requests:
+        assert order == [("sweep", 1)] and "floor" not in summary
+        assert "one request at a time" not in table
+        return
+    assert order == [("floor", 1500), ("sweep", 1)]  # the floor first, on a quiet server
+    assert summary["floor"]["p99_ms"] == 12.0
+    assert any("one at a time, P99 12.0 ms [11.0, 14.0] of 1500" in line for line in logs)
+    assert "the floor under every P99 below): P99 ms 12 [11, 14] of 1500" in table

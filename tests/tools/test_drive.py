@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ts_microbatch.tools.corpus import Body, Corpus
-from ts_microbatch.tools.drive import DriveError, send_corpus
+from ts_microbatch.tools.drive import DriveError, floor, send_corpus
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -96,3 +96,28 @@ def test_loopback_only_and_bounded() -> None:
         send_corpus("http://example.com/predictions/m", corpus, 1, 1)
     with pytest.raises(DriveError, match="expected >= 1"):
         send_corpus("http://127.0.0.1:1/p", corpus, 0, 1)
+
+
+def test_the_floor_sends_one_request_at_a_time_and_gives_p99_with_its_interval(
+    server: str,
+) -> None:
+    bodies = (Body("good", b"good", "text/plain"), Body("bad", b"bad", "text/plain"))
+    Recorder.clients = 1  # each request answered at once: none waits for another
+    alone = floor(server, Corpus("two", bodies), 40, token="t")
+    assert Recorder.most_in_flight == 1  # never two out at once: the unloaded latency
+    assert len(Recorder.received) == 40
+    assert alone["requests"] == 40 and alone["answers"] == 20 and alone["errors"] == 20
+    assert alone["p99_low_ms"] <= alone["p99_ms"] <= alone["p99_high_ms"]
+    assert alone["p50_ms"] <= alone["p99_ms"]
+
+
+def test_a_floor_with_no_answer_says_so_with_no_made_up_latency() -> None:
+    import math
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    corpus = Corpus("one", (Body("x", b"x", "text/plain"),))
+    alone = floor(f"http://127.0.0.1:{port}/p", corpus, 3)
+    assert alone["answers"] == 0 and alone["errors"] == 3 and math.isnan(alone["p99_ms"])

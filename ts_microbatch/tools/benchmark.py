@@ -160,7 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--min-answers",
         type=int,
         default=MIN_ANSWERS,
-        help="requests per rate at least (default %(default)s: 15 answers above a P99)",
+        help="requests per rate, and one at a time first: the floor (default %(default)s)",
     )
     curve.add_argument(
         "--nice",
@@ -208,7 +208,7 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
     if args.rates:  # an open-loop sweep instead of parallel clients
         sender = CurveSender(
             corpus, args.rates, args.rate_seconds, point["concurrency"], log, args.seed,
-            min_answers=args.min_answers, nice=args.nice,
+            min_answers=args.min_answers, nice=args.nice, floor_requests=args.min_answers,
         )  # fmt: skip
     try:
         rows, refused = run_rounds(

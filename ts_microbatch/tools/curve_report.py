@@ -153,6 +153,16 @@ _COLUMNS: tuple[tuple[str, Callable[[Row], str]], ...] = (
 )
 
 
+def floor_line(runs: Sequence[Row], name: str) -> str:
+    """``name``'s floor (drive.floor: one request at a time) in each round, "" if none."""
+    mine = sorted((r for r in runs if r["handler"] == name), key=lambda r: r.get("repeat") or 1)
+    floors = [r["floor"] for r in mine if r.get("floor")]
+    if not floors:
+        return ""
+    each = " · ".join(f"{_p99(f)} of {f['answers']}" for f in floors)
+    return f"one request at a time (the floor under every P99 below): P99 ms {each}"
+
+
 def format_curves(runs: Sequence[Row], slo_p99_ms: float | None) -> str:
     """A markdown table per variant, one line per offered rate, each cell every round's
     figure in round order ("-": that round stopped before this rate; a rate only some
@@ -166,6 +176,9 @@ def format_curves(runs: Sequence[Row], slo_p99_ms: float | None) -> str:
             each = held(runs, name, slo_p99_ms)
             within = f", holds {each} req/s within P99 {slo_p99_ms:g} ms (round by round)"
         lines += [f"**{name}**{within}", ""]
+        alone = floor_line(runs, name)
+        if alone:
+            lines += [alone, ""]
         lines.append("| offered/s | rounds | " + " | ".join(h for h, _ in _COLUMNS) + " |")
         lines.append("|---|---|" + "---|" * len(_COLUMNS))
         for rate, rows in sorted(rates.items()):

@@ -29,7 +29,7 @@ from typing import Any
 
 from .corpus import Corpus
 from .cpu import process_cpu
-from .drive import send_corpus, summarize
+from .drive import floor, send_corpus, summarize
 from .intervals import MIN_ANSWERS
 from .openloop import BUSY_CORES, OpenLoopResult, run_open_loop
 
@@ -194,7 +194,9 @@ class CurveSender:
     """A ``measure.Send`` for ``--rates`` and the latency tuner's ladder: the warm-up from
     parallel clients, the measured run a ``sweep`` on the same server (``requests_per_rate``,
     when given, instead of ``requests_for``), its points with their latencies in the
-    summary's ``"curve"`` and the summary's figures over every request of the sweep."""
+    summary's ``"curve"`` and the summary's figures over every request of the sweep. With
+    ``floor_requests``, the sweep starts with that many sent one at a time (``drive.floor``:
+    the unloaded latency every point's P99 is read against), in the summary's ``"floor"``."""
 
     corpus: Corpus
     rates: Sequence[float]
@@ -208,6 +210,7 @@ class CurveSender:
     requests_per_rate: Callable[[float], int] | None = None
     meter: Callable[[], OtherCpu] | None = OtherCpu
     timeout_s: float = OPEN_LOOP_TIMEOUT_S
+    floor_requests: int = 0
 
     def __call__(
         self, url: str, token: str | None, requests: int, work: Path, label: str
@@ -219,6 +222,15 @@ class CurveSender:
         headers = {"Content-Type": corpus.bodies[corpus.order[0]].content_type}
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        alone = (
+            floor(url, corpus, self.floor_requests, token=token) if self.floor_requests else None
+        )
+        if alone is not None:
+            self.log(
+                f"  {label}: one at a time, P99 {alone['p99_ms']:.1f} ms "
+                f"[{alone['p99_low_ms']:.1f}, {alone['p99_high_ms']:.1f}] of {alone['answers']} "
+                f"(P50 {alone['p50_ms']:.1f}), {alone['errors']} errors"
+            )
         start = time.monotonic()
         rows: list[dict[str, Any]] = []
 
@@ -262,6 +274,8 @@ class CurveSender:
                 None if math.isinf(ms) else round(ms, 2) for ms in result.latencies_ms()
             ]
         summary["curve"] = rows
+        if alone is not None:
+            summary["floor"] = alone
         return summary, latency
 
 

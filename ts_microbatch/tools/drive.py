@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .corpus import Corpus
-from .intervals import percentile
+from .intervals import percentile, percentile_interval
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -40,10 +40,12 @@ def send_corpus(
     timeout_s: float = 180.0,
     label: str = "corpus",
     progress: Callable[[str], None] | None = None,
+    record: list[tuple[int, float]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """POSTs ``requests`` bodies of ``corpus`` (its ``sequence``) to ``url`` from
     ``concurrency`` clients at once; returns a summary with ab's keys (plus ``statuses``
-    and ``client_cpu_ms_per_request``) and P50/P90/P99/max over every request.
+    and ``client_cpu_ms_per_request``) and P50/P90/P99/max over every request. Each
+    request's (status, ms), 0 for no answer, is appended to ``record`` when given.
 
     Raises:
         DriveError: ``url`` is not on 127.0.0.1, or ``requests``/``concurrency`` below 1.
@@ -103,7 +105,32 @@ def send_corpus(
         thread.join()
     elapsed = time.perf_counter() - began
     cpu_s = time.process_time() - cpu_before
+    if record is not None:
+        record.extend(results)
     return summarize(results, elapsed, cpu_s)
+
+
+def floor(url: str, corpus: Corpus, requests: int, *, token: str | None = None) -> dict[str, Any]:
+    """The floor below any load: ``requests`` bodies sent one at a time (each after the
+    last answer), their P50 and P99 with its bootstrap interval over the answered ones,
+    ``answers`` and ``errors``. Under load a P99 cannot go below this one's."""
+    record: list[tuple[int, float]] = []
+    send_corpus(url, corpus, requests, 1, token=token, record=record)
+    answered = [ms for status, ms in record if 200 <= status < 300]
+    shown = {"requests": requests, "answers": len(answered), "errors": requests - len(answered)}
+    if not answered:
+        return {
+            **shown,
+            **dict.fromkeys(("p50_ms", "p99_ms", "p99_low_ms", "p99_high_ms"), math.nan),
+        }
+    p99 = percentile_interval(answered, 99)
+    return {
+        **shown,
+        "p50_ms": round(percentile(answered, 50), 2),
+        "p99_ms": round(p99.value, 2),
+        "p99_low_ms": round(p99.low, 2),
+        "p99_high_ms": round(p99.high, 2),
+    }
 
 
 def summarize(

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from .corpus import Corpus
 from .curves import CurveSender, OtherCpu, sustained, without_latencies
-from .drive import send_corpus
+from .drive import floor, send_corpus
 from .mar import override_mar
 from .measure import RegistrationError, Send, measure
 from .results import ResultsLog
@@ -174,8 +174,7 @@ class CalibrationSender:
     ) -> tuple[dict[str, Any], dict[str, float]]:
         summary, latency = send_corpus(url, self.corpus, requests, self.concurrency, token=token)
         if label.endswith("warm-up"):
-            _, alone = send_corpus(url, self.corpus, FLOOR_REQUESTS, 1, token=token)
-            self.floor_p99_ms = alone["p99_ms"]
+            self.floor_p99_ms = floor(url, self.corpus, FLOOR_REQUESTS, token=token)["p99_ms"]
             return summary, latency
         return {**summary, "floor_p99_ms": self.floor_p99_ms}, latency
 
