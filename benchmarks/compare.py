@@ -512,6 +512,7 @@ def ledger_medians(runs: list[dict[str, Any]]) -> dict[str, float]:
     folded = [ledger_summary(e) for e in entries]
     medians = {part: statistics.median(f[part] for f in folded) for part in MAIN_PARTS}
     medians["accounted"] = statistics.median(e["accounted"] for e in entries)
+    medians["cores"] = max(e["cores"] for e in entries)  # the ledger's own, not os.cpu_count
     return medians
 
 
@@ -520,7 +521,7 @@ def ledger_table(rows: list[dict[str, Any]]) -> list[str]:
     share of what a client elsewhere would leave the server that it used."""
     lines = [
         "",
-        f"Where the {CORES} cores went (the CPU ledger, ts_microbatch.tools.ledger; cores, "
+        "Where the cores went (the CPU ledger, ts_microbatch.tools.ledger; cores, "
         "medians over rounds; `ab` is the load generator; 'served' is frontend + worker "
         "over the cores ab left them):",
         "",
@@ -532,7 +533,7 @@ def ledger_table(rows: list[dict[str, Any]]) -> list[str]:
         cores = row["ledger"]
         if not cores:
             continue
-        left = CORES - cores["generator"]
+        left = cores["cores"] - cores["generator"]
         served = (cores["frontend"] + cores["worker"]) / left if left > 0 else float("nan")
         lines.append(
             f"| {row['layout']} | {row['workload']} | {row['body']} | {row['model']} | "

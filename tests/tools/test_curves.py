@@ -272,7 +272,7 @@ class SweptPoint(FakeResult):
 
 
 @pytest.mark.parametrize("floor_requests", [0, 1500])
-def test_a_sweep_starts_with_its_floor_one_request_at_a_time(
+def test_the_floor_is_measured_after_the_warm_up_before_the_run_is(
     monkeypatch: pytest.MonkeyPatch, floor_requests: int
 ) -> None:
     from ts_microbatch.tools.corpus import Body, Corpus
@@ -284,6 +284,10 @@ def test_a_sweep_starts_with_its_floor_one_request_at_a_time(
         return {"requests": requests, "answers": requests, "errors": 0, "p50_ms": 9.0,
                 "p99_ms": 12.0, "p99_low_ms": 11.0, "p99_high_ms": 14.0}  # fmt: skip
 
+    def fake_warm_up(url: str, corpus: Any, requests: int, clients: int, **kw: Any) -> Any:
+        order.append(("warm-up", requests))
+        return {}, {}
+
     def fake_sweep(url: str, bodies: Any, rates: list[float], **kw: Any) -> list[SweptPoint]:
         order.append(("sweep", len(rates)))
         for rate in rates:
@@ -292,18 +296,29 @@ def test_a_sweep_starts_with_its_floor_one_request_at_a_time(
         return [SweptPoint(row(rate, rate, 30)) for rate in rates]
 
     monkeypatch.setattr(curves, "floor", fake_floor)
+    monkeypatch.setattr(curves, "send_corpus", fake_warm_up)
     monkeypatch.setattr(curves, "sweep", fake_sweep)
     logs: list[str] = []
     corpus = Corpus("one", (Body("x", b"x", "text/plain"),))
     sender = curves.CurveSender(corpus, [10.0], 1.0, 4, logs.append, floor_requests=floor_requests)
-    summary, _ = sender("http://127.0.0.1:1/p", None, 1, Path("."), "ours")
+    url = "http://127.0.0.1:1/p"
+    sender(url, None, 8, Path("."), "ours warm-up")
+    # measure() reads the run's CPU and metrics here: the floor must be behind us
+    measured_from = len(order)
+    summary, _ = sender(url, None, 1, Path("."), "ours")
     runs = [{"handler": "ours", "repeat": 1, "curve": summary["curve"], **summary}]
     table = curve_report.format_curves(runs, None)
     if not floor_requests:
-        assert order == [("sweep", 1)] and "floor" not in summary
+        assert order == [("warm-up", 8), ("sweep", 1)] and "floor" not in summary
         assert "one request at a time" not in table
         return
-    assert order == [("floor", 1500), ("sweep", 1)]  # the floor first, on a quiet server
+    assert order == [("warm-up", 8), ("floor", 1500), ("sweep", 1)]
+    assert ("floor", 1500) not in order[measured_from:]
     assert summary["floor"]["p99_ms"] == 12.0
     assert any("one at a time, P99 12.0 ms [11.0, 14.0] of 1500" in line for line in logs)
-    assert "the floor under every P99 below): P99 ms 12 [11, 14] of 1500" in table
+    assert "its window included: P99 ms 12 [11, 14] of 1500" in table
+    # the next run's floor is its own: none is carried over, and without a warm-up the
+    # floor is measured before the sweep
+    order.clear()
+    again, _ = sender(url, None, 1, Path("."), "ours")
+    assert order == [("floor", 1500), ("sweep", 1)] and again["floor"]["p99_ms"] == 12.0

@@ -82,3 +82,24 @@ def test_a_spinning_frontend_and_its_exited_child_land_in_their_parts() -> None:
     assert entry["parts"]["frontend children"] * wall == pytest.approx(0.3, abs=0.15)
     assert sum(entry["parts"].values()) == pytest.approx(entry["cores"])
     assert 0.0 <= entry["accounted"] <= 1.0
+
+
+def test_threads_that_ended_and_workers_that_changed_are_said() -> None:
+    before = reading(0.0, busy=100.0, idle=50.0, frontend=10.0, infer=20.0)
+    after = reading(10.0, busy=114.0, idle=56.0, frontend=12.0, infer=24.0)
+    # the process used 10 s where its live threads show 4: a thread that ended took 6
+    after = LedgerReading(
+        after.at_s,
+        after.machine,
+        CpuReading(frontend_s=12.0, workers_s=30.0, threads={"tsmb-infer": (24.0, 0)}),
+        0.0,
+        0.0,
+        (42,),
+    )
+    entry = ledger(before, after, ncores=2)
+    assert entry["parts"]["worker exited threads"] == pytest.approx(0.6)
+    # 1.4 cores busy: frontend 0.2, inference 0.4, the ended thread 0.6, nobody named 0.2
+    assert entry["parts"]["others"] == pytest.approx(0.2)
+    assert entry["residual_cores"] == pytest.approx(0.2)
+    assert entry["workers_changed"]  # () before, (42,) after
+    assert "a worker started or ended" in format_ledger(entry)

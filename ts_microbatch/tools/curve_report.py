@@ -159,8 +159,11 @@ def floor_line(runs: Sequence[Row], name: str) -> str:
     floors = [r["floor"] for r in mine if r.get("floor")]
     if not floors:
         return ""
-    each = " · ".join(f"{_p99(f)} of {f['answers']}" for f in floors)
-    return f"one request at a time (the floor under every P99 below): P99 ms {each}"
+    each = " · ".join(
+        f"{_p99(f)} of {f['requests']}" + (f" ({f['errors']} errors)" if f.get("errors") else "")
+        for f in floors
+    )
+    return f"one request at a time on the idle server, its window included: P99 ms {each}"
 
 
 def format_curves(runs: Sequence[Row], slo_p99_ms: float | None) -> str:

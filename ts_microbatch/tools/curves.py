@@ -22,7 +22,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -195,8 +195,9 @@ class CurveSender:
     parallel clients, the measured run a ``sweep`` on the same server (``requests_per_rate``,
     when given, instead of ``requests_for``), its points with their latencies in the
     summary's ``"curve"`` and the summary's figures over every request of the sweep. With
-    ``floor_requests``, the sweep starts with that many sent one at a time (``drive.floor``:
-    the unloaded latency every point's P99 is read against), in the summary's ``"floor"``."""
+    ``floor_requests``, that many are sent one at a time after the warm-up, before the run
+    is measured (``drive.floor``: one request's latency on an idle server, the window
+    included), in the measured run's summary as ``"floor"``."""
 
     corpus: Corpus
     rates: Sequence[float]
@@ -211,26 +212,34 @@ class CurveSender:
     meter: Callable[[], OtherCpu] | None = OtherCpu
     timeout_s: float = OPEN_LOOP_TIMEOUT_S
     floor_requests: int = 0
+    _floor: dict[str, Any] | None = field(default=None, init=False, repr=False)
+
+    def _measure_floor(self, url: str, token: str | None, label: str) -> dict[str, Any] | None:
+        if not self.floor_requests:
+            return None
+        alone = floor(url, self.corpus, self.floor_requests, token=token)
+        self.log(
+            f"  {label}: one at a time, P99 {alone['p99_ms']:.1f} ms "
+            f"[{alone['p99_low_ms']:.1f}, {alone['p99_high_ms']:.1f}] of {alone['requests']} "
+            f"(P50 {alone['p50_ms']:.1f}), {alone['errors']} errors"
+        )
+        return alone
 
     def __call__(
         self, url: str, token: str | None, requests: int, work: Path, label: str
     ) -> tuple[dict[str, Any], dict[str, float]]:
         if label.endswith("warm-up"):
-            return send_corpus(url, self.corpus, requests, self.concurrency, token=token)
+            warmed = send_corpus(url, self.corpus, requests, self.concurrency, token=token)
+            self._floor = self._measure_floor(url, token, label)
+            return warmed
+        # the floor was measured after the warm-up, before the run's CPU and metrics were
+        # read; with no warm-up (warmup_requests 0) it is measured here, inside the run
+        alone, self._floor = self._floor or self._measure_floor(url, token, label), None
         corpus = self.corpus
         bodies = [corpus.bodies[i].data for i in corpus.sequence(len(corpus.order))]
         headers = {"Content-Type": corpus.bodies[corpus.order[0]].content_type}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        alone = (
-            floor(url, corpus, self.floor_requests, token=token) if self.floor_requests else None
-        )
-        if alone is not None:
-            self.log(
-                f"  {label}: one at a time, P99 {alone['p99_ms']:.1f} ms "
-                f"[{alone['p99_low_ms']:.1f}, {alone['p99_high_ms']:.1f}] of {alone['answers']} "
-                f"(P50 {alone['p50_ms']:.1f}), {alone['errors']} errors"
-            )
         start = time.monotonic()
         rows: list[dict[str, Any]] = []
 

@@ -9,7 +9,7 @@ process may run on:
   runs ``metric_collector.py`` every ``metric_time_interval``; a worker that ended);
 * ``worker <group>``: each worker thread group (ts_microbatch.tools.cpu.thread_group:
   ``tsmb-<stage>`` for the stage threads, ``other`` for TorchServe's own thread and the
-  rest);
+  rest); ``worker exited threads``: threads that ended during the run;
 * ``generator``: the load: this process and the children it reaped (``ab``);
 * ``others``: every other busy second on these cores (other processes, kernel threads,
   interrupts not charged to a process): what the parts above leave of the machine's busy
@@ -19,7 +19,11 @@ process may run on:
 
 ``accounted`` is the share of the machine the named parts explain (1 - others / cores): a
 production client runs elsewhere, so the bound it would leave the server is the cores minus
-the generator's.
+the generator's. The processes' tick counts and /proc/stat's disagree by a tick or so, so
+the parts are scaled to sum to the cores (``scale``); ``residual_cores`` keeps the
+machine's busy time less the named parts unclamped (below 0: the processes counted more).
+A worker that started or ended during the run (``workers_changed``) is not all in it: an
+ended one's whole life lands in ``frontend children``.
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ class LedgerReading:
     server: CpuReading
     frontend_children_s: float
     generator_s: float
+    worker_pids: tuple[int, ...] = ()
 
 
 def read_ledger(frontend: int | None, workers: list[int]) -> LedgerReading:
@@ -102,6 +107,7 @@ def read_ledger(frontend: int | None, workers: list[int]) -> LedgerReading:
         read_pids(frontend, workers),
         exited_children_s(frontend),
         generator_s(),
+        tuple(sorted(workers)),
     )
 
 
@@ -122,14 +128,22 @@ def ledger(
         "frontend": per_s(after.server.frontend_s - before.server.frontend_s),
         "frontend children": per_s(after.frontend_children_s - before.frontend_children_s),
     }
+    threads_s = 0.0
     for group, (seconds, _) in sorted(after.server.threads.items()):
-        parts[f"worker {group}"] = per_s(seconds - before.server.threads.get(group, (0.0, 0))[0])
+        used = seconds - before.server.threads.get(group, (0.0, 0))[0]
+        threads_s += used
+        parts[f"worker {group}"] = per_s(used)
+    # A thread that ended during the run leaves its group's sum but not its process's.
+    exited = (after.server.workers_s - before.server.workers_s) - threads_s
+    if exited / wall > 0.005:
+        parts["worker exited threads"] = per_s(exited)
     parts["generator"] = per_s(after.generator_s - before.generator_s)
     busy = per_s(after.machine.busy_s - before.machine.busy_s)
     steal = per_s(after.machine.steal_s - before.machine.steal_s)
     idle = per_s(after.machine.idle_s - before.machine.idle_s)
     named = sum(parts.values())
-    parts["others"] = max(0.0, busy - named)
+    residual = busy - named  # below 0: the processes counted more ticks than the machine
+    parts["others"] = max(0.0, residual)
     parts["steal"] = steal
     # The tick counts of /proc/stat and of the processes disagree by a tick or so; the
     # parts are scaled to the cores they were measured on, so they sum to them.
@@ -142,6 +156,10 @@ def ledger(
         "cores": ncores,
         "seconds": wall,
         "accounted": 1.0 - parts["others"] / ncores,
+        "residual_cores": residual,
+        "scale": scale,
+        # a worker that started or ended during the run: its CPU is not all in the parts
+        "workers_changed": before.worker_pids != after.worker_pids,
     }
 
 
@@ -151,15 +169,16 @@ def format_ledger(entry: dict[str, Any]) -> str:
         return "no ledger"
     parts = entry["parts"]
     shown = ", ".join(f"{name} {value:.2f}" for name, value in parts.items() if value >= 0.005)
-    return f"{shown} of {entry['cores']} cores ({entry['accounted']:.0%} accounted for)"
+    changed = "; a worker started or ended during it" if entry.get("workers_changed") else ""
+    return f"{shown} of {entry['cores']} cores ({entry['accounted']:.0%} accounted for{changed})"
 
 
 MAIN_PARTS = ("frontend", "worker", "generator", "others", "steal", "idle")
 
 
 def summary(entry: dict[str, Any]) -> dict[str, float]:
-    """The ledger folded into MAIN_PARTS (worker groups summed, the frontend's children
-    with the frontend, steal with others), in cores."""
+    """The ledger folded into MAIN_PARTS (worker groups summed, the frontend's exited
+    children with the frontend), in cores."""
     parts = entry.get("parts", {})
     folded = dict.fromkeys(MAIN_PARTS, 0.0)
     for name, value in parts.items():

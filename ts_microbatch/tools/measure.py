@@ -108,7 +108,7 @@ def measure(
         pids = server_pids(server)
         cpu_before = read_ledger(*pids)
         summary, latency = send(url, token, point["requests"], server_dir, label)
-        cpu_after = read_ledger(*pids)
+        cpu_after = read_ledger(*server_pids(server))  # a worker restarted shows
         cpu_ms = cpu_per_request(cpu_before.server, cpu_after.server, summary["complete_requests"])
         samples: list[dict[str, Any]] = []
         if sample is not None:
