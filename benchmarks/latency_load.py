@@ -134,44 +134,44 @@ def capacity(rows: list[dict[str, Any]], name: str) -> float:
     )
 
 
+def nearest_points(rows: list[dict[str, Any]], name: str, rate: float) -> tuple[float, list[Any]]:
+    """The offered rate of ``name``'s points nearest ``rate`` (NaN: none), and each round's
+    (run, its point there or None: that round stopped before it), in round order."""
+    runs = sorted((r for r in rows if r["handler"] == name), key=lambda r: r["repeat"])
+    offered = {p["offered_per_s"] for r in runs for p in r["curve"]}
+    nearest = min(offered, key=lambda o: abs(o - rate), default=math.nan)
+    return nearest, [
+        (r, next((p for p in r["curve"] if p["offered_per_s"] == nearest), None)) for r in runs
+    ]
+
+
 def p99_near(rows: list[dict[str, Any]], name: str, rate: float) -> str:
     """Each round's P99 with its 95% interval at the offered rate nearest ``rate``, ms, in
     round order ("-": that round stopped before it); "-" when ``name`` has no point."""
-    runs = sorted((r for r in rows if r["handler"] == name), key=lambda r: r["repeat"])
-    points = [p for r in runs for p in r["curve"]]
-    if not points:
-        return "-"
-    nearest = min({p["offered_per_s"] for p in points}, key=lambda offered: abs(offered - rate))
+    nearest, at = nearest_points(rows, name, rate)
 
-    def shown(run: dict[str, Any]) -> str:
-        p = next((p for p in run["curve"] if p["offered_per_s"] == nearest), None)
+    def shown(p: dict[str, Any] | None) -> str:
         if p is None:
             return "-"
         if "p99_low_ms" not in p:
             return f"{p['p99_ms']:.0f}"
         return f"{p['p99_ms']:.0f} [{p['p99_low_ms']:.0f}, {p['p99_high_ms']:.0f}]"
 
-    return f"{nearest:g}/s: " + " · ".join(shown(run) for run in runs)
+    return "-" if math.isnan(nearest) else f"{nearest:g}/s: " + " · ".join(shown(p) for _, p in at)
 
 
 def floor_near(rows: list[dict[str, Any]], name: str, rate: float) -> str:
     """Each round's floor (one request at a time, after its warm-up: P99 [95% interval]) and
     the P99 at the offered rate nearest ``rate`` over it; "-" for a round without one."""
-    runs = sorted((r for r in rows if r["handler"] == name), key=lambda r: r["repeat"])
-    points = [p for r in runs for p in r["curve"]]
-    if not points:
-        return "-"
-    nearest = min({p["offered_per_s"] for p in points}, key=lambda offered: abs(offered - rate))
 
-    def shown(run: dict[str, Any]) -> str:
-        alone = run.get("floor")
-        p = next((p for p in run["curve"] if p["offered_per_s"] == nearest), None)
-        if not alone:
+    def shown(run: dict[str, Any], p: dict[str, Any] | None) -> str:
+        if not (alone := run.get("floor")):
             return "-"
         cell = f"{alone['p99_ms']:.0f} [{alone['p99_low_ms']:.0f}, {alone['p99_high_ms']:.0f}]"
         return cell + (f" ({p['p99_ms'] / alone['p99_ms']:.2f}x)" if p else "")
 
-    return " · ".join(shown(run) for run in runs)
+    nearest, at = nearest_points(rows, name, rate)
+    return "-" if math.isnan(nearest) else " · ".join(shown(run, p) for run, p in at)
 
 
 PLAIN = ("plain-", "plain1-")  # plain at either intra-op setting: one baseline

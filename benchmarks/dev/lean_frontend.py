@@ -47,45 +47,45 @@ from ts_microbatch.tools.server import TorchServe  # noqa: E402
 # TorchServe 0.12.0's log4j2.xml logs every request's access line (ACCESS_LOG at info) and
 # org.pytorch.serve at debug (per-batch lines); this one keeps its files and levels but for
 # the two loggers the variants change.
-LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
-<Configuration>
-  <Appenders>
-    <RollingFile name="access_log" fileName="${{env:LOG_LOCATION:-logs}}/access_log.log"
-        filePattern="${{env:LOG_LOCATION:-logs}}/access_log.%d{{dd-MMM}}.log.gz">
-      <PatternLayout pattern="%d{{ISO8601}} - %m%n"/>
-      <Policies><SizeBasedTriggeringPolicy size="100 MB"/></Policies>
-    </RollingFile>
-    <RollingFile name="model_log" fileName="${{env:LOG_LOCATION:-logs}}/model_log.log"
-        filePattern="${{env:LOG_LOCATION:-logs}}/model_log.%d{{dd-MMM}}.log.gz">
-      <PatternLayout pattern="%d{{ISO8601}} [%-5p] %t %c - %m%n"/>
-      <Policies><SizeBasedTriggeringPolicy size="100 MB"/></Policies>
-    </RollingFile>
-    <RollingFile name="ts_log" fileName="${{env:LOG_LOCATION:-logs}}/ts_log.log"
-        filePattern="${{env:LOG_LOCATION:-logs}}/ts_log.%d{{dd-MMM}}.log.gz">
-      <PatternLayout pattern="%d{{ISO8601}} [%-5p] %t %c - %m%n"/>
-      <Policies><SizeBasedTriggeringPolicy size="100 MB"/></Policies>
-    </RollingFile>
-    <RollingFile name="metrics" fileName="${{env:METRICS_LOCATION:-logs}}/ts_metrics.log"
-        filePattern="${{env:METRICS_LOCATION:-logs}}/ts_metrics.%d{{dd-MMM}}.log.gz">
-      <PatternLayout pattern="%d{{ISO8601}} - %m%n"/>
-      <Policies><SizeBasedTriggeringPolicy size="100 MB"/></Policies>
-    </RollingFile>
-    <Console name="STDOUT" target="SYSTEM_OUT">
-      <PatternLayout pattern="%d{{ISO8601}} [%-5p] %t %c - %m%n"/>
-    </Console>
-  </Appenders>
-  <Loggers>
-    <Logger name="ACCESS_LOG" level="{access}"><AppenderRef ref="access_log"/></Logger>
-    <Logger name="io.netty" level="error"/>
-    <Logger name="MODEL_LOG" level="all"><AppenderRef ref="model_log"/></Logger>
-    <Logger name="MODEL_METRICS" level="all"><AppenderRef ref="metrics"/></Logger>
-    <Logger name="TS_METRICS" level="all"><AppenderRef ref="metrics"/></Logger>
-    <Logger name="org.apache" level="off"/>
-    <Logger name="org.pytorch.serve" level="{ts}"><AppenderRef ref="ts_log"/></Logger>
-    <Root level="info"><AppenderRef ref="STDOUT"/></Root>
-  </Loggers>
-</Configuration>
-"""
+LINE, BARE = "%d{ISO8601} [%-5p] %t %c - %m%n", "%d{ISO8601} - %m%n"
+FILES = {  # appender -> (its file, where, its pattern)
+    "access_log": ("access_log", "LOG_LOCATION", BARE),
+    "model_log": ("model_log", "LOG_LOCATION", LINE),
+    "ts_log": ("ts_log", "LOG_LOCATION", LINE),
+    "metrics": ("ts_metrics", "METRICS_LOCATION", BARE),
+}
+LOGGERS = (  # logger, level ("{access}"/"{ts}": the variant's), appender
+    ("ACCESS_LOG", "{access}", "access_log"),
+    ("MODEL_LOG", "all", "model_log"),
+    ("MODEL_METRICS", "all", "metrics"),
+    ("TS_METRICS", "all", "metrics"),
+    ("org.pytorch.serve", "{ts}", "ts_log"),
+)
+
+
+def log4j2(access: str, ts: str) -> str:
+    """The log4j2.xml of FILES and LOGGERS at those two levels."""
+    appenders = "".join(
+        f'<RollingFile name="{name}" fileName="${{env:{where}:-logs}}/{file}.log" '
+        f'filePattern="${{env:{where}:-logs}}/{file}.%d{{dd-MMM}}.log.gz">'
+        f'<PatternLayout pattern="{pattern}"/>'
+        '<Policies><SizeBasedTriggeringPolicy size="100 MB"/></Policies></RollingFile>\n'
+        for name, (file, where, pattern) in FILES.items()
+    )
+    loggers = "".join(
+        f'<Logger name="{name}" level="{level.format(access=access, ts=ts)}">'
+        f'<AppenderRef ref="{ref}"/></Logger>\n'
+        for name, level, ref in LOGGERS
+    )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Configuration><Appenders>\n'
+        f'{appenders}<Console name="STDOUT" target="SYSTEM_OUT">'
+        f'<PatternLayout pattern="{LINE}"/></Console></Appenders><Loggers>\n{loggers}'
+        '<Logger name="io.netty" level="error"/><Logger name="org.apache" level="off"/>'
+        '<Root level="info"><AppenderRef ref="STDOUT"/></Root></Loggers></Configuration>\n'
+    )
+
+
 # name -> config.properties lines over the shipped ones; "log4j2": the two levels
 VARIANTS: dict[str, dict[str, str]] = {
     "shipped": {},
@@ -120,7 +120,7 @@ def properties(name: str, work: Path) -> dict[str, str]:
     if levels:
         access, ts = levels.split(",")
         path = work / f"log4j2-{access}-{ts}.xml"
-        path.write_text(LOG4J2.format(access=access, ts=ts))
+        path.write_text(log4j2(access, ts))
         vmargs = f"-Dlog4j.configurationFile=file://{path}"
         wanted["vmargs"] = " ".join(filter(None, [wanted.get("vmargs"), vmargs]))
     return wanted

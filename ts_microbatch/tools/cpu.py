@@ -17,10 +17,12 @@ from typing import Any
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _stat_seconds(stat: str) -> float:
-    """User + system CPU seconds from a /proc stat line (fields 14 and 15, after the name)."""
+def _stat_seconds(stat: str, children: bool = False) -> float:
+    """User + system CPU seconds from a /proc stat line (fields 14 and 15, after the name);
+    with ``children``, those of its reaped children (fields 16 and 17)."""
     fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    first = 13 if children else 11
+    return (int(fields[first]) + int(fields[first + 1])) / _TICKS
 
 
 def thread_cpu(pid: int) -> dict[str, tuple[float, int]]:
@@ -62,6 +64,16 @@ def process_cpu(pid: int) -> float:
     except psutil.Error:
         return 0.0
     return float(times.user + times.system)
+
+
+def children_cpu(pid: int | None) -> float:
+    """CPU seconds of ``pid``'s children that exited and were reaped; 0.0 once it is gone."""
+    if pid is None:
+        return 0.0
+    try:
+        return _stat_seconds(Path(f"/proc/{pid}/stat").read_text(), children=True)
+    except OSError:
+        return 0.0
 
 
 def thread_group(name: str) -> str:

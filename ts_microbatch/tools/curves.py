@@ -31,6 +31,7 @@ from .corpus import Corpus
 from .cpu import process_cpu
 from .drive import floor, send_corpus, summarize
 from .intervals import MIN_ANSWERS
+from .ledger import machine_times
 from .openloop import BUSY_CORES, OpenLoopResult, run_open_loop
 
 QUEUE_GROWTH_MS = 100.0
@@ -43,17 +44,10 @@ StopRule = Callable[[list[dict[str, Any]]], str]
 
 
 def machine_busy_s() -> float:
-    """CPU seconds the cores this process may run on have been busy since boot."""
-    import psutil
-
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    busy = 0.0
-    for index, times in enumerate(psutil.cpu_times(percpu=True)):
-        if cores is None or index in cores:
-            idle = times.idle + getattr(times, "iowait", 0.0)
-            guests = getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
-            busy += sum(times) - idle - guests
-    return busy
+    """CPU seconds the cores this process may run on have been busy since boot, the
+    hypervisor's steal counted as busy (ts_microbatch.tools.ledger.machine_times)."""
+    times = machine_times()
+    return times.busy_s + times.steal_s
 
 
 def own_tree_s() -> float:

@@ -32,12 +32,9 @@ import os
 import resource
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from .cpu import CpuReading, read_pids
-
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+from .cpu import CpuReading, children_cpu, read_pids
 
 
 @dataclass(frozen=True)
@@ -76,18 +73,6 @@ def generator_s() -> float:
     return time.process_time() + children.ru_utime + children.ru_stime
 
 
-def exited_children_s(pid: int | None) -> float:
-    """CPU seconds of ``pid``'s children that exited and were reaped (fields 16-17)."""
-    if pid is None:
-        return 0.0
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[13]) + int(fields[14])) / _TICKS
-
-
 @dataclass(frozen=True)
 class LedgerReading:
     at_s: float  # time.monotonic()
@@ -105,7 +90,7 @@ def read_ledger(frontend: int | None, workers: list[int]) -> LedgerReading:
         time.monotonic(),
         machine_times(),
         read_pids(frontend, workers),
-        exited_children_s(frontend),
+        children_cpu(frontend),
         generator_s(),
         tuple(sorted(workers)),
     )
