@@ -150,6 +150,43 @@ def test_tune_measures_batches_drawn_from_the_corpus_in_order(tmp_path: Path) ->
     assert seen == [[b.torchserve_value() for b in batch] for batch in batches]
 
 
+def test_a_stall_is_measured_again_and_a_long_body_keeps_its_cost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch far over the median runs again: a stall (once) goes, a long body (every
+    time) stays, so the tuner's spread is the corpus's own. A fake clock: no timing."""
+    clock = [0.0]
+    calls: list[str] = []
+    stalled = {"b3"}  # stalls on its first run only
+
+    class FakeTime:
+        perf_counter = staticmethod(lambda: clock[0])
+        process_time = staticmethod(lambda: clock[0])
+
+    class FakeMicroBatching:
+        def __call__(self, rows: list[dict[str, str]], context: object) -> None:
+            name = rows[0]["body"]
+            calls.append(name)
+            clock[0] += 10.0 if name == "long" else 1.0
+            if name in stalled:
+                stalled.discard(name)
+                clock[0] += 50.0
+
+    class FakeContext:
+        def get_response_status(self, i: int) -> tuple[int, str]:
+            return 200, ""
+
+    monkeypatch.setattr(inprocess, "time", FakeTime)
+    monkeypatch.setattr(inprocess, "fresh_batch", lambda context, n: None)
+    names = ["warm", "b1", "b2", "b3", "long", "b5"]
+    batches = [[Body(f"{n}.txt", n.encode(), "text/plain")] for n in names]
+    median, _, each = inprocess.measure_with_cpu(FakeMicroBatching(), FakeContext(), batches)  # type: ignore[arg-type]
+    reruns = inprocess.STALL_RERUNS
+    assert calls.count("b3") == 1 + reruns and calls.count("long") == 1 + reruns  # the scenario
+    assert calls.count("b1") == 1  # a batch near the median is not run again
+    assert each == (1.0, 1.0, 1.0, 10.0, 1.0) and median == 1.0
+
+
 def test_a_corpus_of_one_body_and_an_empty_one() -> None:
     with pytest.raises(CorpusError, match="no request bodies"):
         Corpus("nothing", ())
