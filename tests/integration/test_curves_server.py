@@ -22,6 +22,7 @@ def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> Non
     argv = ["--mar", str(mar), "--body", str(body), "--rounds", "1", "--batch-size", "4"]
     argv += ["--warmup-requests", "8", "--rates", "10,20", "--rate-seconds", "3"]
     argv += ["--min-answers", "50"]  # a smoke run: 1,500 a rate would take minutes
+    argv += ["--settle-s", "1"]  # one slice of warming for the frontend's JIT, not 90 s
     argv += ["--variant", 'w5={"maxBatchDelay": 5}']  # the frontend's window, this variant
     assert benchmark.main([*argv, "--slo-p99-ms", "5000", "--out", str(out)]) == 0
     runs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -62,8 +63,11 @@ def test_the_benchmark_draws_latency_against_offered_load(tmp_path: Path) -> Non
     assert all(f["answers"] == 50 and f["errors"] == 0 for f in floors.values())
     assert all(f["p99_low_ms"] <= f["p99_ms"] <= f["p99_high_ms"] for f in floors.values())
     assert (out / "curves.md").read_text().count("one request at a time") == 4
-    # Each run's CPU ledger: its parts sum to the machine's cores, the frontend's among them.
+    # Each run's CPU ledger: its parts sum to the machine's cores, the frontend's among them;
+    # the frontend was warmed a slice for its JIT first, and the ledger names the JIT's part.
     for r in (r for r in runs if r.get("kind") == "run"):
+        assert r["settled"]["slices"] == 1 and r["settled"]["seconds"] >= 1
         parts = r["ledger"]["parts"]
+        assert "frontend JIT" in parts
         assert abs(sum(parts.values()) - r["ledger"]["cores"]) < 1e-6
         assert parts["frontend"] > 0 and any(k.startswith("worker ") for k in parts)

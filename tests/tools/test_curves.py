@@ -298,10 +298,22 @@ def test_the_floor_is_measured_after_the_warm_up_before_the_run_is(
     monkeypatch.setattr(curves, "floor", fake_floor)
     monkeypatch.setattr(curves, "send_corpus", fake_warm_up)
     monkeypatch.setattr(curves, "sweep", fake_sweep)
+
+    def fake_open_loop(url: str, bodies: Any, rate: float, count: int, **kw: Any) -> None:
+        order.append(("settling", rate, count))
+
+    monkeypatch.setattr(curves, "run_open_loop", fake_open_loop)
     logs: list[str] = []
     corpus = Corpus("one", (Body("x", b"x", "text/plain"),))
-    sender = curves.CurveSender(corpus, [10.0], 1.0, 4, logs.append, floor_requests=floor_requests)
+    sender = curves.CurveSender(
+        corpus, [20.0, 10.0, 40.0], 1.0, 4, logs.append, floor_requests=floor_requests
+    )
     url = "http://127.0.0.1:1/p"
+    for _ in range(2):  # warming until the frontend's JIT settles: open loop, no floor yet
+        sender(url, None, 8, Path("."), "ours settling")
+    # the sweep's middle rate for a slice (2 s): the paths the sweep's small batches take
+    assert order == [("settling", 20.0, 40)] * 2
+    del order[:]
     sender(url, None, 8, Path("."), "ours warm-up")
     # measure() reads the run's CPU and metrics here: the floor must be behind us
     measured_from = len(order)
@@ -309,10 +321,10 @@ def test_the_floor_is_measured_after_the_warm_up_before_the_run_is(
     runs = [{"handler": "ours", "repeat": 1, "curve": summary["curve"], **summary}]
     table = curve_report.format_curves(runs, None)
     if not floor_requests:
-        assert order == [("warm-up", 8), ("sweep", 1)] and "floor" not in summary
+        assert order == [("warm-up", 8), ("sweep", 3)] and "floor" not in summary
         assert "one request at a time" not in table
         return
-    assert order == [("warm-up", 8), ("floor", 1500), ("sweep", 1)]
+    assert order == [("warm-up", 8), ("floor", 1500), ("sweep", 3)]
     assert ("floor", 1500) not in order[measured_from:]
     assert summary["floor"]["p99_ms"] == 12.0
     assert any("one at a time, P99 12.0 ms [11.0, 14.0] of 1500" in line for line in logs)
@@ -321,4 +333,4 @@ def test_the_floor_is_measured_after_the_warm_up_before_the_run_is(
     # floor is measured before the sweep
     order.clear()
     again, _ = sender(url, None, 1, Path("."), "ours")
-    assert order == [("floor", 1500), ("sweep", 1)] and again["floor"]["p99_ms"] == 12.0
+    assert order == [("floor", 1500), ("sweep", 3)] and again["floor"]["p99_ms"] == 12.0

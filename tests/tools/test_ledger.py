@@ -9,12 +9,14 @@ import time
 
 import pytest
 
+from ts_microbatch.tools import ledger as ledger_module
 from ts_microbatch.tools.cpu import CpuReading
 from ts_microbatch.tools.ledger import (
     MAIN_PARTS,
     LedgerReading,
     MachineTimes,
     format_ledger,
+    format_settled,
     ledger,
     read_ledger,
     summary,
@@ -103,3 +105,81 @@ def test_threads_that_ended_and_workers_that_changed_are_said() -> None:
     assert entry["residual_cores"] == pytest.approx(0.2)
     assert entry["workers_changed"]  # () before, (42,) after
     assert "a worker started or ended" in format_ledger(entry)
+
+
+# A stand-in JVM: a thread named as HotSpot's C2 compiler (/proc cuts it to 15 characters)
+# spins ``{seconds}`` s of its own CPU and stays, while the process waits for stdin.
+COMPILER = """import ctypes, sys, threading, time
+def compile_():
+    ctypes.CDLL(None).prctl(15, b"C2 CompilerThread0", 0, 0, 0)  # PR_SET_NAME
+    end = time.thread_time() + {seconds}
+    while time.thread_time() < end: pass
+    print("compiled", flush=True)
+    threading.Event().wait()  # alive, as a JVM's compilers stay: /proc keeps its count
+threading.Thread(target=compile_, daemon=True).start()
+sys.stdin.read()
+"""
+
+
+def test_the_frontends_jit_compilers_are_a_part_of_their_own() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", COMPILER.format(seconds=0.4)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        before = read_ledger(proc.pid, [])
+        assert proc.stdout is not None and proc.stdout.readline() == b"compiled\n"
+        after = read_ledger(proc.pid, [])
+    finally:
+        proc.communicate(b"", timeout=30)
+    assert after.frontend_jit_s - before.frontend_jit_s == pytest.approx(0.4, abs=0.1)
+    entry = ledger(before, after)
+    parts, wall = entry["parts"], entry["seconds"]
+    jit_s = parts["frontend JIT"] * wall / entry["scale"]
+    assert jit_s == pytest.approx(0.4, abs=0.1)
+    # the rest of the process (its start, its main thread) stays in frontend: not counted twice
+    rest_s = parts["frontend"] * wall / entry["scale"]
+    total_s = after.server.frontend_s - before.server.frontend_s
+    assert rest_s == pytest.approx(total_s - jit_s, abs=0.05)
+    assert summary(entry)["frontend"] == pytest.approx(parts["frontend"] + parts["frontend JIT"])
+
+
+def test_settling_warms_until_the_compilers_go_quiet_or_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ledger_module, "SETTLE_SLICE_S", 0.3)
+    monkeypatch.setattr(ledger_module, "SETTLE_WINDOW_S", 0.9)
+    warmed: list[float] = []
+
+    def warm() -> None:
+        warmed.append(time.monotonic())
+        time.sleep(0.02)
+
+    # Compiling 0.5 s: the first slices see it, a later window of three is quiet.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", COMPILER.format(seconds=0.5)], stdin=subprocess.PIPE
+    )
+    try:
+        settled = ledger_module.settle_frontend(warm, proc.pid, max_s=60)
+    finally:
+        proc.communicate(b"", timeout=30)
+    assert settled is not None and settled["settled"] and settled["slices"] >= 4
+    assert settled["jit_cores"] < ledger_module.SETTLED_JIT_CORES and warmed
+    # Compiling longer than the bound: it stops there and says it did not settle.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", COMPILER.format(seconds=30)], stdin=subprocess.PIPE
+    )
+    try:
+        bounded = ledger_module.settle_frontend(warm, proc.pid, max_s=0.5)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert bounded is not None and not bounded["settled"]
+    assert bounded["jit_cores"] >= ledger_module.SETTLED_JIT_CORES
+    assert "still compiling" in format_settled(bounded)
+    assert "settled after" in format_settled(settled)
+    # not asked, or no frontend to read: nothing is sent
+    warmed.clear()
+    assert ledger_module.settle_frontend(warm, proc.pid, max_s=0) is None
+    assert ledger_module.settle_frontend(warm, None, max_s=10) is None and not warmed

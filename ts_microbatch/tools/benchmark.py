@@ -25,6 +25,7 @@ from ._cli import SAFE_BESIDE, prog, start_tool
 from .corpus import Corpus, CorpusError, read_corpus
 from .curves import CurveSender, parse_rates
 from .intervals import MIN_ANSWERS
+from .ledger import SETTLE_S, format_settled
 from .mar import (
     AS_PACKAGED,
     BASELINE,
@@ -139,13 +140,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--concurrency", type=int, help="parallel clients (default 2 x batch)")
     group.add_argument("--requests", type=int, default=1000, help="measured per run")
     group.add_argument("--warmup-requests", type=int, default=200)
+    settle = "warm at most this long until the frontend's JIT settles (0: no; ledger.py)"
+    group.add_argument("--settle-s", type=float, default=SETTLE_S, help=settle)
     group.add_argument("--rounds", type=int, default=3, help="each serves every variant once")
-    group.add_argument(
-        "--seed",
-        type=int,
-        help="the seed of each round's shuffled order (default: a new one, printed and "
-        "recorded in results.json; give it to repeat a run's orders)",
-    )
+    seed = "each round's shuffle seed (default: a new one, printed, in results.json)"
+    group.add_argument("--seed", type=int, help=seed)
     group.add_argument("--response-timeout", type=int, default=120, help="seconds")
     curve = parser.add_argument_group("latency against offered load (open loop)")
     curve.add_argument(
@@ -267,7 +266,7 @@ def run_settings(
     args: argparse.Namespace, corpus: Corpus, frontend: dict[str, int]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``measure``'s config and point (the load every variant gets) for ``args``."""
-    config = {"warmup_requests": args.warmup_requests, "response_timeout": args.response_timeout}
+    config = {k: getattr(args, k) for k in ("warmup_requests", "response_timeout", "settle_s")}
     concurrency = args.concurrency or 2 * frontend["batchSize"]
     point = {
         "body": corpus.label,
@@ -341,6 +340,7 @@ def run_rounds(
                 f"{label}: {result['requests_per_s']:.1f} req/s, p99 {result['p99_ms']:.0f} ms, "
                 f"CPU/req {cpu[0]:.2f} + {cpu[1]:.2f} ms, "
                 f"{result['errors']} errors {result.get('statuses', '')}"
+                + format_settled(result.get("settled"))
             )
             micro_batch_size, parallelism = shown(effective[name])
             rows.append(

@@ -31,7 +31,7 @@ from .corpus import Corpus
 from .cpu import process_cpu
 from .drive import floor, send_corpus, summarize
 from .intervals import MIN_ANSWERS
-from .ledger import machine_times
+from .ledger import SETTLE_SLICE_S, machine_times
 from .openloop import BUSY_CORES, OpenLoopResult, run_open_loop
 
 QUEUE_GROWTH_MS = 100.0
@@ -208,6 +208,15 @@ class CurveSender:
     floor_requests: int = 0
     _floor: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
+    def _bodies(self, token: str | None) -> tuple[list[bytes], dict[str, str]]:
+        """The corpus's bodies in its order and the headers every request carries."""
+        corpus = self.corpus
+        bodies = [corpus.bodies[i].data for i in corpus.sequence(len(corpus.order))]
+        headers = {"Content-Type": corpus.bodies[corpus.order[0]].content_type}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return bodies, headers
+
     def _measure_floor(self, url: str, token: str | None, label: str) -> dict[str, Any] | None:
         if not self.floor_requests:
             return None
@@ -222,6 +231,15 @@ class CurveSender:
     def __call__(
         self, url: str, token: str | None, requests: int, work: Path, label: str
     ) -> tuple[dict[str, Any], dict[str, float]]:
+        bodies, headers = self._bodies(token)
+        if label.endswith("settling"):
+            # Open loop at the sweep's middle rate, as the sweep will send: the frontend's
+            # JIT compiles the paths small batches take (closed-loop warm-ups left it
+            # compiling 0.16-0.36 cores through the fraud scorer's sweeps).
+            rate = sorted(self.rates)[len(self.rates) // 2]
+            count = max(1, round(rate * SETTLE_SLICE_S))
+            run_open_loop(url, bodies, rate, count, headers=headers, timeout_s=self.timeout_s)
+            return {}, {}
         if label.endswith("warm-up"):
             warmed = send_corpus(url, self.corpus, requests, self.concurrency, token=token)
             self._floor = self._measure_floor(url, token, label)
@@ -229,11 +247,6 @@ class CurveSender:
         # the floor was measured after the warm-up, before the run's CPU and metrics were
         # read; with no warm-up (warmup_requests 0) it is measured here, inside the run
         alone, self._floor = self._floor or self._measure_floor(url, token, label), None
-        corpus = self.corpus
-        bodies = [corpus.bodies[i].data for i in corpus.sequence(len(corpus.order))]
-        headers = {"Content-Type": corpus.bodies[corpus.order[0]].content_type}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
         start = time.monotonic()
         rows: list[dict[str, Any]] = []
 

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from .corpus import Corpus
 from .cpu import cpu_per_request, read_cpu, server_pids
 from .drive import send_corpus
-from .ledger import ledger, read_ledger
+from .ledger import ledger, read_ledger, settle_frontend
 from .runs import summarize
 from .scrape import summarize as summarize_scrape
 from .server import DEFAULT_PROPERTIES, TorchServe, TorchServeError
@@ -72,7 +72,9 @@ def measure(
 ) -> dict[str, Any]:
     """One server (``server_for``), one model (the store's ``archive``, a .mar, when given;
     else its directory ``model``), warm-up then the measured run through ``send``.
-    ``config``: ``warmup_requests``, ``response_timeout``; ``point``: ``batch_size``,
+    ``config``: ``warmup_requests``, ``response_timeout``, ``settle_s`` (at most that long
+    warming until the frontend's JIT settles, ``ledger.settle_frontend``, before the last
+    warm-up: the label's ``settling`` sends); ``point``: ``batch_size``,
     ``max_batch_delay``, ``workers``, ``concurrency``, ``requests``; ``sample`` (body,
     content type): answers saved beside the scrape (``scrape_path``). The server reports
     in prometheus mode whatever ``base_config`` says: the pipeline's numbers are scraped.
@@ -100,9 +102,15 @@ def measure(
         url = f"{server.inference_url}/predictions/{model}"
         token = server.token("inference")
         server_dir.mkdir(parents=True, exist_ok=True)
+        settled = None
         if config["warmup_requests"]:
             # every client sends at least one warm-up request
             warmup = max(config["warmup_requests"], point["concurrency"])
+            settled = settle_frontend(
+                lambda: send(url, token, warmup, server_dir, f"{label} settling"),
+                server_pids(server)[0],
+                config.get("settle_s", 0.0),
+            )
             send(url, token, warmup, server_dir, f"{label} warm-up")
         before = settled_scrape(server)
         pids = server_pids(server)
@@ -126,6 +134,7 @@ def measure(
         **latency,
         **cpu_ms,
         "ledger": ledger(cpu_before, cpu_after),
+        "settled": settled,
         "served_frontend": frontend,
         "errors": int(summary["failed_requests"] + summary["non_2xx_responses"]),
         "server_queue_ms": summarize(queue_times),
@@ -157,8 +166,9 @@ def corpus_sender(
     """A ``Send``: ``corpus`` in its order from ``concurrency`` parallel clients (drive.py)."""
 
     def send(url: str, token: str | None, requests: int, work: Path, label: str) -> Any:
+        shown = None if label.endswith("settling") else progress  # its slices: one line
         return send_corpus(
-            url, corpus, requests, concurrency, token=token, label=label, progress=progress
+            url, corpus, requests, concurrency, token=token, label=label, progress=shown
         )
 
     return send
