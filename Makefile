@@ -85,7 +85,8 @@ FLOOR_STAMP := $(FLOOR_VENV)/.installed
 FLOOR_TESTS ?= tests/core tests/torchserve tests/tools/test_floor.py \
   tests/integration/test_image_recipe.py tests/integration/test_kserve.py \
   tests/integration/test_async_agent.py
-FLOOR_LEFT ?= tests/torchserve/test_tune.py tests/torchserve/test_slo_tune.py \
+FLOOR_LEFT ?= tests/torchserve/test_tune.py tests/torchserve/test_tune_writes.py \
+  tests/torchserve/test_slo_tune.py \
   tests/torchserve/test_compiled_buckets.py
 
 $(FLOOR_TORCH)/.installed:
