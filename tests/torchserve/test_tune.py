@@ -117,6 +117,17 @@ class FakeServer:
         return {"curve": curve, "frontend_cpu_ms_per_request": 2.5}
 
 
+def faked_confirm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, held: dict[str, float]
+) -> tuple[FakeServer, Path]:
+    """What each confirming test starts with: the confirm's servers faked (each served model
+    holding its rate in ``held``), Java taken as present, the text example's .mar built."""
+    server = FakeServer(held, 1000.0)
+    monkeypatch.setattr(slo_confirm, "measure", server)
+    monkeypatch.setattr(tune, "java_problem", lambda: None)
+    return server, text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+
+
 def slo_argv(mar: Path, out: Path, tmp_path: Path) -> list[str]:
     sample = str(Path(ROOT, "examples/text_classifier/sample.txt"))
     return [
@@ -140,10 +151,7 @@ def test_slo_tuner_wrote_its_rank_1_although_every_confirm_held_nothing_(
 ) -> None:
     # The incident: predicted 1,166 req/s, both confirms held nothing, rank 1 written over
     # the user's model-config.yaml.
-    server = FakeServer({"c1": 0.0, "c2": 0.0}, 1000.0)
-    monkeypatch.setattr(slo_confirm, "measure", server)
-    monkeypatch.setattr(tune, "java_problem", lambda: None)
-    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    server, mar = faked_confirm(monkeypatch, tmp_path, {"c1": 0.0, "c2": 0.0})
     out = tmp_path / "model-config.yaml"
     out.write_text(USERS_CONFIG)
     assert main(slo_argv(mar, out, tmp_path)) == 1
@@ -177,10 +185,7 @@ def test_slo_tuner_writes_the_best_confirmed_when_rank_1_was_rejected(
     from ts_microbatch.torchserve.timeouts import default_timeout_s
 
     # Rank 1 holds nothing, rank 2 all, the user's configuration nothing.
-    server = FakeServer({"c1": 0.0, "c2": 1e9}, 1000.0)
-    monkeypatch.setattr(slo_confirm, "measure", server)
-    monkeypatch.setattr(tune, "java_problem", lambda: None)
-    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    server, mar = faked_confirm(monkeypatch, tmp_path, {"c1": 0.0, "c2": 1e9})
     out = tmp_path / "model-config.yaml"
     out.write_text(USERS_CONFIG)
     assert main(slo_argv(mar, out, tmp_path)) == 0
@@ -205,10 +210,7 @@ def test_the_tuner_replaced_a_configuration_that_beat_every_candidate_(
     # The incident: the tuner wrote its pick over the user's micro_batch_size "auto" without
     # ever serving "auto". Theirs now runs the same ladder, and here holds every rate.
     users = "batchSize: 8\nmaxBatchDelay: 3\nmicro_batching:\n  micro_batch_size: auto\n"
-    server = FakeServer({"current": 1e9, "c1": 30.0, "c2": 30.0}, 1000.0)
-    monkeypatch.setattr(slo_confirm, "measure", server)
-    monkeypatch.setattr(tune, "java_problem", lambda: None)
-    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    server, mar = faked_confirm(monkeypatch, tmp_path, {"current": 1e9, "c1": 30.0, "c2": 30.0})
     out = tmp_path / "model-config.yaml"
     out.write_text(users)
     assert main(slo_argv(mar, out, tmp_path)) == 0

@@ -11,7 +11,13 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT
-from tests.torchserve.test_tune import FakeServer, confirmed_lines, slo_argv, text_build
+from tests.torchserve.test_tune import (
+    FakeServer,
+    confirmed_lines,
+    faked_confirm,
+    slo_argv,
+    text_build,
+)
 from ts_microbatch.tools import slo_confirm, slo_replace, tune
 from ts_microbatch.tools.tune import main
 
@@ -23,10 +29,7 @@ def test_confirm_out_deleted_the_store_and_servers_of_a_users_folder_(
     # removed ./store and ./servers when they were done.
     from ts_microbatch.tools.results import MARKER
 
-    server = FakeServer({"c1": 1e9, "c2": 1e9}, 1000.0)
-    monkeypatch.setattr(slo_confirm, "measure", server)
-    monkeypatch.setattr(tune, "java_problem", lambda: None)
-    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    server, mar = faked_confirm(monkeypatch, tmp_path, {"c1": 1e9, "c2": 1e9})
     project = tmp_path / "project"
     for name in ("store/mine.mar", "servers/notes.txt"):
         (project / name).parent.mkdir(parents=True, exist_ok=True)
@@ -52,10 +55,7 @@ def test_slo_tuner_merged_frontend_keys_into_a_micro_batching_json_(
     # Only the exact default `micro_batching.json` went to model-config.yaml: with
     # `--out conf/micro_batching.json`, batchSize, maxBatchDelay, minWorkers and a nested
     # micro_batching were merged into the pipeline's JSON, which the package then refuses.
-    server = FakeServer({"c1": 1e9, "c2": 1e9}, 1000.0)
-    monkeypatch.setattr(slo_confirm, "measure", server)
-    monkeypatch.setattr(tune, "java_problem", lambda: None)
-    mar = text_build.build_mar(str(tmp_path), work_dir=tmp_path / "work")
+    server, mar = faked_confirm(monkeypatch, tmp_path, {"c1": 1e9, "c2": 1e9})
     conf = tmp_path / "conf"
     conf.mkdir()
     users = json.dumps({"timeout_s": 9, "micro_batch_size": 2})

@@ -231,13 +231,13 @@ class CurveSender:
     def __call__(
         self, url: str, token: str | None, requests: int, work: Path, label: str
     ) -> tuple[dict[str, Any], dict[str, float]]:
-        bodies, headers = self._bodies(token)
         if label.endswith("settling"):
             # Open loop at the sweep's middle rate, as the sweep will send: the frontend's
             # JIT compiles the paths small batches take (closed-loop warm-ups left it
             # compiling 0.16-0.36 cores through the fraud scorer's sweeps).
             rate = sorted(self.rates)[len(self.rates) // 2]
             count = max(1, round(rate * SETTLE_SLICE_S))
+            bodies, headers = self._bodies(token)
             run_open_loop(url, bodies, rate, count, headers=headers, timeout_s=self.timeout_s)
             return {}, {}
         if label.endswith("warm-up"):
@@ -247,6 +247,7 @@ class CurveSender:
         # the floor was measured after the warm-up, before the run's CPU and metrics were
         # read; with no warm-up (warmup_requests 0) it is measured here, inside the run
         alone, self._floor = self._floor or self._measure_floor(url, token, label), None
+        bodies, headers = self._bodies(token)
         start = time.monotonic()
         rows: list[dict[str, Any]] = []
 

@@ -42,12 +42,11 @@ from .cpu import CpuReading, children_cpu, read_pids, thread_cpu
 # The JVM's JIT compiler threads, as /proc names them (cut to 15 characters).
 JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
 # The fraud scorer at 1,000 req/s open loop on a fresh server, its compilers' cores over
-# 10 s windows: 0.50, 0.11, 0.04, 0.04, 0.002, 0.05, 0.02, 0.010, 0.008 (bursts until 70 s;
-# benchmarks/dev/results/jit_settle/);
-# after 26 s of closed- or open-loop warm-up with one quiet 2 s slice they still used
-# 0.16-0.36 cores through the sweep measured next. So a frontend is taken as settled when its
-# compilers used under SETTLED_JIT_CORES over the last SETTLE_WINDOW_S of warm-up, read in
-# slices of at least SETTLE_SLICE_S.
+# 10 s windows: 0.50, 0.11, 0.04, 0.04, 0.002, 0.05, 0.02, 0.010, 0.008, bursts until 70 s
+# (benchmarks/dev/results/jit_settle/); after 26 s of warm-up with one quiet 2 s slice they
+# still used 0.16-0.36 cores through the sweep measured next. So a frontend is taken as
+# settled when its compilers used under SETTLED_JIT_CORES over the last SETTLE_WINDOW_S of
+# warm-up, read in slices of at least SETTLE_SLICE_S.
 SETTLED_JIT_CORES = 0.02
 SETTLE_WINDOW_S = 10.0
 SETTLE_SLICE_S = 2.0

@@ -166,7 +166,7 @@ def corpus_sender(
     """A ``Send``: ``corpus`` in its order from ``concurrency`` parallel clients (drive.py)."""
 
     def send(url: str, token: str | None, requests: int, work: Path, label: str) -> Any:
-        shown = None if label.endswith("settling") else progress  # its slices: one line
+        shown = None if label.endswith("settling") else progress  # slices unannounced
         return send_corpus(
             url, corpus, requests, concurrency, token=token, label=label, progress=shown
         )
