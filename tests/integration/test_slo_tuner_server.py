@@ -30,7 +30,7 @@ def test_the_slo_tuner_confirms_its_choice_on_a_real_torchserve(
     out = tmp_path / "tuned" / "model-config.yaml"
     argv = ["--mar", str(mar), "--input", str(SAMPLE), "--micro-batch-sizes", "1,4"]
     argv += ["--threads", "1", "--batch-sizes", "1,4", "--windows", "5,20", "--repeats", "1"]
-    argv += ["--slo-p99-ms", "500", "--rate", "20", "--confirm", "2", "--out", str(out)]
+    argv += ["--slo-p99-ms", "500", "--rate", "20", "--confirm", "1", "--out", str(out)]
     assert tune.main(argv) in (0, 1)  # 1: nothing held within the objective, said
     lines = [
         json.loads(x)
@@ -54,7 +54,7 @@ def test_the_slo_tuner_confirms_its_choice_on_a_real_torchserve(
         pytest.skip(f"the machine stalled an in-process batch for {slowest:.0f} ms")
     # The scenario: the example as packaged (yours) and the two best were served, each
     # swept open loop up the same ladder, lowest first.
-    assert len(confirmed) == 3
+    assert len(confirmed) == 2  # the current configuration and the best candidate
     current = confirmed[0]
     assert (current["batchSize"], current["maxBatchDelay"]) == (16, 20)  # the .mar's
     ladder = slo_confirm.ladder(max(line["predicted_per_s"] for line in confirmed))
