@@ -12,6 +12,7 @@ from tests.core.fakes import Bad, FakeHandler, cause, expected
 from ts_microbatch import ConfigError, Pipeline, PipelineClosedError, StageOutputError
 from ts_microbatch.core.errors import SharedFailureError
 from ts_microbatch.core.metrics import PipelineObserver
+from ts_microbatch.core.micro_batch import current_micro_batch
 
 WAIT_S = 10.0  # bound on any wait; a correct pipeline answers in milliseconds
 
@@ -439,6 +440,35 @@ def test_defect_padding_metric_reported_without_allowed_sizes() -> None:
         assert outcomes(p.submit([1, 2, 3])) == expected([1, 2, 3])
     assert padded.padding == [("preprocess", 3, 4)]
     assert plain.padding == []
+
+
+def test_each_stage_call_sees_its_own_padding_though_the_view_is_made_once() -> None:
+    # A micro-batch's view (MicroBatchInfo) is made at its first stage call and kept: only
+    # the padded stage's call may see the padding rows, before and after it none.
+    seen: list[tuple[str, int, tuple[int, ...] | None]] = []
+
+    def stage(name: str) -> Any:
+        def call(rows: list[Any]) -> list[Any]:
+            info = current_micro_batch()
+            assert info is not None
+            seen.append((name, info.padding, info.owners))
+            return list(rows)
+
+        return call
+
+    with Pipeline(
+        {name: stage(name) for name in ("preprocess", "inference", "postprocess")},
+        micro_batch_size=3,
+        allowed_sizes=[1, 4],
+        padded_stages=["inference"],
+    ) as p:
+        assert [f.result(WAIT_S) for f in p.submit([7, 8, 9])] == [7, 8, 9]
+    assert [(name, padding) for name, padding, _ in seen] == [
+        ("preprocess", 0),
+        ("inference", 1),
+        ("postprocess", 0),
+    ]
+    assert len({owners for _, _, owners in seen}) == 1  # one view, the same rows
 
 
 def test_padded_last_stage_output_count_is_checked_against_the_padded_size() -> None:

@@ -96,6 +96,12 @@ class KnownGood(NamedTuple):
         yet not warm-up's."""
         if mb.batch.replays is not None:
             return mb.batch.replays  # type: ignore[no-any-return]
+        if mb.witness is None:  # made at the first stage it passes, kept for the others
+            mb.witness = cls._made(mb)
+        return mb.witness  # type: ignore[no-any-return]
+
+    @classmethod
+    def _made(cls, mb: _MicroBatch) -> KnownGood:
         batch, at = mb.batch, range(mb.offset, mb.offset + 1)
         order = batch.order
         (request,) = order.requests_at(at)

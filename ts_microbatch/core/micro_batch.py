@@ -96,6 +96,8 @@ class _MicroBatch:
         "attempt",
         "enqueued_at",
         "probe",
+        "witness",
+        "_info",
     )
 
     def __init__(
@@ -112,6 +114,11 @@ class _MicroBatch:
         # imported, which would make a loop): set before it is queued, then read and cleared
         # under the isolator's lock.
         self.probe: Any = None
+        # Its first item as a ``ts_microbatch.core.breaker.KnownGood`` once a stage passed
+        # it (the same in every stage: made once, not at each), and what a stage call sees
+        # of it at no padding: neither changes on its way, and each stage read them anew.
+        self.witness: Any = None
+        self._info: MicroBatchInfo | None = None
 
     def __len__(self) -> int:
         return len(self.items)
@@ -158,6 +165,12 @@ class _MicroBatch:
 
     def info(self, padding: int = 0) -> MicroBatchInfo:
         """What a stage call sees of it, with ``padding`` rows after its items."""
+        info = self._info
+        if info is None:
+            info = self._info = self._unpadded_info()
+        return info if padding == 0 else info._replace(padding=padding)
+
+    def _unpadded_info(self) -> MicroBatchInfo:
         order = self.batch.order
         return MicroBatchInfo(
             self.index,
@@ -166,7 +179,7 @@ class _MicroBatch:
             self.attempt,
             self.batch.context,
             self.owners,
-            padding,
+            0,
             self.lengths,
             self.padded_length,
             self.shapes,
