@@ -287,8 +287,7 @@ def main() -> None:
         type=int,
         default=GENERATOR_NICE,
         help="the generator's niceness during each point (default %(default)s, when allowed: "
-        "ahead of the server it measures, which this study wants on a machine of its own; "
-        "beside a TorchServe that serves others it takes their cores; 0 leaves it alone)",
+        "ahead of the server it measures; beside a TorchServe serving others, 0)",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -309,10 +308,11 @@ def main() -> None:
     workload = WORKLOADS[args.workload]
     args.rates = args.rates or parse_rates(workload["rates"])
     args.slo_p99_ms = args.slo_p99_ms or workload["slo_p99_ms"]
-    windows = {
-        m: [int(w) for w in ws.split(",")]
-        for m, ws in (part.split(":") for part in args.windows.split(";"))
-    }
+    pairs = [part.split(":") for part in args.windows.split(";")]
+    ok = all(len(p) == 2 and p[0] in MODELS for p in pairs)
+    if not ok or not all(w.isdigit() for p in pairs for w in p[1].split(",")):
+        parser.error(f"--windows: expected MODEL:MS[,MS...];... with MODEL in {list(MODELS)}")
+    windows = {m: [int(w) for w in ws.split(",")] for m, ws in pairs}
     sizes = [int(v) for v in args.batch_sizes.split(",") if v]
     chosen = variants(windows, args.tuned, sizes)
     args.slos = [args.slo_p99_ms] + [float(v) for v in args.also_p99_ms.split(",") if v]

@@ -136,3 +136,17 @@ def test_batch_sizes_give_ours_at_each_window_and_size_and_leave_the_baselines_a
     assert chosen["ours-w2-b32"][1][1] == {"maxBatchDelay": 2, "batchSize": 32}
     assert "ours-w2" not in chosen
     assert chosen["upstream-w5"] == ("upstream", (None, {"maxBatchDelay": 5}))
+
+
+def test_a_malformed_windows_argument_is_refused_by_name_not_with_a_traceback(
+    monkeypatch: Any, capsys: Any, tmp_path: Path
+) -> None:
+    import pytest
+
+    for windows in ["1", "ours:", "ours:1,,5", "mine:5", "ours:1;plain"]:
+        argv = ["latency_load.py", "--windows", windows, "--report-only", "--out", str(tmp_path)]
+        monkeypatch.setattr("sys.argv", argv)
+        with pytest.raises(SystemExit) as exited:
+            study.main()
+        assert exited.value.code == 2
+        assert "--windows: expected MODEL:MS[,MS...]" in capsys.readouterr().err
