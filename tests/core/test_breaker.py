@@ -267,6 +267,23 @@ def test_defect_a_bad_body_got_500_after_a_concurrent_batch_served_the_first_sta
     assert x.first_stage_served  # what the adapter reads for 400
 
 
+def test_a_micro_batch_makes_its_witness_once_and_every_stage_keeps_that_one() -> None:
+    # The witness (its first item, with its request's context row) does not change on the
+    # micro-batch's way: made when stage 0 passes it, the later stages keep the same
+    # object; a half cut from it is a micro-batch of its own and makes its own.
+    isolator = Isolator(["stage0", "stage1", "stage2"])
+    batch = Batch(2)
+    isolator.track(batch)
+    (mb,) = cut(batch, ["a", "b"], 2)
+    for stage in range(3):
+        isolator.passed(mb, stage)
+    kept = [breaker.served[0] for breaker in isolator._breakers]
+    assert kept[0] is kept[1] is kept[2] is KnownGood.of(mb)
+    assert kept[0].item == "a" and kept[0].source == (id(batch), 0)
+    first, second = mb.halves()
+    assert KnownGood.of(second) is not kept[0] and KnownGood.of(second).item == "b"
+
+
 # -- a probe and its batch's timeout (driven one step at a time) ---------------------------
 
 

@@ -445,13 +445,13 @@ def test_defect_padding_metric_reported_without_allowed_sizes() -> None:
 def test_each_stage_call_sees_its_own_padding_though_the_view_is_made_once() -> None:
     # A micro-batch's view (MicroBatchInfo) is made at its first stage call and kept: only
     # the padded stage's call may see the padding rows, before and after it none.
-    seen: list[tuple[str, int, tuple[int, ...] | None]] = []
+    seen: list[tuple[str, int, Any]] = []
 
     def stage(name: str) -> Any:
         def call(rows: list[Any]) -> list[Any]:
             info = current_micro_batch()
             assert info is not None
-            seen.append((name, info.padding, info.owners))
+            seen.append((name, info.padding, info))
             return list(rows)
 
         return call
@@ -468,7 +468,9 @@ def test_each_stage_call_sees_its_own_padding_though_the_view_is_made_once() -> 
         ("inference", 1),
         ("postprocess", 0),
     ]
-    assert len({owners for _, _, owners in seen}) == 1  # one view, the same rows
+    (_, _, before), (_, _, padded), (_, _, after) = seen
+    assert before is after  # made once: the unpadded stages see the very same view
+    assert padded._replace(padding=0) == before
 
 
 def test_padded_last_stage_output_count_is_checked_against_the_padded_size() -> None:
