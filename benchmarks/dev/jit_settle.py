@@ -24,6 +24,7 @@ sys.path[:0] = [str(HERE.parent), str(ROOT), str(HERE)]
 import lean_frontend  # noqa: E402
 
 from ts_microbatch.tools.cpu import frontend_pid, thread_cpu  # noqa: E402
+from ts_microbatch.tools.ledger import JIT_THREADS  # noqa: E402
 from ts_microbatch.tools.openloop import run_open_loop  # noqa: E402
 from ts_microbatch.tools.server import TorchServe  # noqa: E402
 
@@ -32,7 +33,7 @@ WINDOW_S = 10
 
 
 def group(name: str) -> str:
-    if name.startswith(("C1 Compiler", "C2 Compiler")):
+    if name.startswith(JIT_THREADS):  # the ledger's rule: /proc's 15-character names
         return "jit"
     if "GC" in name or name.startswith("G1"):
         return "gc"
