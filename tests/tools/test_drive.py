@@ -3,6 +3,7 @@ every request sent once, bodies in the corpus's order, clients in parallel, stat
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,10 +23,12 @@ class Recorder(BaseHTTPRequestHandler):
     most_in_flight = 0
     all_in = threading.Event()
     clients = 0
+    collector_on: list[bool] = []  # gc.isenabled() as each request arrived (same process)
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         cls = type(self)
         body = self.rfile.read(int(self.headers["Content-Length"]))
+        cls.collector_on.append(gc.isenabled())
         with cls.lock:
             cls.received.append((body, self.headers["Content-Type"], self.headers["Authorization"]))
             cls.in_flight += 1
@@ -48,6 +51,7 @@ class Recorder(BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[str]:
     Recorder.received, Recorder.in_flight, Recorder.most_in_flight = [], 0, 0
+    Recorder.collector_on = []
     Recorder.all_in = threading.Event()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -109,6 +113,9 @@ def test_the_floor_sends_one_request_at_a_time_and_gives_p99_with_its_interval(
     assert alone["requests"] == 40 and alone["answers"] == 20 and alone["errors"] == 20
     assert alone["p99_low_ms"] <= alone["p99_ms"] <= alone["p99_high_ms"]
     assert alone["p50_ms"] <= alone["p99_ms"]
+    # Python's collector paused while the clients' clocks ran (openloop.collector_paused),
+    # on again after.
+    assert Recorder.collector_on == [False] * 40 and gc.isenabled()
 
 
 def test_a_floor_with_no_answer_is_lost_not_a_made_up_latency() -> None:

@@ -4,13 +4,17 @@ counted, and its HTTP client against a loopback server (no timing asserted)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import statistics
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
+from ts_microbatch.tools import openloop
 from ts_microbatch.tools.openloop import (
     GENERATOR_NICE,
     HttpPool,
@@ -97,6 +101,7 @@ class LoopbackServer:
         self.connections = 0
         self.requests = 0
         self.port = 0
+        self.cycles_per_request = 0  # reference cycles each request leaves (garbage to collect)
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -111,6 +116,9 @@ class LoopbackServer:
                     length = int(header.split(b":")[1])
             body = await reader.readexactly(length)
             self.requests += 1
+            for _ in range(self.cycles_per_request):
+                cycle: list[object] = []
+                cycle.append(cycle)
             if body == b"chunked":
                 writer.write(
                     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -225,3 +233,41 @@ def test_a_growing_queue_shows_in_the_last_quarter_and_achieved_counts_the_offer
     assert steady.realized_per_s == pytest.approx(10.0)
     growing = run([50.0 + 100 * i for i in range(40)])
     assert growing.queue_growth_ms == pytest.approx(3000.0)  # medians 3,550 and 550 ms
+
+
+def test_the_generators_own_collector_is_paused_through_a_run_and_restored_after(
+    server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full collection in a generator that imported torch stopped every send and every
+    # answer's clock for 100 ms or more, charged to the server (benchmarks/dev/hiccups.py).
+    server.cycles_per_request = 200  # in this process: garbage a collector would chase
+    url = f"http://127.0.0.1:{server.port}/"
+    collections: list[float] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(time.monotonic())
+
+    def run() -> tuple[float, float]:
+        collections.clear()
+        result = run_open_loop(url, [b"a"], rate_per_s=1000.0, count=300)
+        assert result.errors == {} and result.started_at < time.monotonic()
+        return result.started_at, result.started_at + result.elapsed_s  # to the last answer
+
+    gc.callbacks.append(seen)
+    try:
+        with monkeypatch.context() as undone:  # the scenario: without the pause, it collects
+            undone.setattr(openloop, "collector_paused", contextlib.nullcontext)
+            started, ended = run()
+            assert [t for t in collections if started <= t <= ended]
+        started, ended = run()
+        assert not [t for t in collections if started <= t <= ended]
+        assert gc.isenabled()
+        gc.disable()  # a caller that had it off keeps it off
+        try:
+            run()
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+    finally:
+        gc.callbacks.remove(seen)

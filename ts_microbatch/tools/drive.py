@@ -22,6 +22,7 @@ from typing import Any
 
 from .corpus import Corpus
 from .intervals import percentile, percentile_interval
+from .openloop import collector_paused
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -96,15 +97,16 @@ def send_corpus(
         threading.Thread(target=client, name=f"ts-microbatch-client-{k}", daemon=True)
         for k in range(clients)
     ]
-    for thread in threads:
-        thread.start()
-    cpu_before = time.process_time()
-    start.wait()
-    began = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - began
-    cpu_s = time.process_time() - cpu_before
+    with collector_paused():  # a full collection would stop every client's clock
+        for thread in threads:
+            thread.start()
+        cpu_before = time.process_time()
+        start.wait()
+        began = time.perf_counter()
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - began
+        cpu_s = time.process_time() - cpu_before
     if record is not None:
         record.extend(results)
     return summarize(results, elapsed, cpu_s)

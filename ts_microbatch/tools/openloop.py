@@ -8,6 +8,10 @@ generator made late is charged to the result, and counted. One asyncio loop driv
 HTTP/1.1 keep-alive connections on loopback. The generator's own CPU is reported, since on
 a small machine it competes with the server for the same cores.
 
+Python's cyclic collector is off while a run is measured (``collector_paused``): a full
+collection in a process that imported torch stops every send and every answer's clock for
+100 ms or more, which the run would charge to the server.
+
 A run may raise the generator's priority (``nice``, e.g. ``GENERATOR_NICE``; root or
 CAP_SYS_NICE only). It is off unless asked: beside a TorchServe that serves real traffic,
 a generator at -10 takes the cores ahead of it.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import math
 import os
@@ -81,6 +86,7 @@ class OpenLoopResult:
     # what they used in a first try that was run again for it.
     other_cpu_cores: float = math.nan
     busy_retried_cores: float | None = None
+    started_at: float = math.nan  # time.monotonic() of the schedule's zero (a study's clock)
 
     def latencies_ms(self) -> list[float]:
         """Every request's latency from its scheduled time, in the order sent (``inf``:
@@ -172,7 +178,11 @@ async def drive(
     start = clock()
     slots = asyncio.Semaphore(max_in_flight)
     sends = [Sent(offset) for offset in schedule]  # times from the start, as the schedule
-    tasks = []
+    # The requests still out, each leaving as it is answered: the end of a run waits on
+    # those alone. A gather over every task made the loop walk the whole run's tasks at its
+    # end (300-370 ms for 120,000) while the last answers waited to be read, charged to them
+    # (benchmarks/dev/results/hiccups/).
+    pending: set[asyncio.Future[None]] = set()
 
     async def one(index: int, record: Sent) -> None:
         try:
@@ -189,8 +199,11 @@ async def drive(
             await sleep(wait)
         await slots.acquire()
         record.sent_s = clock() - start
-        tasks.append(asyncio.ensure_future(one(index, record)))
-    await asyncio.gather(*tasks)
+        task = asyncio.ensure_future(one(index, record))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    if pending:
+        await asyncio.wait(pending)
     return sends
 
 
@@ -267,21 +280,42 @@ def run_open_loop(
     every one is answered or timed out. ``nice``: the niceness to run at, when allowed
     (None: left alone)."""
     schedule = poisson_schedule(rate_per_s, count, seed)
+    started_at = math.nan
 
     async def main() -> list[Sent]:
+        nonlocal started_at
         pool = HttpPool(url, headers, timeout_s)
         try:
+            started_at = time.monotonic()  # drive's own start, a few µs on
             return await drive(schedule, bodies, pool.post)
         finally:
             pool.close()
 
-    cpu = time.process_time()
-    with _priority(nice) as ran_at:
+    with collector_paused(), _priority(nice) as ran_at:
+        cpu = time.process_time()
         sends = asyncio.run(main())
     cpu_s = time.process_time() - cpu
     errors = dict(Counter(s.status for s in sends if s.status != 200))
     elapsed = max((s.done_s or 0.0) for s in sends)
-    return OpenLoopResult(rate_per_s, sends, elapsed, cpu_s, errors, ran_at)
+    return OpenLoopResult(rate_per_s, sends, elapsed, cpu_s, errors, ran_at, started_at=started_at)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while the block runs, after a collection so
+    that none is due. A full collection walks every object the process holds with the GIL
+    held: in a generator that imported torch (the tools build .mars), 109-123 ms, each a
+    stall of every send and every answer's clock, the largest of a run's slow episodes
+    (benchmarks/dev/results/hiccups/). Reference counting still frees what each request
+    leaves; cyclic garbage waits for the block's end."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager
