@@ -1,5 +1,6 @@
 """What the tail's hiccups coincide with: each episode of slow requests beside every
-candidate cause, timestamped on one clock (issue 51, docs/metrics.md "Hiccups").
+candidate cause, timestamped on one clock (issue 51, docs/metrics.md "The load
+generator's own stalls").
 
     .venv/bin/python benchmarks/dev/hiccups.py [--rate 1200] [--seconds 130] \\
         [--rounds 2] [--spike-ms 100] [--out benchmarks/dev/results/hiccups]

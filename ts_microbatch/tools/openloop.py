@@ -304,7 +304,7 @@ def run_open_loop(
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while the block runs, after a collection so
     that none is due. A full collection walks every object the process holds with the GIL
-    held: in a generator that imported torch (the tools build .mars), 109-123 ms, each a
+    held: in a generator that imported torch (the tools build .mars), 124-469 ms, each a
     stall of every send and every answer's clock, the largest of a run's slow episodes
     (benchmarks/dev/results/hiccups/). Reference counting still frees what each request
     leaves; cyclic garbage waits for the block's end."""
