@@ -302,14 +302,15 @@ def run_open_loop(
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while the block runs, after a collection so
-    that none is due. A full collection walks every object the process holds with the GIL
-    held: in a generator that imported torch (the tools build .mars), 124-469 ms, each a
-    stall of every send and every answer's clock, the largest of a run's slow episodes
-    (benchmarks/dev/results/hiccups/). Reference counting still frees what each request
-    leaves; cyclic garbage waits for the block's end."""
+    """Python's cyclic garbage collector off while the block runs. A full collection walks
+    every object the process holds with the GIL held: in a generator that imported torch
+    (the tools build .mars), 124-469 ms, each a stall of every send and every answer's
+    clock, the largest of a run's slow episodes (benchmarks/dev/results/hiccups/).
+    Reference counting still frees what each request leaves; cyclic garbage waits for the
+    block's end (about 1 KB a timed-out request). No collection first: about 95 ms after
+    torch's import, it would halve the load of the benchmark's settling slices, each a
+    short block of its own."""
     enabled = gc.isenabled()
-    gc.collect()
     gc.disable()
     try:
         yield
