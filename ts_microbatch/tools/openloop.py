@@ -183,6 +183,14 @@ async def drive(
     # end (300-370 ms for 120,000) while the last answers waited to be read, charged to them
     # (benchmarks/dev/results/hiccups/).
     pending: set[asyncio.Future[None]] = set()
+    # A send that raised past its Exception guard (a cancellation, an interrupt): the run
+    # raises it at its end, as the gather did, rather than counting it as no answer.
+    escaped: list[asyncio.Future[None]] = []
+
+    def settled(task: asyncio.Future[None]) -> None:
+        pending.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            escaped.append(task)
 
     async def one(index: int, record: Sent) -> None:
         try:
@@ -201,9 +209,11 @@ async def drive(
         record.sent_s = clock() - start
         task = asyncio.ensure_future(one(index, record))
         pending.add(task)
-        task.add_done_callback(pending.discard)
+        task.add_done_callback(settled)
     if pending:
         await asyncio.wait(pending)
+    if escaped:
+        escaped[0].result()  # raises what the first escaped send raised
     return sends
 
 
