@@ -46,9 +46,9 @@ point; a point past capacity may answer more than it is offered while its backlo
 so read capacity off the curves too), the ratios of rates held, and P99 at equal offered
 load, each window of ours against upstream's and plain's best (plain at either intra-op
 setting), called a win or a loss only when the ratio's interval excludes 1; and each
-round's floor: ``--min-answers`` requests sent one at a time after the warm-up (one
-request's latency on the idle server, its window included, P99 with its interval), with
-the P99 at 25% of capacity over it.
+round's floor: ``--floor-requests`` (else ``--min-answers``) requests sent one at a time
+after the warm-up (one request's latency on the idle server, its window included, P99 with
+its interval), with the P99 at 25% of capacity over it.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ import compare  # noqa: E402
 import text_lengths  # noqa: E402
 from tabular_workload import tabular_models  # noqa: E402
 
+from ts_microbatch.tools import curves  # noqa: E402
+from ts_microbatch.tools._cli import counts  # noqa: E402
 from ts_microbatch.tools.corpus import Corpus, read_corpus  # noqa: E402
 from ts_microbatch.tools.curve_report import (  # noqa: E402
     by_round,
@@ -79,7 +81,6 @@ from ts_microbatch.tools.curve_report import (  # noqa: E402
     rounds_of,
     write_curves,
 )
-from ts_microbatch.tools.curves import CurveSender, parse_rates, sustained  # noqa: E402
 from ts_microbatch.tools.intervals import MIN_ANSWERS  # noqa: E402
 from ts_microbatch.tools.mar import PLAIN_OVERRIDE, override_mar  # noqa: E402
 from ts_microbatch.tools.measure import measure  # noqa: E402
@@ -205,7 +206,7 @@ def report(
     """The table: per variant, the rate held within each objective of ``slos`` (the first
     is the study's) and P99 at 25/50/75% of ours' capacity; then the ratios per objective."""
     held = {
-        (n, slo): sorted(sustained(r["curve"], slo) for r in rows if r["handler"] == n)
+        (n, slo): sorted(curves.sustained(r["curve"], slo) for r in rows if r["handler"] == n)
         for n in names
         for slo in slos
     }
@@ -273,15 +274,11 @@ def report(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=tuple(WORKLOADS), default="compute")
-    parser.add_argument("--rates", type=parse_rates, help="default: the workload's")
+    parser.add_argument("--rates", type=curves.parse_rates, help="default: the workload's")
     parser.add_argument("--rate-seconds", type=float, default=5.0)
-    parser.add_argument(
-        "--min-answers",
-        type=int,
-        default=MIN_ANSWERS,
-        help="requests a point offers at least, whatever --rate-seconds (default %(default)s: "
-        "a P99 with 15 answers above it)",
-    )
+    answers = "requests a point offers at least, whatever --rate-seconds (default %(default)s)"
+    parser.add_argument("--min-answers", type=int, default=MIN_ANSWERS, help=answers)
+    parser.add_argument("--floor-requests", type=counts, help=curves.FLOOR_HELP)
     parser.add_argument(
         "--nice",
         type=int,
@@ -306,7 +303,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
-    args.rates = args.rates or parse_rates(workload["rates"])
+    args.rates = args.rates or curves.parse_rates(workload["rates"])
     args.slo_p99_ms = args.slo_p99_ms or workload["slo_p99_ms"]
     pairs = [part.split(":") for part in args.windows.split(";")]
     ok = all(len(p) == 2 and p[0] in MODELS for p in pairs)
@@ -390,9 +387,9 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
                 "requests": 1,
                 "workers": 1,
             }
-            sender = CurveSender(
-                corpus, args.rates, args.rate_seconds, 64, print, args.seed,
-                min_answers=args.min_answers, nice=args.nice, floor_requests=args.min_answers,
+            sender = curves.CurveSender(
+                corpus, args.rates, args.rate_seconds, 64, print, args.seed, nice=args.nice,
+                min_answers=args.min_answers, floor_requests=curves.floor_count(args),
             )  # fmt: skip
             label = f"[round {round_no + 1}/{args.rounds}] {name}"
             print(f"{label}: starting TorchServe", flush=True)
@@ -425,7 +422,7 @@ def run(args: argparse.Namespace, chosen: dict[str, tuple[str, Any]], work: Path
 
 
 def _median_held(rows: list[dict[str, Any]], name: str, slo: float) -> float:
-    held = sorted(sustained(r["curve"], slo) for r in rows if r["handler"] == name)
+    held = sorted(curves.sustained(r["curve"], slo) for r in rows if r["handler"] == name)
     return held[len(held) // 2] if held else 0.0
 
 

@@ -79,6 +79,38 @@ def test_the_benchmark_needs_a_mar(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--mar is required" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--rates", "0,10"], "argument --rates: --rates: got '0,10', expected rates > 0"),
+        (["--rates", "40,20"], "expected rising rates"),
+        (["--floor-requests", "-3"], "argument --floor-requests: expected an integer >= 0"),
+        (["--floor-requests", "some"], "expected an integer >= 0, got 'some'"),
+    ],
+)
+def test_a_refused_value_is_named_with_what_is_expected_not_a_function_name(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # argparse replaces a ValueError's message with "invalid parse_rates value".
+    from ts_microbatch.tools.benchmark import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--mar", "m.mar", "--corpus", "texts/", *argv])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert said in err and "invalid" not in err
+
+
+def test_the_floor_sends_min_answers_unless_told_and_none_with_zero() -> None:
+    from ts_microbatch.tools.benchmark import build_parser
+    from ts_microbatch.tools.curves import floor_count
+
+    base = ["--mar", "m.mar", "--corpus", "texts/", "--min-answers", "2000"]
+    assert floor_count(build_parser().parse_args(base)) == 2000
+    assert floor_count(build_parser().parse_args([*base, "--floor-requests", "300"])) == 300
+    assert floor_count(build_parser().parse_args([*base, "--floor-requests", "0"])) == 0
+
+
 def test_the_tuner_needs_an_objective(capsys: pytest.CaptureFixture[str]) -> None:
     from ts_microbatch.tools.tune import main
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import signal
@@ -50,6 +51,23 @@ def start_tool(module: str) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class OptionError(argparse.ArgumentTypeError, ValueError):
+    """A command-line value refused: argparse prints its message (a ValueError's it would
+    replace with "invalid <function> value"), and callers outside argparse catch a
+    ValueError."""
+
+
+def counts(text: str) -> int:
+    """An integer >= 0 (``--confirm``, ``--floor-requests``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise OptionError(f"expected an integer >= 0, got {text!r}")
+    return value
 
 
 SAFE_BESIDE = (  # ts_microbatch.tools.ports says why

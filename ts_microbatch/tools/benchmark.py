@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._cli import SAFE_BESIDE, prog, start_tool
+from ._cli import SAFE_BESIDE, counts, prog, start_tool
 from .corpus import Corpus, CorpusError, read_corpus
-from .curves import CurveSender, parse_rates
+from .curves import FLOOR_HELP, CurveSender, floor_count, parse_rates
 from .intervals import MIN_ANSWERS
 from .ledger import SETTLE_S, format_settled
 from .mar import (
@@ -155,12 +155,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "curves.json; a sweep stops one rate after the model fell behind",
     )
     curve.add_argument("--rate-seconds", type=float, default=5.0, help="seconds a rate")
-    curve.add_argument(
-        "--min-answers",
-        type=int,
-        default=MIN_ANSWERS,
-        help="requests per rate, and one at a time first: the floor (default %(default)s)",
-    )
+    answers = "requests per rate at least (default %(default)s: 15 answers above a P99)"
+    curve.add_argument("--min-answers", type=int, default=MIN_ANSWERS, help=answers)
+    curve.add_argument("--floor-requests", type=counts, help=FLOOR_HELP)
     curve.add_argument(
         "--nice",
         type=int,
@@ -207,7 +204,7 @@ def run(args: argparse.Namespace, base_config: Path | None, runs: Path) -> int:
     if args.rates:  # an open-loop sweep instead of parallel clients
         sender = CurveSender(
             corpus, args.rates, args.rate_seconds, point["concurrency"], log, args.seed,
-            min_answers=args.min_answers, nice=args.nice, floor_requests=args.min_answers,
+            min_answers=args.min_answers, nice=args.nice, floor_requests=floor_count(args),
         )  # fmt: skip
     try:
         rows, refused = run_rounds(

@@ -27,6 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ._cli import OptionError
 from .corpus import Corpus
 from .cpu import process_cpu
 from .drive import floor, send_corpus, summarize
@@ -109,6 +110,18 @@ def one_past_behind(rows: list[dict[str, Any]]) -> str:
     return "one rate past capacity, the last" if len(rows) > 1 and behind(rows[-2]) else ""
 
 
+def floor_count(args: Any) -> int:
+    """The floor's requests a command line asked for: ``--floor-requests``, else
+    ``--min-answers`` (the floor's P99 then rests on as many answers as a point's)."""
+    return int(args.min_answers if args.floor_requests is None else args.floor_requests)
+
+
+FLOOR_HELP = (
+    "requests sent one at a time on the warmed server before the rates: the floor, one "
+    "request's unloaded latency (default: --min-answers; 0: none)"
+)
+
+
 def parse_rates(text: str) -> list[float]:
     """``"20,40,80"`` or ``"20:200:20"`` (start:stop:step, stop included): rising rates.
 
@@ -127,9 +140,9 @@ def parse_rates(text: str) -> list[float]:
     except ValueError:
         rates = []
     if not rates or any(not rate > 0 or not math.isfinite(rate) for rate in rates):
-        raise ValueError(f"--rates: got {text!r}, expected rates > 0 as 20,40,80 or 20:200:20")
+        raise OptionError(f"--rates: got {text!r}, expected rates > 0 as 20,40,80 or 20:200:20")
     if sorted(set(rates)) != rates:
-        raise ValueError(f"--rates: got {text!r}, expected rising rates")
+        raise OptionError(f"--rates: got {text!r}, expected rising rates")
     return rates
 
 

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from ..core.config import MicroBatchingConfig
-from ._cli import SAFE_BESIDE, prog, start_tool
+from ._cli import SAFE_BESIDE, counts, prog, start_tool
 from .batching_model import BOUNDS
 from .corpus import OCTET_STREAM, Body, Corpus, CorpusError, content_type_of, read_corpus
 from .inprocess import load_handler, make_context, model_dir_of
@@ -247,17 +247,6 @@ def run(args: argparse.Namespace, trials: ResultsLog) -> int:
         return 1
     trials.append({"kind": "best", **winner.model_config(), "out": str(args.out)})
     return 0
-
-
-def counts(text: str) -> int:
-    """An integer >= 0 (``--confirm``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
 
 
 def ints(text: str) -> list[int]:
