@@ -478,6 +478,7 @@ def write_report(
         "seed": args.seed,
         "seconds": args.rate_seconds,
         "min_answers": args.min_answers,
+        "floor_requests": curves.floor_count(args),
         "nice": args.nice,
         "variants": served,
     }

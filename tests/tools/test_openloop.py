@@ -314,3 +314,19 @@ def test_a_run_lets_go_of_each_request_once_answered_and_its_end_waits_on_those_
     sends = asyncio.run(drive(schedule, [b"x"], send, clock=clock, sleep=clock.sleep))
     assert all(s.status == 200 for s in sends)
     assert len(tasks) == count and alive_at_last_send == [0]
+
+
+def test_a_send_cancelled_fails_the_run_as_the_gather_did() -> None:
+    clock = VirtualClock()
+
+    async def send(body: bytes) -> int:
+        await asyncio.sleep(0)
+        if body == b"cancel":
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0)  # the cancellation lands here
+        return 200
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(drive([0.0, 0.1], [b"x", b"cancel"], send, clock=clock, sleep=clock.sleep))

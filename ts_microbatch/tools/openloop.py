@@ -183,8 +183,9 @@ async def drive(
     # end (300-370 ms for 120,000) while the last answers waited to be read, charged to them
     # (benchmarks/dev/results/hiccups/).
     pending: set[asyncio.Future[None]] = set()
-    # A send that raised past its Exception guard (a cancellation, an interrupt): the run
+    # A send cancelled or raising another BaseException past its Exception guard: the run
     # raises it at its end, as the gather did, rather than counting it as no answer.
+    # (KeyboardInterrupt and SystemExit leave the loop at once.)
     escaped: list[asyncio.Future[None]] = []
 
     def settled(task: asyncio.Future[None]) -> None:
