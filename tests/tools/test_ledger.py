@@ -3,9 +3,11 @@ process lands in its own part, and what no part explains shows as ``others``."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,7 @@ from ts_microbatch.tools.ledger import (
     format_ledger,
     format_settled,
     ledger,
+    machine_times,
     read_ledger,
     summary,
 )
@@ -183,3 +186,31 @@ def test_settling_warms_until_the_compilers_go_quiet_or_the_bound(
     warmed.clear()
     assert ledger_module.settle_frontend(warm, proc.pid, max_s=0) is None
     assert ledger_module.settle_frontend(warm, None, max_s=10) is None and not warmed
+
+
+def test_the_machine_is_read_by_cpu_number_so_an_offline_cpu_shifts_nothing(
+    tmp_path: Path,
+) -> None:
+    # /proc/stat has no line for an offline CPU: with cpu1 offline, cpu2's line is the
+    # second, and reading by position counted cpu2 as cpu1 (outside the affinity {0, 2}).
+    tick = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    stat.write_text(
+        f"cpu  {9 * tick} 0 0 0 0 0 0 0 0 0\n"
+        f"cpu0 {2 * tick} 0 {tick} {10 * tick} 0 0 0 0 0 0\n"
+        f"cpu2 {3 * tick} 0 0 {20 * tick} {tick} 0 0 {tick} 0 0\n"
+        "intr 12345 0 0\n"
+    )
+    times = machine_times(str(stat), allowed={0, 2})
+    assert times.busy_s == pytest.approx(2 + 1 + 3)  # cpu0 user + system, cpu2 user
+    assert times.idle_s == pytest.approx(10 + 20 + 1)  # idle and iowait
+    assert times.steal_s == pytest.approx(1)
+    assert machine_times(str(stat), allowed={2}).busy_s == pytest.approx(3)
+
+
+def test_without_a_proc_stat_the_machine_is_read_from_psutil(tmp_path: Path) -> None:
+    proc = machine_times()
+    fallback = machine_times(str(tmp_path / "no-stat"))
+    assert fallback.idle_s == pytest.approx(proc.idle_s, abs=5.0)
+    assert fallback.busy_s == pytest.approx(proc.busy_s, abs=5.0)
+    assert fallback.steal_s == pytest.approx(proc.steal_s, abs=5.0)

@@ -62,21 +62,60 @@ class MachineTimes:
     steal_s: float
 
 
-def machine_times() -> MachineTimes:
-    import psutil
+def machine_times(stat: str = "/proc/stat", allowed: set[int] | None = None) -> MachineTimes:
+    """The cores in ``allowed`` (default: this process's affinity), from ``stat``'s
+    ``cpuN`` lines, each by its number: a CPU taken offline has no line, so a line's
+    position is not its CPU (psutil's per-CPU list is by position). Where ``stat`` cannot
+    be read, psutil's list, taken as numbered in order."""
+    if allowed is None and hasattr(os, "sched_getaffinity"):
+        allowed = os.sched_getaffinity(0)
+    try:
+        per_cpu = _stat_times(stat)
+    except OSError:
+        import psutil
 
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        per_cpu = {i: tuple(t._asdict().items()) for i, t in enumerate(psutil.cpu_times(True))}
     busy = idle = steal = 0.0
-    for index, times in enumerate(psutil.cpu_times(percpu=True)):
-        if cores is not None and index not in cores:
+    for cpu, fields in per_cpu.items():
+        if allowed is not None and cpu not in allowed:
             continue
+        times = dict(fields)
         # user includes guest time on Linux: a guest's seconds are counted once
-        guests = getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
-        idle += times.idle + getattr(times, "iowait", 0.0)
-        steal += getattr(times, "steal", 0.0)
-        busy += sum(times) - guests - times.idle - getattr(times, "iowait", 0.0)
+        guests = times.get("guest", 0.0) + times.get("guest_nice", 0.0)
+        waiting = times.get("idle", 0.0) + times.get("iowait", 0.0)
+        idle += waiting
+        steal += times.get("steal", 0.0)
+        busy += sum(times.values()) - guests - waiting
     busy -= steal
     return MachineTimes(busy, idle, steal)
+
+
+# /proc/stat's columns of a cpuN line, in order (proc(5))
+_STAT_FIELDS = (
+    "user",
+    "nice",
+    "system",
+    "idle",
+    "iowait",
+    "irq",
+    "softirq",
+    "steal",
+    "guest",
+    "guest_nice",
+)
+
+
+def _stat_times(stat: str) -> dict[int, tuple[tuple[str, float], ...]]:
+    """Each CPU's times in seconds from a /proc/stat, by CPU number."""
+    tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+    per_cpu = {}
+    with open(stat) as lines:
+        for line in lines:
+            name, *values = line.split()
+            if name.startswith("cpu") and name[3:].isdigit():
+                seconds = (int(v) * tick_s for v in values)
+                per_cpu[int(name[3:])] = tuple(zip(_STAT_FIELDS, seconds))
+    return per_cpu
 
 
 def cores() -> int:
