@@ -74,12 +74,11 @@ def machine_times(stat: str = "/proc/stat", allowed: set[int] | None = None) -> 
     except OSError:
         import psutil
 
-        per_cpu = {i: tuple(t._asdict().items()) for i, t in enumerate(psutil.cpu_times(True))}
+        per_cpu = {i: t._asdict() for i, t in enumerate(psutil.cpu_times(percpu=True))}
     busy = idle = steal = 0.0
-    for cpu, fields in per_cpu.items():
+    for cpu, times in per_cpu.items():
         if allowed is not None and cpu not in allowed:
             continue
-        times = dict(fields)
         # user includes guest time on Linux: a guest's seconds are counted once
         guests = times.get("guest", 0.0) + times.get("guest_nice", 0.0)
         waiting = times.get("idle", 0.0) + times.get("iowait", 0.0)
@@ -105,16 +104,16 @@ _STAT_FIELDS = (
 )
 
 
-def _stat_times(stat: str) -> dict[int, tuple[tuple[str, float], ...]]:
+def _stat_times(stat: str) -> dict[int, dict[str, float]]:
     """Each CPU's times in seconds from a /proc/stat, by CPU number."""
     tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
-    per_cpu = {}
+    per_cpu: dict[int, dict[str, float]] = {}
     with open(stat) as lines:
         for line in lines:
             name, *values = line.split()
             if name.startswith("cpu") and name[3:].isdigit():
                 seconds = (int(v) * tick_s for v in values)
-                per_cpu[int(name[3:])] = tuple(zip(_STAT_FIELDS, seconds))
+                per_cpu[int(name[3:])] = dict(zip(_STAT_FIELDS, seconds))
     return per_cpu
 
 
