@@ -82,7 +82,7 @@ def test_the_benchmark_needs_a_mar(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["--rates", "0,10"], "argument --rates: --rates: got '0,10', expected rates > 0"),
+        (["--rates", "0,10"], "argument --rates: got '0,10', expected rates > 0"),
         (["--rates", "40,20"], "expected rising rates"),
         (["--floor-requests", "-3"], "argument --floor-requests: expected an integer >= 0"),
         (["--floor-requests", "some"], "expected an integer >= 0, got 'some'"),

@@ -274,6 +274,34 @@ def test_the_generators_own_collector_is_paused_through_a_run_and_restored_after
         gc.callbacks.remove(seen)
 
 
+def test_two_runs_in_two_threads_keep_the_collector_off_until_the_last_ends() -> None:
+    # Thread a pauses, b pauses, a ends first: the collector must stay off for b's run.
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen_by_b: list[bool] = []
+
+    def a() -> None:
+        with openloop.collector_paused():
+            a_in.set()
+            assert b_in.wait(5)
+        a_out.set()
+
+    def b() -> None:
+        assert a_in.wait(5)
+        with openloop.collector_paused():
+            b_in.set()
+            assert a_out.wait(5)
+            seen_by_b.append(gc.isenabled())
+
+    assert gc.isenabled()
+    threads = [threading.Thread(target=f) for f in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert a_out.is_set() and seen_by_b == [False]  # the scenario ran, and b's stayed off
+    assert gc.isenabled()  # and the last to end turned it back on
+
+
 class _Interrupt(BaseException):
     """What a send may raise past the generator's Exception guard."""
 

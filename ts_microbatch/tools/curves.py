@@ -140,9 +140,9 @@ def parse_rates(text: str) -> list[float]:
     except ValueError:
         rates = []
     if not rates or any(not rate > 0 or not math.isfinite(rate) for rate in rates):
-        raise OptionError(f"--rates: got {text!r}, expected rates > 0 as 20,40,80 or 20:200:20")
+        raise OptionError(f"got {text!r}, expected rates > 0 as 20,40,80 or 20:200:20")
     if sorted(set(rates)) != rates:
-        raise OptionError(f"--rates: got {text!r}, expected rising rates")
+        raise OptionError(f"got {text!r}, expected rising rates")
     return rates
 
 

@@ -26,6 +26,7 @@ import itertools
 import math
 import os
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -321,13 +322,24 @@ def collector_paused() -> Iterator[None]:
     block's end (about 1 KB a timed-out request). No collection first: about 95 ms after
     torch's import, it would halve the load of the benchmark's settling slices, each a
     short block of its own."""
-    enabled = gc.isenabled()
-    gc.disable()
+    with _PAUSES_LOCK:
+        if _PAUSES[0] == 0:
+            _PAUSES[1] = gc.isenabled()
+            gc.disable()
+        _PAUSES[0] += 1
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        with _PAUSES_LOCK:  # the last block to end restores it, in whichever thread
+            _PAUSES[0] -= 1
+            if _PAUSES[0] == 0 and _PAUSES[1]:
+                gc.enable()
+
+
+# The blocks open in this process and whether the collector was on before the first: two
+# runs in two threads overlap, and the first to end must not turn it back on under the other.
+_PAUSES: list[Any] = [0, False]
+_PAUSES_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
