@@ -174,16 +174,7 @@ def test_scaling_1_4_1_under_load_loses_only_what_torchserve_drops(server: Torch
             target=lambda: results.append(parallel(server, images, name, timeout_s=timeout_s))
         )
         load.start()
-        query = f"min_worker={workers}&max_worker={workers}&synchronous=true"
-        for _ in range(3):
-            resp = server.request(
-                "PUT", f"{server.management_url}/models/{name}?{query}", timeout_s=180
-            )
-            # TorchServe 0.12's frontend can answer a scale-down under load with a 500
-            # ConcurrentModificationException (its own worker map changing while it is
-            # iterated); the request is then asked again, as a client would.
-            if b"ConcurrentModificationException" not in resp.body:
-                break
+        resp = server.scale(name, workers, timeout_s=180)
         assert resp.status == 200, resp.body
         load.join(240)
         assert not load.is_alive(), "requests hung past their client timeout"

@@ -209,6 +209,52 @@ def test_a_settled_scrape_waits_for_the_worker_s_next_interval_of_metric_lines()
             return "MicroBatchSize_total 17.0\n" if sent else "MicroBatchSize_total 1.0\n"
 
     server = Server()
-    text = settled_scrape(server, timeout_s=30)  # type: ignore[arg-type]
+    text = settled_scrape(server, timeout_s=30)
     assert server.scrapes[-1] - server.scrapes[0] >= 1.0  # the scenario: the lines came late
     assert text == "MicroBatchSize_total 17.0\n"
+
+
+class ScalingServer:
+    """TorchServe's management API as served_workers sees it: the .mar's count of workers
+    started, and a PUT that scales to what it was asked, or to ``cap`` at most."""
+
+    def __init__(self, started: int, cap: int = 8) -> None:
+        self.workers, self.cap = started, cap
+        self.puts: list[int] = []
+
+    def describe(self, model: str) -> dict[str, Any]:
+        return {"workers": [{"pid": 100 + i} for i in range(self.workers)]}
+
+    def scale(self, model: str, workers: int) -> Any:
+        self.puts.append(workers)
+        self.workers = min(workers, self.cap)
+        return argparse.Namespace(status=200, body=b"{}")
+
+
+def test_a_run_gets_the_workers_asked_for_whatever_the_mar_says_and_the_mar_s_by_default() -> None:
+    from ts_microbatch.tools.measure import RegistrationError, served_workers
+
+    # The .mar's model-config.yaml started one (minWorkers 1 wins over initial_workers).
+    server = ScalingServer(started=1)
+    assert len(served_workers(server, "m", 2)["workers"]) == 2
+    assert server.puts == [2]
+    left = ScalingServer(started=3)
+    assert len(served_workers(left, "m", None)["workers"]) == 3
+    assert len(served_workers(left, "m", 3)["workers"]) == 3
+    assert left.puts == []
+    with pytest.raises(RegistrationError, match="1 workers, not the 4 asked for"):
+        served_workers(ScalingServer(started=1, cap=1), "m", 4)
+
+
+def test_workers_are_the_mar_s_unless_told_and_at_least_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ["--mar", "m.mar", "--corpus", "texts/"]
+    assert parser().parse_args(base).workers is None
+    assert parser().parse_args([*base, "--workers", "2"]).workers == 2
+    for bad in ("0", "two"):
+        with pytest.raises(SystemExit):
+            parser().parse_args([*base, "--workers", bad])
+        assert (
+            f"argument --workers: expected an integer >= 1, got '{bad}'" in capsys.readouterr().err
+        )

@@ -70,6 +70,17 @@ def counts(text: str) -> int:
     return value
 
 
+def positive(text: str) -> int:
+    """An integer >= 1 (``--workers``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise OptionError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 SAFE_BESIDE = (  # ts_microbatch.tools.ports says why
     "Safe beside a running TorchServe: each server it starts takes free HTTP and gRPC ports, "
     "a block of worker ports no other server uses and a temp directory of its own for the "

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._cli import SAFE_BESIDE, counts, prog, start_tool
+from ._cli import SAFE_BESIDE, counts, positive, prog, start_tool
 from .corpus import Corpus, CorpusError, read_corpus
 from .curves import FLOOR_HELP, CurveSender, floor_count, parse_rates
 from .intervals import MIN_ANSWERS
@@ -138,6 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--batch-size", type=int, help="default: the .mar's batchSize, else 32")
     group.add_argument("--max-batch-delay", type=int, help="ms; default: the .mar's, else 50")
     group.add_argument("--concurrency", type=int, help="parallel clients (default 2 x batch)")
+    workers = "workers each variant gets (default: the .mar's minWorkers, else 1)"
+    group.add_argument("--workers", type=positive, help=workers)
     group.add_argument("--requests", type=int, default=1000, help="measured per run")
     group.add_argument("--warmup-requests", type=int, default=200)
     settle = "warm at most this long until the frontend's JIT settles (0: no; ledger.py)"
@@ -270,7 +272,7 @@ def run_settings(
         **registration(frontend),
         "concurrency": concurrency,
         "requests": max(args.requests, concurrency),
-        "workers": 1,
+        "workers": args.workers,
     }
     return config, point
 

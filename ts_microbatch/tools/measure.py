@@ -75,9 +75,10 @@ def measure(
     ``config``: ``warmup_requests``, ``response_timeout``, ``settle_s`` (at most that long
     warming until the frontend's JIT settles, ``ledger.settle_frontend``, before the last
     warm-up: the label's ``settling`` sends); ``point``: ``batch_size``,
-    ``max_batch_delay``, ``workers``, ``concurrency``, ``requests``; ``sample`` (body,
-    content type): answers saved beside the scrape (``scrape_path``). The server reports
-    in prometheus mode whatever ``base_config`` says: the pipeline's numbers are scraped.
+    ``max_batch_delay``, ``workers`` (None: the .mar's), ``concurrency``, ``requests``;
+    ``sample`` (body, content type): answers saved beside the scrape (``scrape_path``). The
+    server reports in prometheus mode whatever ``base_config`` says: the pipeline's numbers
+    are scraped.
 
     Raises:
         RegistrationError: TorchServe refused the model.
@@ -88,16 +89,16 @@ def measure(
             model_name=model if archive else None,
             batch_size=point["batch_size"],
             max_batch_delay_ms=point["max_batch_delay"],
-            initial_workers=point["workers"],
+            initial_workers=point["workers"] or 1,
             response_timeout_s=config["response_timeout"],
         )
         if resp.status != 200:
             raise RegistrationError(
                 f"registering {model} failed: {resp.status} {resp.body!r}\n{server.log()[-3000:]}"
             )
+        described = served_workers(server, model, point["workers"])
         # What the server batches with (TorchServe 0.12 takes the registration's window
         # over the .mar's model-config.yaml): recorded, so a run shows it.
-        described = server.describe(model)
         frontend = {k: described.get(k) for k in ("batchSize", "maxBatchDelay")}
         url = f"{server.inference_url}/predictions/{model}"
         token = server.token("inference")
@@ -136,6 +137,7 @@ def measure(
         "ledger": ledger(cpu_before, cpu_after),
         "settled": settled,
         "served_frontend": frontend,
+        "served_workers": len(described["workers"]),
         "errors": int(summary["failed_requests"] + summary["non_2xx_responses"]),
         "server_queue_ms": summarize(queue_times),
         "mean_batch_size": float("nan"),  # the pipeline's, when it has one
@@ -144,6 +146,27 @@ def measure(
     if pipeline is not None:
         result.update(flatten_pipeline(pipeline))
     return result
+
+
+def served_workers(server: TorchServe, model: str, workers: int | None) -> dict[str, Any]:
+    """``model`` described once it has ``workers`` workers (None: as many as its .mar's
+    minWorkers started), scaled to them if need be: a .mar's count wins over the
+    registration's initial_workers.
+
+    Raises:
+        RegistrationError: TorchServe would not scale it so.
+    """
+    described = server.describe(model)
+    if workers is None or len(described["workers"]) == workers:
+        return described
+    scaled = server.scale(model, workers)
+    described = server.describe(model)
+    if len(described["workers"]) != workers:
+        raise RegistrationError(
+            f"{model} has {len(described['workers'])} workers, not the {workers} asked for: "
+            f"{scaled.status} {scaled.body!r}"
+        )
+    return described
 
 
 def flatten_pipeline(pipeline: dict[str, Any]) -> dict[str, Any]:

@@ -339,6 +339,23 @@ class TorchServe:
             time.sleep(0.05)  # TorchServe has no drain event to wait on
         return self.request("DELETE", url, timeout_s=max(1.0, deadline - time.monotonic()))
 
+    def scale(self, model_name: str, workers: int, timeout_s: float = 300.0) -> Response:
+        """PUT /models/<name> to exactly ``workers`` workers, synchronously. Also the way
+        past a .mar's model-config.yaml: its minWorkers and maxWorkers win over the
+        registration's initial_workers, not over this."""
+        query = urllib.parse.urlencode(
+            {"min_worker": workers, "max_worker": workers, "synchronous": "true"}
+        )
+        url = f"{self.management_url}/models/{model_name}?{query}"
+        for _ in range(3):
+            resp = self.request("PUT", url, timeout_s=timeout_s)
+            # TorchServe 0.12's frontend can answer a scale-down under load with a 500
+            # ConcurrentModificationException (its own worker map changing while it is
+            # iterated); asked again, as a client would.
+            if b"ConcurrentModificationException" not in resp.body:
+                break
+        return resp
+
     def describe(self, model_name: str) -> dict[str, Any]:
         resp = self.request("GET", f"{self.management_url}/models/{model_name}")
         if resp.status != 200:

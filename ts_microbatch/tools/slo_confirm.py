@@ -116,7 +116,7 @@ class Servers(NamedTuple):
             "max_batch_delay": candidate.window_ms,
             "concurrency": 2 * candidate.batch_size,
             "requests": requests,
-            "workers": 1,
+            "workers": None,  # the .mar's
         }
         config = {"warmup_requests": 100, "response_timeout": 120}
         try:
